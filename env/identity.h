@@ -1,0 +1,48 @@
+// Which node this process is: rank, node count and leader address, each taken from the
+// highest-precedence source that provides it (flags, BT_*, Open MPI/PMIx, Slurm,
+// Kubernetes, else a single node).
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace bt::env {
+
+// Reads one environment variable; nullopt when unset. Tests pass a map instead of getenv.
+using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
+EnvLookup ProcessEnvLookup();
+
+struct IdentityFlags {
+  std::optional<std::string> node_rank;
+  std::optional<std::string> node_count;
+  std::optional<std::string> leader_addr;
+};
+
+struct NodeIdentity {
+  int rank = 0;
+  int count = 1;
+  std::string leader_addr;  // "127.0.0.1" for a single node
+  std::string rank_source;
+  std::string count_source;
+  std::string leader_source;
+  bool under_mpi = false;  // started by mpirun: MPI variables must not reach the job
+
+  std::string Describe() const;
+};
+
+// Bad identity input; `what()` names the source and the value. Exit 65.
+class IdentityError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// `config_node_count` is compute.node_count: a count from any source must agree with it.
+NodeIdentity ResolveIdentity(const IdentityFlags& flags, const EnvLookup& env, int config_node_count);
+
+// Expands a Slurm hostlist such as "gpu[01-03,07],cpu5" into host names, in order.
+std::vector<std::string> ExpandSlurmHostlist(const std::string& hostlist);
+
+}  // namespace bt::env

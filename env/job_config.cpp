@@ -1,0 +1,533 @@
+#include "env/job_config.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+namespace bt::env {
+namespace {
+
+using json = nlohmann::json;
+
+std::string Child(const std::string& path, std::string_view key) {
+  return path.empty() ? std::string(key) : path + "." + std::string(key);
+}
+
+std::string Element(const std::string& path, size_t index) {
+  return path + "[" + std::to_string(index) + "]";
+}
+
+std::string TypeName(const json& value) {
+  if (value.is_number_integer()) return "an integer";
+  if (value.is_number()) return "a number";
+  return std::string("a ") + value.type_name();
+}
+
+[[noreturn]] void Fail(const std::string& path, const std::string& expectation, const json& got) {
+  throw ConfigError(path, expectation + ", got " + TypeName(got));
+}
+
+// One JSON object whose keys must all be known: pydantic's extra="forbid".
+class StrictObject {
+ public:
+  StrictObject(const json& value, std::string path, std::set<std::string_view> known)
+      : value_(value), path_(std::move(path)) {
+    if (!value_.is_object()) Fail(path_.empty() ? "(top level)" : path_, "expected an object", value_);
+    for (const auto& [key, unused] : value_.items()) {
+      if (!known.contains(key)) throw ConfigError(Child(path_, key), "unknown key (allowed: " + List(known) + ")");
+    }
+  }
+
+  // Absent and null are the same, as for pydantic's Optional fields.
+  const json* Find(std::string_view key) const {
+    auto it = value_.find(key);
+    if (it == value_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+  const json& Require(std::string_view key) const {
+    const json* found = Find(key);
+    if (found == nullptr) throw ConfigError(Child(path_, key), "required field is missing");
+    return *found;
+  }
+  std::string PathOf(std::string_view key) const { return Child(path_, key); }
+
+ private:
+  static std::string List(const std::set<std::string_view>& keys) {
+    std::string out;
+    for (auto key : keys) out += (out.empty() ? "" : ", ") + std::string(key);
+    return out;
+  }
+  const json& value_;
+  std::string path_;
+};
+
+std::string ReadString(const json& value, const std::string& path) {
+  if (!value.is_string()) Fail(path, "expected a string", value);
+  return value.get<std::string>();
+}
+
+std::string ReadNonEmptyString(const json& value, const std::string& path) {
+  std::string text = ReadString(value, path);
+  if (text.empty()) throw ConfigError(path, "expected a non-empty string");
+  return text;
+}
+
+std::string ReadAbsolutePath(const json& value, const std::string& path) {
+  std::string text = ReadString(value, path);
+  if (text.empty() || text.front() != '/') throw ConfigError(path, "expected an absolute path, got \"" + text + "\"");
+  return text;
+}
+
+bool ReadBool(const json& value, const std::string& path) {
+  if (!value.is_boolean()) Fail(path, "expected true or false", value);
+  return value.get<bool>();
+}
+
+int64_t ReadInt(const json& value, const std::string& path, int64_t min, int64_t max) {
+  std::string expectation = "expected an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
+  if (!value.is_number_integer()) Fail(path, expectation, value);
+  int64_t number = value.is_number_unsigned() && value.get<uint64_t>() > uint64_t(INT64_MAX)
+                       ? INT64_MAX
+                       : value.get<int64_t>();
+  if (number < min || number > max) throw ConfigError(path, expectation + ", got " + std::to_string(number));
+  return number;
+}
+
+double ReadSeconds(const json& value, const std::string& path, double min_exclusive) {
+  std::string expectation = "expected a number of seconds > " + std::to_string(int(min_exclusive));
+  if (!value.is_number()) Fail(path, expectation, value);
+  double seconds = value.get<double>();
+  if (!(seconds > min_exclusive) || seconds > 1e7) throw ConfigError(path, expectation + ", got " + value.dump());
+  return seconds;
+}
+
+std::vector<std::string> ReadStringList(const json& value, const std::string& path, bool non_empty_items) {
+  if (!value.is_array()) Fail(path, "expected a list of strings", value);
+  std::vector<std::string> items;
+  for (size_t i = 0; i < value.size(); ++i) {
+    items.push_back(non_empty_items ? ReadNonEmptyString(value[i], Element(path, i))
+                                    : ReadString(value[i], Element(path, i)));
+  }
+  return items;
+}
+
+std::string ReadEnum(const json& value, const std::string& path, const std::set<std::string_view>& allowed) {
+  std::string text = ReadString(value, path);
+  if (allowed.contains(text)) return text;
+  std::string list;
+  for (auto item : allowed) list += (list.empty() ? "" : ", ") + std::string(item);
+  throw ConfigError(path, "expected one of " + list + ", got \"" + text + "\"");
+}
+
+// A secret name becomes a file name in the secrets directory, so it must not walk out of it.
+std::string ReadSecretName(const json& value, const std::string& path) {
+  std::string name = ReadNonEmptyString(value, path);
+  if (name.find('/') != std::string::npos || name == "." || name == ".." || name.find('\0') != std::string::npos) {
+    throw ConfigError(path, "expected a secret name without '/', got \"" + name + "\"");
+  }
+  return name;
+}
+
+std::string ReadSecretReference(const json& value, const std::string& path) {
+  StrictObject object(value, path, {"name"});
+  return ReadSecretName(object.Require("name"), object.PathOf("name"));
+}
+
+bool IsEnvName(const std::string& name) {
+  if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0]))) return false;
+  for (char c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
+  }
+  return true;
+}
+
+const std::set<std::string_view> kAccelerators = {"T4",   "L4",   "A10G", "V100",      "A100",
+                                                  "A100_40GB", "H100", "H200", "H100_40GB", "B200",
+                                                  "L40S", "RTX_PRO_6000", "B300", "GB300", "_B10"};
+
+Accelerator ReadAccelerator(const json& value, const std::string& path) {
+  Accelerator accelerator;
+  if (value.is_string()) {  // "H100:8" or "H100"
+    std::string text = value.get<std::string>();
+    auto colon = text.find(':');
+    accelerator.type = text.substr(0, colon);
+    accelerator.count = 1;
+    if (colon != std::string::npos) {
+      const std::string digits = text.substr(colon + 1);
+      if (digits.empty() || digits.size() > 4 || digits.find_first_not_of("0123456789") != std::string::npos) {
+        throw ConfigError(path, "expected \"TYPE:COUNT\" such as \"H100:8\", got \"" + text + "\"");
+      }
+      accelerator.count = std::stoi(digits);
+    }
+    if (!kAccelerators.contains(accelerator.type)) {
+      throw ConfigError(path, "unknown accelerator \"" + accelerator.type + "\" (expected H100, H200, A100, B200, ...)");
+    }
+    return accelerator;
+  }
+  StrictObject object(value, path, {"accelerator", "count"});
+  if (const json* type = object.Find("accelerator")) {
+    accelerator.type = ReadEnum(*type, object.PathOf("accelerator"), kAccelerators);
+  }
+  accelerator.count = 1;
+  if (const json* count = object.Find("count")) accelerator.count = int(ReadInt(*count, object.PathOf("count"), 0, 1024));
+  return accelerator;
+}
+
+Compute ReadCompute(const json& value, const std::string& path) {
+  StrictObject object(value, path, {"node_count", "cpu_count", "memory", "accelerator", "availability_model"});
+  Compute compute;
+  if (const json* v = object.Find("node_count")) compute.node_count = int(ReadInt(*v, object.PathOf("node_count"), 1, 1 << 20));
+  if (const json* v = object.Find("cpu_count")) compute.cpu_count = int(ReadInt(*v, object.PathOf("cpu_count"), 1, 1 << 16));
+  if (const json* v = object.Find("memory")) compute.memory = ReadNonEmptyString(*v, object.PathOf("memory"));
+  if (const json* v = object.Find("accelerator")) compute.accelerator = ReadAccelerator(*v, object.PathOf("accelerator"));
+  if (const json* v = object.Find("availability_model")) {
+    compute.availability_model = ReadEnum(*v, object.PathOf("availability_model"), {"dedicated", "spot"});
+  }
+  return compute;
+}
+
+std::map<std::string, EnvValue> ReadEnvironmentVariables(const json& value, const std::string& path) {
+  if (!value.is_object()) Fail(path, "expected an object of NAME: value", value);
+  std::map<std::string, EnvValue> variables;
+  for (const auto& [name, item] : value.items()) {
+    const std::string item_path = Child(path, name);
+    if (!IsEnvName(name)) throw ConfigError(item_path, "expected a variable name of letters, digits and '_'");
+    if (item.is_string()) {
+      variables[name] = EnvValue{item.get<std::string>(), std::nullopt};
+    } else if (item.is_object()) {
+      variables[name] = EnvValue{"", ReadSecretReference(item, item_path)};
+    } else {
+      Fail(item_path, "expected a string or {\"name\": SECRET}", item);
+    }
+  }
+  return variables;
+}
+
+CacheConfig ReadCacheConfig(const json& value, const std::string& path) {
+  StrictObject object(value, path, {"enabled", "enable_legacy_hf_mount", "require_cache_affinity", "mount_base_path"});
+  CacheConfig cache;
+  if (const json* v = object.Find("enabled")) cache.enabled = ReadBool(*v, object.PathOf("enabled"));
+  if (const json* v = object.Find("enable_legacy_hf_mount")) {
+    cache.enable_legacy_hf_mount = ReadBool(*v, object.PathOf("enable_legacy_hf_mount"));
+  }
+  if (const json* v = object.Find("require_cache_affinity")) {
+    cache.require_cache_affinity = ReadBool(*v, object.PathOf("require_cache_affinity"));
+  }
+  if (const json* v = object.Find("mount_base_path")) cache.mount_base_path = ReadAbsolutePath(*v, object.PathOf("mount_base_path"));
+  return cache;
+}
+
+CheckpointingConfig ReadCheckpointingConfig(const json& value, const std::string& path) {
+  StrictObject object(value, path, {"enabled", "checkpoint_path", "volume_size_gib"});
+  CheckpointingConfig checkpointing;
+  if (const json* v = object.Find("enabled")) checkpointing.enabled = ReadBool(*v, object.PathOf("enabled"));
+  if (const json* v = object.Find("checkpoint_path")) {
+    checkpointing.checkpoint_path = ReadAbsolutePath(*v, object.PathOf("checkpoint_path"));
+  }
+  if (const json* v = object.Find("volume_size_gib")) {
+    checkpointing.volume_size_gib = int(ReadInt(*v, object.PathOf("volume_size_gib"), 1, 1 << 20));
+  }
+  return checkpointing;
+}
+
+void ReadCheckpointReference(const json& value, const std::string& path) {
+  if (!value.is_object()) Fail(path, "expected a checkpoint reference object", value);
+  const json* typ = value.contains("typ") ? &value["typ"] : nullptr;
+  if (typ == nullptr) throw ConfigError(Child(path, "typ"), "required field is missing");
+  std::string kind = ReadEnum(*typ, Child(path, "typ"),
+                              {"baseten_latest_checkpoint", "baseten_named_checkpoint", "loops_checkpoint"});
+  if (kind == "baseten_latest_checkpoint") {
+    StrictObject object(value, path, {"typ", "job_id", "project_name"});
+    const json* job = object.Find("job_id");
+    const json* project = object.Find("project_name");
+    if (job != nullptr) ReadNonEmptyString(*job, object.PathOf("job_id"));
+    if (project != nullptr) ReadNonEmptyString(*project, object.PathOf("project_name"));
+    if (job == nullptr && project == nullptr) throw ConfigError(path, "expected at least one of job_id, project_name");
+  } else if (kind == "baseten_named_checkpoint") {
+    StrictObject object(value, path, {"typ", "checkpoint_name", "job_id"});
+    ReadNonEmptyString(object.Require("checkpoint_name"), object.PathOf("checkpoint_name"));
+    ReadNonEmptyString(object.Require("job_id"), object.PathOf("job_id"));
+  } else {
+    StrictObject object(value, path, {"typ", "run_id", "checkpoint_name", "target"});
+    ReadNonEmptyString(object.Require("run_id"), object.PathOf("run_id"));
+    ReadNonEmptyString(object.Require("checkpoint_name"), object.PathOf("checkpoint_name"));
+    if (const json* v = object.Find("target")) ReadEnum(*v, object.PathOf("target"), {"trainer", "sampler"});
+  }
+}
+
+LoadCheckpointConfig ReadLoadCheckpointConfig(const json& value, const std::string& path) {
+  StrictObject object(value, path, {"enabled", "checkpoints", "download_folder"});
+  LoadCheckpointConfig load;
+  if (const json* v = object.Find("enabled")) load.enabled = ReadBool(*v, object.PathOf("enabled"));
+  if (const json* v = object.Find("download_folder")) load.download_folder = ReadAbsolutePath(*v, object.PathOf("download_folder"));
+  if (const json* v = object.Find("checkpoints")) {
+    if (!v->is_array()) Fail(object.PathOf("checkpoints"), "expected a list of checkpoint references", *v);
+    for (size_t i = 0; i < v->size(); ++i) ReadCheckpointReference((*v)[i], Element(object.PathOf("checkpoints"), i));
+    load.checkpoint_count = int(v->size());
+  }
+  return load;
+}
+
+Runtime ReadRuntime(const json& value, const std::string& path) {
+  StrictObject object(value, path,
+                      {"start_commands", "environment_variables", "enable_cache", "checkpointing_config",
+                       "load_checkpoint_config", "cache_config"});
+  Runtime runtime;
+  if (const json* v = object.Find("start_commands")) {
+    runtime.start_commands = ReadStringList(*v, object.PathOf("start_commands"), true);
+  }
+  if (const json* v = object.Find("environment_variables")) {
+    runtime.environment_variables = ReadEnvironmentVariables(*v, object.PathOf("environment_variables"));
+  }
+  const json* legacy_cache = object.Find("enable_cache");
+  const json* cache = object.Find("cache_config");
+  if (legacy_cache != nullptr && cache != nullptr) {
+    throw ConfigError(object.PathOf("enable_cache"), "cannot be set together with cache_config (enable_cache is deprecated)");
+  }
+  if (legacy_cache != nullptr) {  // the SDK rewrites the deprecated flag the same way
+    bool enabled = ReadBool(*legacy_cache, object.PathOf("enable_cache"));
+    runtime.cache_config.enabled = enabled;
+    runtime.cache_config.enable_legacy_hf_mount = enabled;
+  }
+  if (cache != nullptr) runtime.cache_config = ReadCacheConfig(*cache, object.PathOf("cache_config"));
+  if (const json* v = object.Find("checkpointing_config")) {
+    runtime.checkpointing_config = ReadCheckpointingConfig(*v, object.PathOf("checkpointing_config"));
+  }
+  if (const json* v = object.Find("load_checkpoint_config")) {
+    runtime.load_checkpoint_config = ReadLoadCheckpointConfig(*v, object.PathOf("load_checkpoint_config"));
+  }
+  return runtime;
+}
+
+void ValidateWeightsUri(const std::string& source, const std::string& path) {
+  static const std::set<std::string_view> kSchemes = {"hf", "s3", "gs", "azure", "r2", "cw", "https", "file"};
+  auto separator = source.find("://");
+  std::string scheme = separator == std::string::npos ? "" : source.substr(0, separator);
+  if (!kSchemes.contains(scheme)) {
+    throw ConfigError(path, "expected a URI with scheme hf://, s3://, gs://, azure://, r2://, cw://, https:// or file://, got \"" + source + "\"");
+  }
+  std::string rest = source.substr(separator + 3);
+  if (scheme != "hf" && source.find('@') != std::string::npos && scheme != "https") {
+    throw ConfigError(path, "a @revision is allowed only for hf:// sources, got \"" + source + "\"");
+  }
+  bool is_cloud = scheme == "s3" || scheme == "gs" || scheme == "azure" || scheme == "r2" || scheme == "cw";
+  if (is_cloud && (rest.empty() || rest.front() == '/')) {
+    throw ConfigError(path, "expected " + scheme + "://bucket/path, got \"" + source + "\"");
+  }
+  if (scheme == "file" && (rest.empty() || rest.front() != '/')) {
+    throw ConfigError(path, "expected file:///absolute/path, got \"" + source + "\"");
+  }
+  if (rest.empty()) throw ConfigError(path, "expected something after " + scheme + "://");
+}
+
+WeightsSource ReadWeightsSource(const json& value, const std::string& path) {
+  StrictObject object(value, path,
+                      {"source", "mount_location", "auth", "auth_secret_name", "allow_patterns", "ignore_patterns"});
+  WeightsSource weights;
+  weights.source = ReadString(object.Require("source"), object.PathOf("source"));
+  ValidateWeightsUri(weights.source, object.PathOf("source"));
+  weights.mount_location = ReadAbsolutePath(object.Require("mount_location"), object.PathOf("mount_location"));
+  if (const json* v = object.Find("auth_secret_name")) {
+    weights.auth_secret_name = ReadSecretName(*v, object.PathOf("auth_secret_name"));
+  }
+  if (const json* v = object.Find("auth")) {
+    StrictObject auth(*v, object.PathOf("auth"), {"auth_method", "auth_secret_name"});
+    // Training jobs accept only CUSTOM_SECRET; OIDC is rejected by the platform.
+    ReadEnum(auth.Require("auth_method"), auth.PathOf("auth_method"), {"CUSTOM_SECRET"});
+    if (const json* name = auth.Find("auth_secret_name")) {
+      if (weights.auth_secret_name) {
+        throw ConfigError(auth.PathOf("auth_secret_name"), "must not be set both here and in auth_secret_name");
+      }
+      weights.auth_secret_name = ReadSecretName(*name, auth.PathOf("auth_secret_name"));
+    }
+  }
+  if (const json* v = object.Find("allow_patterns")) weights.allow_patterns = ReadStringList(*v, object.PathOf("allow_patterns"), true);
+  if (const json* v = object.Find("ignore_patterns")) weights.ignore_patterns = ReadStringList(*v, object.PathOf("ignore_patterns"), true);
+  return weights;
+}
+
+std::vector<WeightsSource> ReadWeights(const json& value, const std::string& path) {
+  if (!value.is_array()) Fail(path, "expected a list of weight sources", value);
+  std::vector<WeightsSource> weights;
+  std::map<std::string, size_t> mounts;
+  for (size_t i = 0; i < value.size(); ++i) {
+    weights.push_back(ReadWeightsSource(value[i], Element(path, i)));
+    std::string mount = weights.back().mount_location;
+    while (mount.size() > 1 && mount.back() == '/') mount.pop_back();
+    auto [it, inserted] = mounts.emplace(mount, i);
+    if (!inserted) {
+      throw ConfigError(Element(path, i) + ".mount_location",
+                        "duplicate mount location \"" + mount + "\" (also " + Element(path, it->second) + ")");
+    }
+  }
+  return weights;
+}
+
+void ReadImage(const json& value, const std::string& path, JobConfig& config) {
+  StrictObject object(value, path, {"base_image", "docker_auth"});
+  config.base_image = ReadNonEmptyString(object.Require("base_image"), object.PathOf("base_image"));
+  const json* auth = object.Find("docker_auth");
+  if (auth == nullptr) return;
+  StrictObject docker(*auth, object.PathOf("docker_auth"),
+                      {"auth_method", "registry", "aws_iam_docker_auth", "gcp_service_account_json_docker_auth",
+                       "registry_secret_docker_auth"});
+  ReadNonEmptyString(docker.Require("auth_method"), docker.PathOf("auth_method"));
+  ReadNonEmptyString(docker.Require("registry"), docker.PathOf("registry"));
+  auto read_refs = [&](std::string_view key, std::set<std::string_view> refs) {
+    const json* v = docker.Find(key);
+    if (v == nullptr) return;
+    StrictObject holder(*v, docker.PathOf(key), refs);
+    for (auto ref : refs) ReadSecretReference(holder.Require(ref), holder.PathOf(ref));
+  };
+  read_refs("aws_iam_docker_auth", {"access_key_secret_ref", "secret_access_key_secret_ref"});
+  read_refs("gcp_service_account_json_docker_auth", {"service_account_json_secret_ref"});
+  read_refs("registry_secret_docker_auth", {"secret_ref"});
+}
+
+void ReadInteractiveSession(const json& value, const std::string& path) {
+  StrictObject object(value, path, {"trigger", "timeout_minutes", "session_provider", "auth_provider"});
+  if (const json* v = object.Find("trigger")) ReadEnum(*v, object.PathOf("trigger"), {"on_startup", "on_failure", "on_demand"});
+  if (const json* v = object.Find("timeout_minutes")) {
+    if (ReadInt(*v, object.PathOf("timeout_minutes"), -1, 1 << 30) == 0) {
+      throw ConfigError(object.PathOf("timeout_minutes"), "expected -1 or a positive number of minutes, got 0");
+    }
+  }
+  if (const json* v = object.Find("session_provider")) ReadEnum(*v, object.PathOf("session_provider"), {"vs_code", "cursor", "ssh"});
+  if (const json* v = object.Find("auth_provider")) ReadEnum(*v, object.PathOf("auth_provider"), {"microsoft", "github"});
+}
+
+void ReadWorkspace(const json& value, const std::string& path) {
+  StrictObject object(value, path, {"workspace_root", "external_dirs", "exclude_dirs"});
+  if (const json* v = object.Find("workspace_root")) ReadString(*v, object.PathOf("workspace_root"));
+  if (const json* v = object.Find("external_dirs")) ReadStringList(*v, object.PathOf("external_dirs"), true);
+  if (const json* v = object.Find("exclude_dirs")) ReadStringList(*v, object.PathOf("exclude_dirs"), true);
+}
+
+uint16_t ReadPort(const json& value, const std::string& path) { return uint16_t(ReadInt(value, path, 1, 65535)); }
+
+RendezvousSettings ReadRendezvousSettings(const json& value, const std::string& path) {
+  StrictObject object(value, path,
+                      {"port", "join_timeout_s", "heartbeat_interval_s", "heartbeat_timeout_s",
+                       "exit_barrier_timeout_s", "backend"});
+  RendezvousSettings settings;
+  if (const json* v = object.Find("port")) {
+    settings.port = ReadPort(*v, object.PathOf("port"));
+    settings.port_from_config = true;
+  }
+  if (const json* v = object.Find("join_timeout_s")) settings.join_timeout_s = int(ReadInt(*v, object.PathOf("join_timeout_s"), 1, 7 * 86400));
+  if (const json* v = object.Find("heartbeat_interval_s")) settings.heartbeat_interval_s = ReadSeconds(*v, object.PathOf("heartbeat_interval_s"), 0);
+  if (const json* v = object.Find("heartbeat_timeout_s")) settings.heartbeat_timeout_s = ReadSeconds(*v, object.PathOf("heartbeat_timeout_s"), 0);
+  if (settings.heartbeat_timeout_s < 2 * settings.heartbeat_interval_s) {
+    throw ConfigError(object.PathOf("heartbeat_timeout_s"), "expected at least twice heartbeat_interval_s (" +
+                                                                std::to_string(settings.heartbeat_interval_s) + " s)");
+  }
+  if (const json* v = object.Find("exit_barrier_timeout_s")) {
+    settings.exit_barrier_timeout_s = int(ReadInt(*v, object.PathOf("exit_barrier_timeout_s"), 1, 86400));
+  }
+  if (const json* v = object.Find("backend")) {
+    settings.backend = ReadEnum(*v, object.PathOf("backend"), {"tcp", "mpi"}) == "mpi" ? RendezvousBackend::kMpi
+                                                                                        : RendezvousBackend::kTcp;
+  }
+  return settings;
+}
+
+LauncherSettings ReadLauncherSettings(const json& value, const std::string& path) {
+  StrictObject object(value, path, {"job_id", "project_id", "project_name", "grace_period_s", "master_port", "rendezvous"});
+  LauncherSettings launcher;
+  if (const json* v = object.Find("job_id")) launcher.job_id = ReadNonEmptyString(*v, object.PathOf("job_id"));
+  if (const json* v = object.Find("project_id")) launcher.project_id = ReadNonEmptyString(*v, object.PathOf("project_id"));
+  if (const json* v = object.Find("project_name")) launcher.project_name = ReadNonEmptyString(*v, object.PathOf("project_name"));
+  if (const json* v = object.Find("grace_period_s")) {
+    if (!v->is_number() || v->get<double>() < 0 || v->get<double>() > 86400) {
+      throw ConfigError(object.PathOf("grace_period_s"), "expected a number of seconds in [0, 86400], got " + v->dump());
+    }
+    launcher.grace_period_s = v->get<double>();
+  }
+  if (const json* v = object.Find("master_port")) launcher.master_port = ReadPort(*v, object.PathOf("master_port"));
+  if (const json* v = object.Find("rendezvous")) launcher.rendezvous = ReadRendezvousSettings(*v, object.PathOf("rendezvous"));
+  return launcher;
+}
+
+std::string Fnv1aHex(const std::string& text) {
+  uint64_t hash = 1469598103934665603ULL;
+  for (unsigned char c : text) hash = (hash ^ c) * 1099511628211ULL;
+  char out[17];
+  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(hash));
+  return out;
+}
+
+}  // namespace
+
+ConfigError::ConfigError(std::string path, const std::string& expectation)
+    : std::runtime_error(path + ": " + expectation), path_(std::move(path)) {}
+
+JobConfig ParseJobConfig(const std::string& json_text, bool require_start_command) {
+  json document;
+  try {
+    document = json::parse(json_text);
+  } catch (const json::parse_error& error) {
+    throw ConfigError("(document)", std::string("expected valid JSON: ") + error.what());
+  }
+  StrictObject object(document, "",
+                      {"image", "compute", "runtime", "interactive_session", "name", "priority", "workspace",
+                       "weights", "enable_baseten_workdir", "launcher"});
+  JobConfig config;
+  config.source_digest = Fnv1aHex(json_text);
+  if (const json* v = object.Find("image")) ReadImage(*v, "image", config);
+  if (const json* v = object.Find("compute")) config.compute = ReadCompute(*v, "compute");
+  if (const json* v = object.Find("runtime")) config.runtime = ReadRuntime(*v, "runtime");
+  if (const json* v = object.Find("interactive_session")) ReadInteractiveSession(*v, "interactive_session");
+  if (const json* v = object.Find("name")) config.name = ReadNonEmptyString(*v, "name");
+  if (const json* v = object.Find("priority")) ReadInt(*v, "priority", INT32_MIN, INT32_MAX);
+  if (const json* v = object.Find("workspace")) ReadWorkspace(*v, "workspace");
+  if (const json* v = object.Find("weights")) config.weights = ReadWeights(*v, "weights");
+  if (const json* v = object.Find("enable_baseten_workdir")) config.enable_baseten_workdir = ReadBool(*v, "enable_baseten_workdir");
+  if (const json* v = object.Find("launcher")) config.launcher = ReadLauncherSettings(*v, "launcher");
+  if (require_start_command && config.runtime.start_commands.empty()) {
+    throw ConfigError("runtime.start_commands", "expected at least one command (or give one after `--`)");
+  }
+  return config;
+}
+
+JobConfig DefaultJobConfig() { return ParseJobConfig("{}", false); }
+
+JobConfig LoadJobConfig(const std::optional<std::string>& config_flag, const char* bt_job_config_env,
+                        bool require_start_command) {
+  std::string origin;
+  std::string text;
+  std::string env_value = bt_job_config_env != nullptr ? bt_job_config_env : "";
+  auto inline_start = env_value.find_first_not_of(" \t\r\n");
+  if (config_flag) {
+    origin = *config_flag;
+  } else if (inline_start != std::string::npos && env_value[inline_start] == '{') {
+    text = env_value;
+    origin = "BT_JOB_CONFIG";
+  } else if (!env_value.empty()) {
+    origin = env_value;
+  } else {
+    JobConfig config = DefaultJobConfig();
+    if (require_start_command) {
+      throw ConfigError("runtime.start_commands", "no config given (--config or BT_JOB_CONFIG) and no command after `--`");
+    }
+    return config;
+  }
+  if (text.empty()) {
+    std::ifstream file(origin, std::ios::binary);
+    if (!file) throw ConfigError(origin, std::string("cannot read config file: ") + std::strerror(errno));
+    std::ostringstream buffer;
+    buffer << file.rdbuf();
+    text = buffer.str();
+  }
+  try {
+    return ParseJobConfig(text, require_start_command);
+  } catch (const ConfigError& error) {
+    throw ConfigError(error.path(), std::string(error.what()).substr(error.path().size() + 2) + " (in " + origin + ")");
+  }
+}
+
+}  // namespace bt::env

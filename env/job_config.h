@@ -1,0 +1,125 @@
+// The job config: a JSON document shaped like the platform's TrainingJob, plus a
+// top-level "launcher" object for settings only bt-launch reads. Parsing is strict,
+// as the platform's own schema is: every error names the JSON path it is about.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace bt::env {
+
+// A config that cannot be used. `path` is the JSON path ("runtime.start_commands[2]"),
+// `what()` is "path: expectation".
+class ConfigError : public std::runtime_error {
+ public:
+  ConfigError(std::string path, const std::string& expectation);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// A value of runtime.environment_variables: a literal, or the name of a secret.
+struct EnvValue {
+  std::string literal;
+  std::optional<std::string> secret_name;
+};
+
+struct Accelerator {
+  std::string type;  // "H100", or empty for a bare count
+  int count = 0;
+};
+
+struct Compute {
+  int node_count = 1;
+  int cpu_count = 1;
+  std::string memory = "2Gi";
+  std::optional<Accelerator> accelerator;
+  std::string availability_model = "dedicated";
+};
+
+struct CacheConfig {
+  bool enabled = false;
+  bool enable_legacy_hf_mount = false;
+  bool require_cache_affinity = true;
+  std::optional<std::string> mount_base_path;  // default /root/.cache
+};
+
+struct CheckpointingConfig {
+  bool enabled = false;
+  std::optional<std::string> checkpoint_path;  // default /mnt/ckpts
+  std::optional<int> volume_size_gib;
+};
+
+struct LoadCheckpointConfig {
+  bool enabled = false;
+  std::optional<std::string> download_folder;  // default /tmp/loaded_checkpoints
+  int checkpoint_count = 0;
+};
+
+struct WeightsSource {
+  std::string source;
+  std::string mount_location;
+  std::optional<std::string> auth_secret_name;
+  std::vector<std::string> allow_patterns;
+  std::vector<std::string> ignore_patterns;
+};
+
+struct Runtime {
+  std::vector<std::string> start_commands;
+  std::map<std::string, EnvValue> environment_variables;
+  CacheConfig cache_config;
+  CheckpointingConfig checkpointing_config;
+  LoadCheckpointConfig load_checkpoint_config;
+};
+
+enum class RendezvousBackend { kTcp, kMpi };
+
+struct RendezvousSettings {
+  static constexpr uint16_t kDefaultPort = 29300;
+  uint16_t port = kDefaultPort;
+  bool port_from_config = false;
+  int join_timeout_s = 900;
+  double heartbeat_interval_s = 1.0;
+  double heartbeat_timeout_s = 10.0;
+  int exit_barrier_timeout_s = 300;
+  RendezvousBackend backend = RendezvousBackend::kTcp;
+};
+
+struct LauncherSettings {
+  std::optional<std::string> job_id;
+  std::optional<std::string> project_id;
+  std::optional<std::string> project_name;
+  double grace_period_s = 30;
+  uint16_t master_port = 29500;
+  RendezvousSettings rendezvous;
+};
+
+struct JobConfig {
+  std::optional<std::string> name;
+  std::string base_image;
+  Compute compute;
+  Runtime runtime;
+  std::vector<WeightsSource> weights;
+  bool enable_baseten_workdir = true;
+  LauncherSettings launcher;
+  std::string source_digest;  // hex digest of the config text; names an unnamed local job
+};
+
+// Parses and validates JSON text. `require_start_command` is false when the command
+// comes from the command line (`run -- CMD`).
+JobConfig ParseJobConfig(const std::string& json_text, bool require_start_command);
+
+// The config the launcher uses when none is given: one node, no commands.
+JobConfig DefaultJobConfig();
+
+// Loads from `--config FILE`, else from BT_JOB_CONFIG (a path or inline JSON), else the
+// embedded default. A file that cannot be read is a ConfigError naming the file.
+JobConfig LoadJobConfig(const std::optional<std::string>& config_flag,
+                        const char* bt_job_config_env, bool require_start_command);
+
+}  // namespace bt::env

@@ -1,0 +1,98 @@
+#include "launcher/cli.h"
+
+#include <cstdlib>
+
+#include <cxxopts.hpp>
+
+#include "launcher/exit_codes.h"
+
+namespace bt::launcher {
+namespace {
+
+constexpr const char* kUsage =
+    "usage: bt-launch run [options] [-- CMD ARGS...]   run the job (start_commands, or CMD)\n"
+    "       bt-launch env [options] [--format shell|json]   print the job's environment, run nothing\n"
+    "       bt-launch rendezvous [--serve] [options] [--format table|json]   join (or lead) and print the roster\n"
+    "       bt-launch --version\n";
+
+Subcommand ParseSubcommand(const std::string& word) {
+  if (word == "run") return Subcommand::kRun;
+  if (word == "env") return Subcommand::kEnv;
+  if (word == "rendezvous") return Subcommand::kRendezvous;
+  if (word == "--help" || word == "-h" || word == "help") return Subcommand::kHelp;
+  if (word == "--version" || word == "version") return Subcommand::kVersion;
+  throw LaunchFailure(kExitUsage, "unknown subcommand \"" + word + "\"\n" + kUsage);
+}
+
+std::optional<std::string> Optional(const cxxopts::ParseResult& result, const std::string& name) {
+  if (!result.count(name)) return std::nullopt;
+  return result[name].as<std::string>();
+}
+
+}  // namespace
+
+CliOptions ParseCommandLine(int argc, char** argv) {
+  CliOptions cli;
+  cli.help_text = kUsage;
+  if (argc < 2) throw LaunchFailure(kExitUsage, std::string("missing subcommand\n") + kUsage);
+  cli.subcommand = ParseSubcommand(argv[1]);
+  if (cli.subcommand == Subcommand::kHelp || cli.subcommand == Subcommand::kVersion) return cli;
+
+  std::vector<char*> own_args = {argv[0]};
+  int index = 2;
+  for (; index < argc && std::string(argv[index]) != "--"; ++index) own_args.push_back(argv[index]);
+  for (++index; index < argc; ++index) cli.command.emplace_back(argv[index]);
+
+  cxxopts::Options options("bt-launch", kUsage);
+  options.add_options()
+      ("config", "job config JSON file (default: BT_JOB_CONFIG, else the embedded default)", cxxopts::value<std::string>())
+      ("root", "put every default path under DIR (default: BT_ROOT)", cxxopts::value<std::string>())
+      ("node-rank", "this node's rank", cxxopts::value<std::string>())
+      ("node-count", "number of nodes", cxxopts::value<std::string>())
+      ("leader-addr", "address (IP or DNS name) of node 0", cxxopts::value<std::string>())
+      ("log-format", "text or json", cxxopts::value<std::string>()->default_value("text"))
+      ("log-level", "trace, debug, info, warn, error", cxxopts::value<std::string>()->default_value("info"))
+      ("format", "output format (env: shell|json; rendezvous: table|json)", cxxopts::value<std::string>())
+      ("serve", "rendezvous: lead (serve the store) instead of joining")
+      ("h,help", "show this help");
+  cxxopts::ParseResult result;
+  try {
+    result = options.parse(int(own_args.size()), own_args.data());
+  } catch (const cxxopts::exceptions::exception& error) {
+    throw LaunchFailure(kExitUsage, std::string(error.what()) + "\n" + kUsage);
+  }
+  if (!result.unmatched().empty()) {
+    throw LaunchFailure(kExitUsage, "unexpected argument \"" + result.unmatched().front() +
+                                        "\" (put the command after `--`)\n" + kUsage);
+  }
+  if (result.count("help")) {
+    cli.subcommand = Subcommand::kHelp;
+    cli.help_text = options.help();
+    return cli;
+  }
+  cli.config_path = Optional(result, "config");
+  cli.root = Optional(result, "root");
+  if (!cli.root) {
+    const char* root_env = std::getenv("BT_ROOT");
+    if (root_env != nullptr && *root_env != '\0') cli.root = root_env;
+  }
+  cli.identity = {Optional(result, "node-rank"), Optional(result, "node-count"), Optional(result, "leader-addr")};
+  try {
+    cli.log_format = log::ParseFormat(result["log-format"].as<std::string>());
+  } catch (const std::invalid_argument& error) {
+    throw LaunchFailure(kExitUsage, error.what());
+  }
+  cli.log_level = result["log-level"].as<std::string>();
+  cli.serve = result.count("serve") > 0;
+  const std::string default_format = cli.subcommand == Subcommand::kEnv ? "shell" : "table";
+  cli.output_format = Optional(result, "format").value_or(default_format);
+  bool format_ok = cli.subcommand == Subcommand::kEnv ? (cli.output_format == "shell" || cli.output_format == "json")
+                                                      : (cli.output_format == "table" || cli.output_format == "json");
+  if (!format_ok) throw LaunchFailure(kExitUsage, "--format: unsupported value \"" + cli.output_format + "\"");
+  if (!cli.command.empty() && cli.subcommand != Subcommand::kRun) {
+    throw LaunchFailure(kExitUsage, "only `run` takes a command after `--`");
+  }
+  return cli;
+}
+
+}  // namespace bt::launcher

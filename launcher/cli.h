@@ -1,0 +1,31 @@
+// The command line: `bt-launch SUBCOMMAND [options] [-- CMD ARGS...]`.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "env/identity.h"
+#include "launcher/log.h"
+
+namespace bt::launcher {
+
+enum class Subcommand { kRun, kEnv, kRendezvous, kHelp, kVersion };
+
+struct CliOptions {
+  Subcommand subcommand = Subcommand::kHelp;
+  std::optional<std::string> config_path;
+  std::optional<std::string> root;
+  env::IdentityFlags identity;
+  std::vector<std::string> command;  // after `--`
+  log::Format log_format = log::Format::kText;
+  std::string log_level = "info";
+  std::string output_format;  // env: shell|json; rendezvous: table|json
+  bool serve = false;         // rendezvous --serve
+  std::string help_text;
+};
+
+// Throws LaunchFailure(kExitUsage) with the reason.
+CliOptions ParseCommandLine(int argc, char** argv);
+
+}  // namespace bt::launcher

@@ -1,0 +1,81 @@
+#include "launcher/log.h"
+
+#include <atomic>
+#include <chrono>
+#include <ctime>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/sinks/stdout_sinks.h>
+
+namespace bt::log {
+namespace {
+
+std::atomic<int> g_node_rank{-1};
+
+std::string NodeLabel() {
+  int rank = g_node_rank.load(std::memory_order_relaxed);
+  return rank < 0 ? "?" : std::to_string(rank);
+}
+
+std::string Timestamp(spdlog::log_clock::time_point time) {
+  auto since_epoch = time.time_since_epoch();
+  std::time_t seconds = std::chrono::duration_cast<std::chrono::seconds>(since_epoch).count();
+  int millis = int(std::chrono::duration_cast<std::chrono::milliseconds>(since_epoch).count() % 1000);
+  std::tm utc{};
+  gmtime_r(&seconds, &utc);
+  char text[64];
+  std::snprintf(text, sizeof text, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", utc.tm_year + 1900, utc.tm_mon + 1,
+                utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec, millis);
+  return text;
+}
+
+class TextFormatter final : public spdlog::formatter {
+ public:
+  void format(const spdlog::details::log_msg& message, spdlog::memory_buf_t& out) override {
+    auto level = spdlog::level::to_string_view(message.level);
+    std::string line = Timestamp(message.time) + " bt-launch[node " + NodeLabel() + "] " +
+                       std::string(level.data(), level.size()) + ": " +
+                       std::string(message.payload.data(), message.payload.size()) + "\n";
+    out.append(line.data(), line.data() + line.size());
+  }
+  std::unique_ptr<spdlog::formatter> clone() const override { return std::make_unique<TextFormatter>(); }
+};
+
+class JsonFormatter final : public spdlog::formatter {
+ public:
+  void format(const spdlog::details::log_msg& message, spdlog::memory_buf_t& out) override {
+    auto level = spdlog::level::to_string_view(message.level);
+    nlohmann::json line = {{"ts", Timestamp(message.time)},
+                           {"level", std::string(level.data(), level.size())},
+                           {"node", g_node_rank.load(std::memory_order_relaxed)},
+                           {"msg", std::string(message.payload.data(), message.payload.size())}};
+    std::string text = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    out.append(text.data(), text.data() + text.size());
+  }
+  std::unique_ptr<spdlog::formatter> clone() const override { return std::make_unique<JsonFormatter>(); }
+};
+
+}  // namespace
+
+void Init(Format format, spdlog::level::level_enum level) {
+  auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
+  if (format == Format::kJson) {
+    sink->set_formatter(std::make_unique<JsonFormatter>());
+  } else {
+    sink->set_formatter(std::make_unique<TextFormatter>());
+  }
+  auto logger = std::make_shared<spdlog::logger>("bt-launch", sink);
+  logger->set_level(level);
+  logger->flush_on(spdlog::level::trace);  // a launcher's last words must reach the log before exit
+  spdlog::set_default_logger(logger);
+}
+
+void SetNodeRank(int rank) { g_node_rank.store(rank, std::memory_order_relaxed); }
+
+Format ParseFormat(const std::string& text) {
+  if (text == "text") return Format::kText;
+  if (text == "json") return Format::kJson;
+  throw std::invalid_argument("--log-format: expected text or json, got \"" + text + "\"");
+}
+
+}  // namespace bt::log

@@ -1,0 +1,20 @@
+// Logging: spdlog to stderr, the node rank in every line, text or one JSON object a line.
+#pragma once
+
+#include <string>
+
+#include <spdlog/spdlog.h>
+
+namespace bt::log {
+
+enum class Format { kText, kJson };
+
+// Installs the default logger. Safe to call again (e.g. once the format flag is parsed).
+void Init(Format format, spdlog::level::level_enum level);
+
+// The rank is known only after identity resolution; until then lines say "node ?".
+void SetNodeRank(int rank);
+
+Format ParseFormat(const std::string& text);  // throws std::invalid_argument
+
+}  // namespace bt::log

@@ -1,0 +1,45 @@
+// bt-launch: the entrypoint of every container of a multi-node training job.
+#include <cstdio>
+#include <exception>
+
+#include <spdlog/spdlog.h>
+
+#include "launcher/cli.h"
+#include "launcher/exit_codes.h"
+#include "launcher/launch.h"
+#include "launcher/log.h"
+
+#ifndef BT_LAUNCH_VERSION
+#define BT_LAUNCH_VERSION "dev"
+#endif
+
+namespace {
+
+int Dispatch(const bt::launcher::CliOptions& cli) {
+  using bt::launcher::Subcommand;
+  switch (cli.subcommand) {
+    case Subcommand::kRun: return bt::launcher::RunSubcommand(cli);
+    case Subcommand::kEnv: return bt::launcher::EnvSubcommand(cli);
+    case Subcommand::kRendezvous: return bt::launcher::RendezvousSubcommand(cli);
+    case Subcommand::kVersion: std::printf("bt-launch %s\n", BT_LAUNCH_VERSION); return 0;
+    case Subcommand::kHelp: std::fputs(cli.help_text.c_str(), stdout); return 0;
+  }
+  return bt::launcher::kExitInternal;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bt::log::Init(bt::log::Format::kText, spdlog::level::info);
+  try {
+    bt::launcher::CliOptions cli = bt::launcher::ParseCommandLine(argc, argv);
+    bt::log::Init(cli.log_format, spdlog::level::from_str(cli.log_level));
+    return Dispatch(cli);
+  } catch (const bt::launcher::LaunchFailure& failure) {
+    spdlog::error("{}", failure.what());
+    return failure.code();
+  } catch (const std::exception& error) {
+    spdlog::critical("internal error: {}", error.what());
+    return bt::launcher::kExitInternal;
+  }
+}

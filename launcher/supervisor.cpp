@@ -1,0 +1,233 @@
+#include "launcher/supervisor.h"
+
+#include <poll.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+namespace bt::launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr std::chrono::milliseconds kGroupPollInterval{20};
+
+int ExitCodeOf(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 70;
+}
+
+std::string Describe(const Command& command) {
+  if (command.argv.size() == 3 && command.argv[0] == "/bin/sh") return command.argv[2];
+  std::string text;
+  for (const auto& arg : command.argv) text += (text.empty() ? "" : " ") + arg;
+  return text;
+}
+
+bool GroupHasMembers(pid_t group) { return kill(-group, 0) == 0; }
+
+// The job reads the terminal only if its group is the terminal's foreground group;
+// otherwise an interactive `bt-launch run -- bash` would stop on SIGTTIN.
+bool HandTerminalTo(pid_t group) {
+  if (!isatty(STDIN_FILENO) || tcgetpgrp(STDIN_FILENO) != getpgrp()) return false;
+  return tcsetpgrp(STDIN_FILENO, group) == 0;
+}
+
+void ReclaimTerminal(bool handed) {
+  if (handed) tcsetpgrp(STDIN_FILENO, getpgrp());
+}
+
+// posix_spawn (vfork-fast) with the child's mask and dispositions reset: the launcher's
+// blocked signals must not stay blocked in the job, or it could never be stopped.
+pid_t Spawn(const Command& command, const std::vector<std::string>& environ, const std::string& working_dir,
+            const sigset_t& child_mask, const sigset_t& reset_signals, int& spawn_error) {
+  std::vector<char*> argv;
+  for (const auto& arg : command.argv) argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (const auto& entry : environ) envp.push_back(const_cast<char*>(entry.c_str()));
+  envp.push_back(nullptr);
+
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  posix_spawnattr_setpgroup(&attributes, 0);  // its own group: we signal the whole tree at once
+  posix_spawnattr_setsigmask(&attributes, &child_mask);
+  posix_spawnattr_setsigdefault(&attributes, &reset_signals);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (!working_dir.empty()) posix_spawn_file_actions_addchdir_np(&actions, working_dir.c_str());
+
+  pid_t pid = -1;
+  spawn_error = command.search_path ? posix_spawnp(&pid, argv[0], &actions, &attributes, argv.data(), envp.data())
+                                    : posix_spawn(&pid, argv[0], &actions, &attributes, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attributes);
+  return spawn_error == 0 ? pid : -1;
+}
+
+}  // namespace
+
+Command ShellCommand(const std::string& text) { return Command{{"/bin/sh", "-c", text}, false}; }
+
+Supervisor::Supervisor(SignalRouter& signals, std::chrono::milliseconds grace_period)
+    : signals_(signals), grace_period_(grace_period) {
+  // Not PID 1 (docker run without --init, a local test, mpirun): become a subreaper so
+  // that orphaned grandchildren are re-parented to us and reaped, not to the host's init.
+  if (getpid() != 1 && prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
+    spdlog::warn("cannot become a child subreaper ({}); orphans will be reaped by init", std::strerror(errno));
+  }
+}
+
+JobOutcome Supervisor::Run(const std::vector<Command>& commands, const std::vector<std::string>& environ,
+                           const std::string& working_dir, StopRequests* stop) {
+  JobOutcome outcome;
+  for (size_t index = 0; index < commands.size(); ++index) {
+    DrainSignalsBetweenCommands(outcome);
+    if (shutting_down_) break;
+    if (stop != nullptr) {
+      if (auto reason = stop->TakeStop()) {
+        outcome.stop_reason = reason;
+        break;
+      }
+    }
+    spdlog::info("start command {}/{}: {}", index + 1, commands.size(), Describe(commands[index]));
+    int code = RunOne(commands[index], environ, working_dir, stop, outcome);
+    outcome.commands_run = index + 1;
+    outcome.exit_code = code;
+    if (code != 0) {
+      outcome.failed_command = index;
+      if (!shutting_down_) spdlog::error("start command {} exited with code {}: {}", index + 1, code, Describe(commands[index]));
+      break;
+    }
+  }
+  if (outcome.shutdown_signal && outcome.exit_code == 0) outcome.exit_code = 128 + *outcome.shutdown_signal;
+  return outcome;
+}
+
+int Supervisor::RunOne(const Command& command, const std::vector<std::string>& environ, const std::string& working_dir,
+                       StopRequests* stop, JobOutcome& outcome) {
+  sigset_t reset = signals_.routed_signals();
+  sigaddset(&reset, SIGPIPE);
+  int spawn_error = 0;
+  pid_t child = Spawn(command, environ, working_dir, signals_.original_mask(), reset, spawn_error);
+  if (child < 0) {
+    spdlog::error("cannot execute {}: {}", command.argv.front(), std::strerror(spawn_error));
+    return spawn_error == ENOENT ? 127 : 126;  // the shell's codes for "not found" / "not executable"
+  }
+  bool terminal_handed = HandTerminalTo(child);
+  std::optional<int> status;
+  while (!status) {
+    pollfd fds[2] = {{signals_.fd(), POLLIN, 0}, {stop != nullptr ? stop->fd() : -1, POLLIN, 0}};
+    if (poll(fds, 2, PollTimeoutMs()) < 0 && errno != EINTR) {
+      spdlog::critical("poll failed: {}", std::strerror(errno));
+      kill(-child, SIGKILL);
+    }
+    EscalateIfGraceOver(child);
+    while (auto signal_number = signals_.Take()) {
+      if (*signal_number == SIGCHLD) {
+        ReapChildren(child, status);
+      } else if (*signal_number != SIGTTOU) {
+        OnSignal(*signal_number, child, outcome);
+      }
+    }
+    if (stop != nullptr && (fds[1].revents & POLLIN) && !outcome.stop_reason) {
+      if (auto reason = stop->TakeStop()) {
+        outcome.stop_reason = reason;
+        spdlog::error("stopping the job: {}", *reason);
+        kill(-child, SIGTERM);
+        BeginShutdown(child);
+      }
+    }
+  }
+  ReclaimTerminal(terminal_handed);
+  CleanUpGroup(child);
+  return ExitCodeOf(*status);
+}
+
+// Every forwarded signal goes to the whole group, so a shell's children (torchrun, its
+// workers, dataloaders) see it too, not just the shell.
+void Supervisor::OnSignal(int signal_number, pid_t group, JobOutcome& outcome) {
+  spdlog::info("received {}; forwarding it to process group {}", strsignal(signal_number), group);
+  kill(-group, signal_number);
+  if (!StartsShutdown(signal_number)) return;
+  if (!outcome.shutdown_signal) outcome.shutdown_signal = signal_number;
+  BeginShutdown(group);
+}
+
+void Supervisor::BeginShutdown(pid_t group) {
+  shutting_down_ = true;
+  if (kill_deadline_) return;
+  kill_deadline_ = Clock::now() + grace_period_;
+  spdlog::info("process group {} has {} ms to exit before SIGKILL", group, grace_period_.count());
+}
+
+void Supervisor::EscalateIfGraceOver(pid_t group) {
+  if (!kill_deadline_ || Clock::now() < *kill_deadline_) return;
+  spdlog::warn("grace period of {} ms is over: sending SIGKILL to process group {}", grace_period_.count(), group);
+  kill(-group, SIGKILL);
+  kill_deadline_ = Clock::time_point::max();
+}
+
+// SIGCHLD is coalesced: one signal may stand for many exits, so reap until none is left.
+void Supervisor::ReapChildren(pid_t child, std::optional<int>& child_status) {
+  while (true) {
+    int status = 0;
+    pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) return;
+    if (pid == child) {
+      child_status = status;
+    } else {
+      spdlog::debug("reaped orphan process {} (exit code {})", pid, ExitCodeOf(status));
+    }
+  }
+}
+
+// The command's shell is gone but its group may live on (background jobs, dataloader
+// workers). They belong to this command: TERM them, give them the grace, then KILL.
+void Supervisor::CleanUpGroup(pid_t group) {
+  if (!GroupHasMembers(group)) return;
+  spdlog::info("command exited but processes remain in its group {}; sending SIGTERM", group);
+  kill(-group, SIGTERM);
+  if (!kill_deadline_) kill_deadline_ = Clock::now() + grace_period_;
+  std::optional<int> unused;
+  while (GroupHasMembers(group)) {
+    pollfd fds[1] = {{signals_.fd(), POLLIN, 0}};
+    poll(fds, 1, int(kGroupPollInterval.count()));
+    EscalateIfGraceOver(group);
+    while (auto signal_number = signals_.Take()) {
+      if (*signal_number == SIGCHLD) ReapChildren(-1, unused);
+    }
+  }
+  ReapChildren(-1, unused);
+  if (!shutting_down_) kill_deadline_.reset();
+}
+
+// A signal that arrives while no command runs still counts: TERM between two start
+// commands must not let the next one start.
+void Supervisor::DrainSignalsBetweenCommands(JobOutcome& outcome) {
+  std::optional<int> unused;
+  while (auto signal_number = signals_.Take()) {
+    if (*signal_number == SIGCHLD) {
+      ReapChildren(-1, unused);
+    } else if (StartsShutdown(*signal_number)) {
+      spdlog::info("received {} between commands; not starting the next one", strsignal(*signal_number));
+      if (!outcome.shutdown_signal) outcome.shutdown_signal = *signal_number;
+      shutting_down_ = true;
+    }
+  }
+}
+
+int Supervisor::PollTimeoutMs() const {
+  if (!kill_deadline_ || *kill_deadline_ == Clock::time_point::max()) return -1;
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*kill_deadline_ - Clock::now()).count();
+  return int(std::max<int64_t>(0, left) + 1);
+}
+
+}  // namespace bt::launcher

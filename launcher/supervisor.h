@@ -1,0 +1,64 @@
+// Runs the job's commands as PID 1 (or as a child subreaper) would: one process group
+// per command, signals forwarded to the group, zombies reaped, SIGKILL after the grace
+// period, and the exit status turned into an exit code.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "launcher/signals.h"
+
+namespace bt::launcher {
+
+// A reason to end the job that is not a signal: a peer node failed. `fd()` becomes
+// readable when TakeStop() may have something.
+class StopRequests {
+ public:
+  virtual ~StopRequests() = default;
+  virtual int fd() const = 0;
+  virtual std::optional<std::string> TakeStop() = 0;
+};
+
+struct Command {
+  std::vector<std::string> argv;
+  bool search_path = false;  // execvp-style lookup (commands given after `--`)
+};
+
+Command ShellCommand(const std::string& text);
+
+struct JobOutcome {
+  int exit_code = 0;
+  size_t commands_run = 0;
+  std::optional<size_t> failed_command;  // index of the first failing command
+  std::optional<int> shutdown_signal;    // the signal that ended the job early
+  std::optional<std::string> stop_reason;  // set when a StopRequests ended the job
+};
+
+class Supervisor {
+ public:
+  Supervisor(SignalRouter& signals, std::chrono::milliseconds grace_period);
+
+  // Runs `commands` in order and stops at the first that fails or at a shutdown.
+  JobOutcome Run(const std::vector<Command>& commands, const std::vector<std::string>& environ,
+                 const std::string& working_dir, StopRequests* stop);
+
+ private:
+  int RunOne(const Command& command, const std::vector<std::string>& environ, const std::string& working_dir,
+             StopRequests* stop, JobOutcome& outcome);
+  void OnSignal(int signal_number, pid_t group, JobOutcome& outcome);
+  void BeginShutdown(pid_t group);
+  void ReapChildren(pid_t child, std::optional<int>& child_status);
+  void EscalateIfGraceOver(pid_t group);
+  void CleanUpGroup(pid_t group);
+  void DrainSignalsBetweenCommands(JobOutcome& outcome);
+  int PollTimeoutMs() const;
+
+  SignalRouter& signals_;
+  std::chrono::milliseconds grace_period_;
+  std::optional<std::chrono::steady_clock::time_point> kill_deadline_;
+  bool shutting_down_ = false;
+};
+
+}  // namespace bt::launcher

@@ -1,0 +1,33 @@
+// The phases of one launch and how long each took, printed when the launcher exits so
+// that "where did the first 20 minutes go" has an answer in every log.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace bt::launcher {
+
+class Timeline {
+ public:
+  Timeline();
+  void Begin(const std::string& phase);  // ends the phase before it
+  void End();
+  std::string Render() const;            // "identity 0.2 ms, run 1.50 s (...), total 1.51 s"
+  void Annotate(const std::string& note);  // appended to the current (or last) phase
+
+ private:
+  struct Phase {
+    std::string name;
+    std::chrono::steady_clock::time_point start;
+    std::chrono::steady_clock::time_point end;
+    std::string note;
+    bool open = true;
+  };
+  std::chrono::steady_clock::time_point start_;
+  std::vector<Phase> phases_;
+};
+
+std::string FormatDuration(std::chrono::steady_clock::duration duration);
+
+}  // namespace bt::launcher

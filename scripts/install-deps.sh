@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs every Debian package bt-launch builds, tests and benchmarks with.
+# Idempotent: packages already present are not fetched again.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config
+  libcxxopts-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libgtest-dev
+  libssl-dev
+  openmpi-bin libopenmpi-dev
+  clang libclang-rt-14-dev
+  tini hyperfine iproute2 procps python3
+)
+
+missing=()
+for package in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' || missing+=("$package")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+sudo_cmd=()
+[ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
