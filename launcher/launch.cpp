@@ -46,7 +46,9 @@ env::JobEnvironment BuildEnvironment(const CliOptions& cli, const env::JobConfig
                                      const env::NodeIdentity& identity) {
   try {
     env::PathLayout paths(cli.root, identity.rank);
-    return env::BuildJobEnvironment(config, identity, paths, env::CurrentEnviron());
+    env::JobEnvironment environment = env::BuildJobEnvironment(config, identity, paths, env::CurrentEnviron());
+    for (const auto& name : environment.secret_variables) log::RegisterSecret(environment.variables.at(name));
+    return environment;
   } catch (const env::SecretError& error) {
     throw LaunchFailure(kExitConfig, error.what());
   }

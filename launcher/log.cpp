@@ -3,6 +3,8 @@
 #include <atomic>
 #include <chrono>
 #include <ctime>
+#include <mutex>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/sinks/stdout_sinks.h>
@@ -11,6 +13,23 @@ namespace bt::log {
 namespace {
 
 std::atomic<int> g_node_rank{-1};
+std::mutex g_secrets_mutex;
+std::vector<std::string> g_secrets;
+
+std::string Redact(std::string text) {
+  std::lock_guard lock(g_secrets_mutex);
+  for (const std::string& secret : g_secrets) {
+    constexpr std::string_view kMask = "<secret>";
+    for (size_t at = text.find(secret); at != std::string::npos; at = text.find(secret, at + kMask.size())) {
+      text.replace(at, secret.size(), kMask);
+    }
+  }
+  return text;
+}
+
+std::string Payload(const spdlog::details::log_msg& message) {
+  return Redact(std::string(message.payload.data(), message.payload.size()));
+}
 
 std::string NodeLabel() {
   int rank = g_node_rank.load(std::memory_order_relaxed);
@@ -34,8 +53,7 @@ class TextFormatter final : public spdlog::formatter {
   void format(const spdlog::details::log_msg& message, spdlog::memory_buf_t& out) override {
     auto level = spdlog::level::to_string_view(message.level);
     std::string line = Timestamp(message.time) + " bt-launch[node " + NodeLabel() + "] " +
-                       std::string(level.data(), level.size()) + ": " +
-                       std::string(message.payload.data(), message.payload.size()) + "\n";
+                       std::string(level.data(), level.size()) + ": " + Payload(message) + "\n";
     out.append(line.data(), line.data() + line.size());
   }
   std::unique_ptr<spdlog::formatter> clone() const override { return std::make_unique<TextFormatter>(); }
@@ -48,7 +66,7 @@ class JsonFormatter final : public spdlog::formatter {
     nlohmann::json line = {{"ts", Timestamp(message.time)},
                            {"level", std::string(level.data(), level.size())},
                            {"node", g_node_rank.load(std::memory_order_relaxed)},
-                           {"msg", std::string(message.payload.data(), message.payload.size())}};
+                           {"msg", Payload(message)}};
     std::string text = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     out.append(text.data(), text.data() + text.size());
   }
@@ -71,6 +89,12 @@ void Init(Format format, spdlog::level::level_enum level) {
 }
 
 void SetNodeRank(int rank) { g_node_rank.store(rank, std::memory_order_relaxed); }
+
+void RegisterSecret(const std::string& value) {
+  if (value.size() < 4) return;
+  std::lock_guard lock(g_secrets_mutex);
+  g_secrets.push_back(value);
+}
 
 Format ParseFormat(const std::string& text) {
   if (text == "text") return Format::kText;

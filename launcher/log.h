@@ -17,4 +17,9 @@ void SetNodeRank(int rank);
 
 Format ParseFormat(const std::string& text);  // throws std::invalid_argument
 
+// Every later log line has `value` replaced by "<secret>", whatever put it there (a start
+// command that embeds a token, an error that quotes a value). Values under 4 bytes are
+// not registered: masking "1" everywhere would hide more than it protects.
+void RegisterSecret(const std::string& value);
+
 }  // namespace bt::log

@@ -107,7 +107,10 @@ JobOutcome Supervisor::Run(const std::vector<Command>& commands, const std::vect
       break;
     }
   }
-  if (outcome.shutdown_signal && outcome.exit_code == 0) outcome.exit_code = 128 + *outcome.shutdown_signal;
+  // A job that handled the signal and exited 0 keeps its 0, unless the signal kept later
+  // start commands from running: then the job did not complete.
+  bool incomplete = outcome.commands_run < commands.size();
+  if (outcome.shutdown_signal && outcome.exit_code == 0 && incomplete) outcome.exit_code = 128 + *outcome.shutdown_signal;
   return outcome;
 }
 

@@ -1,0 +1,225 @@
+#include "env/job_config.h"
+
+#include <deque>
+
+#include <gtest/gtest.h>
+
+namespace bt::env {
+namespace {
+
+struct BadConfig {
+  const char* json;
+  const char* expected_message;  // the full "path: expectation" prefix or a distinctive part
+};
+
+void PrintTo(const BadConfig& bad, std::ostream* out) { *out << bad.json; }
+
+class BadConfigTest : public ::testing::TestWithParam<BadConfig> {};
+
+TEST_P(BadConfigTest, IsRejectedWithPathAndExpectation) {
+  const BadConfig& bad = GetParam();
+  try {
+    ParseJobConfig(bad.json, true);
+    FAIL() << "accepted: " << bad.json;
+  } catch (const ConfigError& error) {
+    EXPECT_NE(std::string(error.what()).find(bad.expected_message), std::string::npos)
+        << "message: " << error.what() << "\nexpected to contain: " << bad.expected_message;
+  }
+}
+
+const char* kOk = R"("runtime": {"start_commands": ["true"]})";
+
+std::string WithRuntime(const std::string& extra) {
+  return std::string(R"({"runtime": {"start_commands": ["true"], )") + extra + "}}";
+}
+
+std::vector<BadConfig> BadConfigs() {
+  static std::deque<std::string> storage;  // stable addresses for the c_str() below
+  auto keep = [](std::string text) { storage.push_back(std::move(text)); return storage.back().c_str(); };
+  return {
+      {"[1, 2]", "(top level): expected an object, got a array"},
+      {"{\"runtime\": ", "(document): expected valid JSON"},
+      {keep(std::string("{") + kOk + R"(, "colour": "red"})"), "colour: unknown key"},
+      {R"({"runtime": {}})", "runtime.start_commands: expected at least one command"},
+      {R"({"runtime": {"start_commands": "train.sh"}})", "runtime.start_commands: expected a list of strings, got a string"},
+      {R"({"runtime": {"start_commands": [""]}})", "runtime.start_commands[0]: expected a non-empty string"},
+      {R"({"runtime": {"start_commands": ["a", 7]}})", "runtime.start_commands[1]: expected a string, got an integer"},
+      {keep(WithRuntime(R"("environment_variables": {"HF_TOKEN": 5})")),
+       "runtime.environment_variables.HF_TOKEN: expected a string or {\"name\": SECRET}, got an integer"},
+      {keep(WithRuntime(R"("environment_variables": {"HF_TOKEN": {"secret": "x"}})")),
+       "runtime.environment_variables.HF_TOKEN.secret: unknown key"},
+      {keep(WithRuntime(R"("environment_variables": {"HF_TOKEN": {}})")),
+       "runtime.environment_variables.HF_TOKEN.name: required field is missing"},
+      {keep(WithRuntime(R"("environment_variables": {"HF_TOKEN": {"name": "../etc/passwd"}})")),
+       "runtime.environment_variables.HF_TOKEN.name: expected a secret name without '/'"},
+      {keep(WithRuntime(R"("environment_variables": {"1BAD": "x"})")),
+       "runtime.environment_variables.1BAD: expected a variable name"},
+      {keep(WithRuntime(R"("environment_variables": ["A=1"])")),
+       "runtime.environment_variables: expected an object of NAME: value, got a array"},
+      {keep(WithRuntime(R"("enable_cache": true, "cache_config": {"enabled": true})")),
+       "runtime.enable_cache: cannot be set together with cache_config"},
+      {keep(WithRuntime(R"("cache_config": {"enabled": "yes"})")), "runtime.cache_config.enabled: expected true or false, got a string"},
+      {keep(WithRuntime(R"("cache_config": {"mount_base_path": "cache"})")),
+       "runtime.cache_config.mount_base_path: expected an absolute path, got \"cache\""},
+      {keep(WithRuntime(R"("checkpointing_config": {"enabled": true, "checkpoint_path": "ckpts"})")),
+       "runtime.checkpointing_config.checkpoint_path: expected an absolute path"},
+      {keep(WithRuntime(R"("checkpointing_config": {"volume_size_gib": 0})")),
+       "runtime.checkpointing_config.volume_size_gib: expected an integer in [1, 1048576], got 0"},
+      {keep(WithRuntime(R"("checkpointing_config": {"enabled": true, "upload": "s3://x"})")),
+       "runtime.checkpointing_config.upload: unknown key"},
+      {keep(WithRuntime(R"("load_checkpoint_config": {"enabled": true, "checkpoints": [{"job_id": "x"}]})")),
+       "runtime.load_checkpoint_config.checkpoints[0].typ: required field is missing"},
+      {keep(WithRuntime(R"("load_checkpoint_config": {"checkpoints": [{"typ": "baseten_latest_checkpoint"}]})")),
+       "runtime.load_checkpoint_config.checkpoints[0]: expected at least one of job_id, project_name"},
+      {keep(WithRuntime(R"("load_checkpoint_config": {"checkpoints": [{"typ": "baseten_named_checkpoint", "job_id": "j"}]})")),
+       "runtime.load_checkpoint_config.checkpoints[0].checkpoint_name: required field is missing"},
+      {keep(WithRuntime(R"("load_checkpoint_config": {"checkpoints": [{"typ": "newest"}]})")),
+       "runtime.load_checkpoint_config.checkpoints[0].typ: expected one of"},
+      {keep(WithRuntime(R"("load_checkpoint_config": {"download_folder": "./dl"})")),
+       "runtime.load_checkpoint_config.download_folder: expected an absolute path"},
+      {keep(std::string(R"({"compute": {"node_count": 0}, )") + kOk + "}"),
+       "compute.node_count: expected an integer in [1, 1048576], got 0"},
+      {keep(std::string(R"({"compute": {"node_count": 2.5}, )") + kOk + "}"),
+       "compute.node_count: expected an integer in [1, 1048576], got a number"},
+      {keep(std::string(R"({"compute": {"node_count": "2"}, )") + kOk + "}"),
+       "compute.node_count: expected an integer in [1, 1048576], got a string"},
+      {keep(std::string(R"({"compute": {"accelerator": "X100:8"}, )") + kOk + "}"),
+       "compute.accelerator: unknown accelerator \"X100\""},
+      {keep(std::string(R"({"compute": {"accelerator": "H100:eight"}, )") + kOk + "}"),
+       "compute.accelerator: expected \"TYPE:COUNT\""},
+      {keep(std::string(R"({"compute": {"accelerator": {"accelerator": "H100", "count": -1}}, )") + kOk + "}"),
+       "compute.accelerator.count: expected an integer in [0, 1024], got -1"},
+      {keep(std::string(R"({"compute": {"availability_model": "preemptible"}, )") + kOk + "}"),
+       "compute.availability_model: expected one of dedicated, spot"},
+      {keep(std::string(R"({"compute": {"gpus": 8}, )") + kOk + "}"), "compute.gpus: unknown key"},
+      {keep(std::string(R"({"weights": [{"source": "hf://org/model", "mount_location": "models/m"}], )") + kOk + "}"),
+       "weights[0].mount_location: expected an absolute path"},
+      {keep(std::string(R"({"weights": [{"source": "hf://a", "mount_location": "/m"}, {"source": "hf://b", "mount_location": "/m/"}], )") + kOk + "}"),
+       "weights[1].mount_location: duplicate mount location \"/m\" (also weights[0])"},
+      {keep(std::string(R"({"weights": [{"source": "ftp://host/x", "mount_location": "/m"}], )") + kOk + "}"),
+       "weights[0].source: expected a URI with scheme"},
+      {keep(std::string(R"({"weights": [{"source": "s3://bucket/x@v2", "mount_location": "/m"}], )") + kOk + "}"),
+       "weights[0].source: a @revision is allowed only for hf:// sources"},
+      {keep(std::string(R"({"weights": [{"source": "s3:///x", "mount_location": "/m"}], )") + kOk + "}"),
+       "weights[0].source: expected s3://bucket/path"},
+      {keep(std::string(R"({"weights": [{"mount_location": "/m"}], )") + kOk + "}"),
+       "weights[0].source: required field is missing"},
+      {keep(std::string(R"({"weights": [{"source": "hf://a", "mount_location": "/m", "auth": {"auth_method": "AWS_OIDC"}}], )") + kOk + "}"),
+       "weights[0].auth.auth_method: expected one of CUSTOM_SECRET"},
+      {keep(std::string(R"({"weights": {"source": "hf://a"}, )") + kOk + "}"), "weights: expected a list of weight sources, got a object"},
+      {keep(std::string(R"({"image": {"docker_auth": {"auth_method": "X", "registry": "r"}}, )") + kOk + "}"),
+       "image.base_image: required field is missing"},
+      {keep(std::string(R"({"interactive_session": {"trigger": "always"}, )") + kOk + "}"),
+       "interactive_session.trigger: expected one of on_demand, on_failure, on_startup"},
+      {keep(std::string(R"({"enable_baseten_workdir": 1, )") + kOk + "}"), "enable_baseten_workdir: expected true or false, got an integer"},
+      {keep(std::string(R"({"launcher": {"grace_period_s": -1}, )") + kOk + "}"),
+       "launcher.grace_period_s: expected a number of seconds in [0, 86400], got -1"},
+      {keep(std::string(R"({"launcher": {"rendezvous": {"port": 70000}}, )") + kOk + "}"),
+       "launcher.rendezvous.port: expected an integer in [1, 65535], got 70000"},
+      {keep(std::string(R"({"launcher": {"rendezvous": {"backend": "etcd"}}, )") + kOk + "}"),
+       "launcher.rendezvous.backend: expected one of mpi, tcp, got \"etcd\""},
+      {keep(std::string(R"({"launcher": {"rendezvous": {"heartbeat_interval_s": 5, "heartbeat_timeout_s": 6}}, )") + kOk + "}"),
+       "launcher.rendezvous.heartbeat_timeout_s: expected at least twice heartbeat_interval_s"},
+      {keep(std::string(R"({"launcher": {"rendezvous": {"join_timeout_s": 0}}, )") + kOk + "}"),
+       "launcher.rendezvous.join_timeout_s: expected an integer in [1, 604800], got 0"},
+      {keep(std::string(R"({"launcher": {"rendezvous_port": 1}, )") + kOk + "}"), "launcher.rendezvous_port: unknown key"},
+      {keep(std::string(R"({"name": "", )") + kOk + "}"), "name: expected a non-empty string"},
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(Config, BadConfigTest, ::testing::ValuesIn(BadConfigs()),
+                         [](const auto& info) { return "case" + std::to_string(info.index); });
+
+TEST(JobConfig, ParsesAFullTrainingJob) {
+  JobConfig config = ParseJobConfig(R"({
+    "name": "llama-sft",
+    "image": {"base_image": "pytorch/pytorch:2.4.0"},
+    "compute": {"node_count": 2, "accelerator": "H100:8", "availability_model": "spot"},
+    "runtime": {
+      "start_commands": ["pip install -r requirements.txt", "./run.sh"],
+      "environment_variables": {"WANDB_PROJECT": "sft", "HF_TOKEN": {"name": "hf_access_token"}},
+      "cache_config": {"enabled": true, "mount_base_path": "/cache"},
+      "checkpointing_config": {"enabled": true, "checkpoint_path": "/ckpt", "volume_size_gib": 700},
+      "load_checkpoint_config": {"enabled": true, "checkpoints": [{"typ": "baseten_latest_checkpoint", "job_id": "abc"}]}
+    },
+    "weights": [{"source": "hf://meta-llama/Llama-3.1-8B@main", "mount_location": "/app/models/llama"}],
+    "launcher": {"grace_period_s": 120, "rendezvous": {"port": 29311, "join_timeout_s": 60, "backend": "mpi"}}
+  })", true);
+  EXPECT_EQ(config.name, "llama-sft");
+  EXPECT_EQ(config.compute.node_count, 2);
+  ASSERT_TRUE(config.compute.accelerator);
+  EXPECT_EQ(config.compute.accelerator->type, "H100");
+  EXPECT_EQ(config.compute.accelerator->count, 8);
+  EXPECT_EQ(config.runtime.start_commands.size(), 2u);
+  EXPECT_EQ(config.runtime.environment_variables.at("WANDB_PROJECT").literal, "sft");
+  EXPECT_EQ(config.runtime.environment_variables.at("HF_TOKEN").secret_name, "hf_access_token");
+  EXPECT_TRUE(config.runtime.cache_config.enabled);
+  EXPECT_EQ(config.runtime.cache_config.mount_base_path, "/cache");
+  EXPECT_EQ(config.runtime.checkpointing_config.checkpoint_path, "/ckpt");
+  EXPECT_EQ(config.runtime.load_checkpoint_config.checkpoint_count, 1);
+  EXPECT_EQ(config.weights.at(0).mount_location, "/app/models/llama");
+  EXPECT_DOUBLE_EQ(config.launcher.grace_period_s, 120);
+  EXPECT_EQ(config.launcher.rendezvous.port, 29311);
+  EXPECT_TRUE(config.launcher.rendezvous.port_from_config);
+  EXPECT_EQ(config.launcher.rendezvous.backend, RendezvousBackend::kMpi);
+}
+
+TEST(JobConfig, DefaultsMatchThePlatform) {
+  JobConfig config = DefaultJobConfig();
+  EXPECT_EQ(config.compute.node_count, 1);
+  EXPECT_TRUE(config.enable_baseten_workdir);
+  EXPECT_FALSE(config.runtime.cache_config.enabled);
+  EXPECT_TRUE(config.runtime.cache_config.require_cache_affinity);
+  EXPECT_FALSE(config.runtime.checkpointing_config.enabled);
+  EXPECT_DOUBLE_EQ(config.launcher.grace_period_s, 30);
+  EXPECT_EQ(config.launcher.rendezvous.port, 29300);
+  EXPECT_EQ(config.launcher.rendezvous.join_timeout_s, 900);
+}
+
+TEST(JobConfig, DeprecatedEnableCacheBecomesCacheConfig) {
+  JobConfig config = ParseJobConfig(R"({"runtime": {"start_commands": ["x"], "enable_cache": true}})", true);
+  EXPECT_TRUE(config.runtime.cache_config.enabled);
+  EXPECT_TRUE(config.runtime.cache_config.enable_legacy_hf_mount);
+}
+
+TEST(JobConfig, NullMeansAbsentForOptionalFields) {
+  JobConfig config = ParseJobConfig(R"({"name": null, "runtime": {"start_commands": ["x"], "cache_config": null}})", true);
+  EXPECT_FALSE(config.name);
+  EXPECT_FALSE(config.runtime.cache_config.enabled);
+}
+
+TEST(JobConfig, StartCommandMayComeFromTheCommandLine) {
+  EXPECT_NO_THROW(ParseJobConfig("{}", false));
+  EXPECT_THROW(ParseJobConfig("{}", true), ConfigError);
+}
+
+TEST(JobConfig, SameTextSameDigest) {
+  EXPECT_EQ(ParseJobConfig("{}", false).source_digest, ParseJobConfig("{}", false).source_digest);
+  EXPECT_NE(ParseJobConfig("{}", false).source_digest, ParseJobConfig(R"({"name": "x"})", false).source_digest);
+}
+
+TEST(JobConfig, LoadsInlineJsonFromTheEnvironment) {
+  JobConfig config = LoadJobConfig(std::nullopt, R"(  {"name": "inline", "runtime": {"start_commands": ["x"]}})", true);
+  EXPECT_EQ(config.name, "inline");
+}
+
+TEST(JobConfig, MissingFileIsNamed) {
+  try {
+    LoadJobConfig(std::string("/nonexistent/job.json"), nullptr, true);
+    FAIL();
+  } catch (const ConfigError& error) {
+    EXPECT_NE(std::string(error.what()).find("/nonexistent/job.json: cannot read config file"), std::string::npos);
+  }
+}
+
+TEST(JobConfig, ErrorsFromAFileNameTheFile) {
+  try {
+    LoadJobConfig(std::nullopt, "/nonexistent/from-env.json", true);
+    FAIL();
+  } catch (const ConfigError& error) {
+    EXPECT_NE(std::string(error.what()).find("/nonexistent/from-env.json"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace bt::env

@@ -1,0 +1,148 @@
+// The command line and the launcher's own exit codes, through the real binary.
+#include <filesystem>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/support/launcher_process.h"
+
+#include <sstream>
+
+namespace bt::testing {
+namespace {
+
+constexpr const char* kSecretValue = "hf_TOPSECRET_0123456789";
+
+TEST(Cli, UnknownSubcommandIsAUsageError) {
+  ProcessResult result = RunLauncher({{"launch"}});
+  EXPECT_EQ(result.exit_code, 64);
+  EXPECT_NE(result.err.find("unknown subcommand \"launch\""), std::string::npos);
+}
+
+TEST(Cli, UnknownFlagIsAUsageError) {
+  EXPECT_EQ(RunLauncher({{"run", "--no-such-flag", "--", "true"}}).exit_code, 64);
+}
+
+TEST(Cli, CommandWithoutDashDashIsAUsageError) {
+  ProcessResult result = RunLauncher({{"run", "true"}});
+  EXPECT_EQ(result.exit_code, 64);
+  EXPECT_NE(result.err.find("put the command after `--`"), std::string::npos);
+}
+
+TEST(Cli, NothingToRunIsAConfigError) {
+  TempDir dir;
+  ProcessResult result = RunLauncher({{"run", "--root", dir.path()}, {}, {"BT_JOB_CONFIG"}});
+  EXPECT_EQ(result.exit_code, 65);
+  EXPECT_NE(result.err.find("runtime.start_commands"), std::string::npos) << result.err;
+}
+
+TEST(Cli, BadConfigExits65NamingThePath) {
+  TempDir dir;
+  std::string config = dir.Write("job.json", R"({"runtime": {"start_commands": ["x"], "environment_variables": {"HF_TOKEN": 5}}})");
+  ProcessResult result = RunLauncher({{"run", "--config", config, "--root", dir.path()}});
+  EXPECT_EQ(result.exit_code, 65);
+  EXPECT_NE(result.err.find("runtime.environment_variables.HF_TOKEN: expected a string or {\"name\": SECRET}"),
+            std::string::npos)
+      << result.err;
+}
+
+TEST(Cli, ConfigFromBtJobConfigInline) {
+  TempDir dir;
+  ProcessResult result = RunLauncher({{"env", "--root", dir.path(), "--format", "json"},
+                                      {{"BT_JOB_CONFIG", R"({"name": "from-env"})"}}});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(nlohmann::json::parse(result.out)["BT_TRAINING_JOB_NAME"], "from-env");
+}
+
+TEST(Cli, BadIdentityExits65) {
+  TempDir dir;
+  ProcessResult result = RunLauncher({{"run", "--root", dir.path(), "--node-rank", "3", "--node-count", "2", "--", "true"}});
+  EXPECT_EQ(result.exit_code, 65);
+  EXPECT_NE(result.err.find("node count 2 from flags disagrees with compute.node_count 1"), std::string::npos) << result.err;
+}
+
+TEST(Cli, UncreatableRootExits74) {
+  TempDir dir;
+  std::string file = dir.Write("not-a-dir", "x");
+  ProcessResult result = RunLauncher({{"run", "--root", file, "--", "true"}});
+  EXPECT_EQ(result.exit_code, 74);
+  EXPECT_NE(result.err.find("cannot create directory " + file), std::string::npos) << result.err;
+}
+
+TEST(Cli, EnvPrintsOneFlatJsonObjectWithoutMpiVariables) {
+  TempDir dir;
+  ProcessResult result = RunLauncher({{"env", "--root", dir.path(), "--format", "json"},
+                                      {{"OMPI_MCA_foo", "1"}, {"PMIX_NAMESPACE", "x"}, {"KEEP_ME", "yes"}}});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  auto json = nlohmann::json::parse(result.out);
+  EXPECT_TRUE(json.is_object());
+  for (const auto& [name, value] : json.items()) EXPECT_TRUE(value.is_string()) << name;
+  EXPECT_FALSE(json.contains("OMPI_MCA_foo"));
+  EXPECT_FALSE(json.contains("PMIX_NAMESPACE"));
+  EXPECT_EQ(json["KEEP_ME"], "yes");
+  EXPECT_EQ(json["BT_SCRATCH_DIR"], dir.path() + "/node-0/mnt/bt-scratch");
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/node-0")) << "env must not create anything";
+}
+
+TEST(Cli, EnvPrintsShellExports) {
+  TempDir dir;
+  ProcessResult result = RunLauncher({{"env", "--root", dir.path()}});
+  ASSERT_EQ(result.exit_code, 0);
+  EXPECT_NE(result.out.find("export BT_NODE_RANK='0'\n"), std::string::npos);
+}
+
+TEST(Cli, JsonLogsCarryTheNodeRankOnEveryLine) {
+  TempDir dir;
+  ProcessResult result = RunLauncher({{"run", "--root", dir.path(), "--log-format", "json", "--", "true"}});
+  ASSERT_EQ(result.exit_code, 0);
+  size_t lines = 0;
+  std::istringstream err(result.err);
+  for (std::string line; std::getline(err, line); ++lines) {
+    auto json = nlohmann::json::parse(line);
+    EXPECT_EQ(json["node"], 0);
+    EXPECT_TRUE(json.contains("msg"));
+  }
+  EXPECT_GE(lines, 2u);
+}
+
+class SecretTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_.Write("root/secrets/hf_access_token", std::string(kSecretValue) + "\n");
+    config_ = dir_.Write("job.json", R"({"enable_baseten_workdir": false, "runtime": {
+        "start_commands": ["test \"$HF_TOKEN\" = \")" + std::string(kSecretValue) + R"(\" && echo secret-matched"],
+        "environment_variables": {"HF_TOKEN": {"name": "hf_access_token"}}}})");
+  }
+  void ExpectNoSecret(const ProcessResult& result) {
+    EXPECT_EQ(result.out.find(kSecretValue), std::string::npos) << result.out;
+    EXPECT_EQ(result.err.find(kSecretValue), std::string::npos) << result.err;
+  }
+  TempDir dir_;
+  std::string config_;
+};
+
+TEST_F(SecretTest, TheJobGetsTheValueButNoOutputShowsIt) {
+  ProcessResult run = RunLauncher({{"run", "--config", config_, "--root", dir_.path() + "/root", "--log-level", "trace"}});
+  EXPECT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_NE(run.out.find("secret-matched"), std::string::npos);
+  ExpectNoSecret(run);
+  for (const char* format : {"shell", "json"}) {
+    ProcessResult env = RunLauncher({{"env", "--config", config_, "--root", dir_.path() + "/root", "--format", format,
+                                      "--log-level", "trace"}});
+    EXPECT_EQ(env.exit_code, 0);
+    EXPECT_NE(env.out.find("HF_TOKEN"), std::string::npos);
+    ExpectNoSecret(env);
+  }
+  ProcessResult json_logs = RunLauncher({{"run", "--config", config_, "--root", dir_.path() + "/root", "--log-format", "json"}});
+  ExpectNoSecret(json_logs);
+}
+
+TEST_F(SecretTest, MissingSecretExits65NamingIt) {
+  std::filesystem::remove(dir_.path() + "/root/secrets/hf_access_token");
+  ProcessResult result = RunLauncher({{"run", "--config", config_, "--root", dir_.path() + "/root"}});
+  EXPECT_EQ(result.exit_code, 65);
+  EXPECT_NE(result.err.find("secret \"hf_access_token\" not found"), std::string::npos) << result.err;
+}
+
+}  // namespace
+}  // namespace bt::testing

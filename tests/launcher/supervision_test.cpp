@@ -1,0 +1,199 @@
+// The real binary supervising real processes: zombies, signals, grace, exit codes.
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "tests/support/launcher_process.h"
+
+namespace bt::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+std::vector<std::string> RunArgs(const TempDir& dir, const std::vector<std::string>& command) {
+  std::vector<std::string> args = {"run", "--root", dir.path() + "/root", "--"};
+  args.insert(args.end(), command.begin(), command.end());
+  return args;
+}
+
+std::string ConfigWithCommands(const TempDir& dir, const std::string& commands_json, const std::string& extra = "") {
+  return dir.Write("job.json", R"({"enable_baseten_workdir": false, "runtime": {"start_commands": )" + commands_json +
+                                   "}" + extra + "}");
+}
+
+TEST(Supervision, ExitCodePropagates) {
+  TempDir dir;
+  ProcessResult result = RunLauncher({RunArgs(dir, {"sh", "-c", "exit 7"})});
+  EXPECT_EQ(result.exit_code, 7) << result.err;
+  EXPECT_EQ(RunLauncher({RunArgs(dir, {"/bin/true"})}).exit_code, 0);
+}
+
+TEST(Supervision, DeathBySignalBecomes128PlusSignal) {
+  TempDir dir;
+  EXPECT_EQ(RunLauncher({RunArgs(dir, {"sh", "-c", "kill -SEGV $$"})}).exit_code, 128 + SIGSEGV);
+  EXPECT_EQ(RunLauncher({RunArgs(dir, {"sh", "-c", "kill -KILL $$"})}).exit_code, 128 + SIGKILL);
+}
+
+TEST(Supervision, MissingProgramExits127) {
+  TempDir dir;
+  ProcessResult result = RunLauncher({RunArgs(dir, {"/nonexistent/trainer"})});
+  EXPECT_EQ(result.exit_code, 127);
+  EXPECT_NE(result.err.find("cannot execute /nonexistent/trainer"), std::string::npos) << result.err;
+}
+
+TEST(Supervision, FirstFailingStartCommandStopsTheRest) {
+  TempDir dir;
+  std::string a = dir.path() + "/a", c = dir.path() + "/c";
+  std::string config = ConfigWithCommands(dir, R"(["touch )" + a + R"(", "exit 4", "touch )" + c + R"("])");
+  ProcessResult result = RunLauncher({{"run", "--config", config, "--root", dir.path() + "/root"}});
+  EXPECT_EQ(result.exit_code, 4) << result.err;
+  EXPECT_TRUE(fs::exists(a));
+  EXPECT_FALSE(fs::exists(c));
+  EXPECT_NE(result.err.find("start command 2 exited with code 4"), std::string::npos) << result.err;
+}
+
+TEST(Supervision, StartCommandsRunInOrderWithTheJobEnvironment) {
+  TempDir dir;
+  std::string log = dir.path() + "/log";
+  std::string config = ConfigWithCommands(
+      dir, R"(["echo one:$BT_NODE_RANK >> )" + log + R"(", "echo two:$BT_GROUP_SIZE:$NNODES >> )" + log + R"("])");
+  ProcessResult result = RunLauncher({{"run", "--config", config, "--root", dir.path() + "/root"}});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  std::ifstream file(log);
+  std::string content((std::istreambuf_iterator<char>(file)), {});
+  EXPECT_EQ(content, "one:0\ntwo:1:1\n");
+}
+
+TEST(Supervision, OrphanedGrandchildrenLeaveNoZombie) {
+  TempDir dir;
+  // The subshell exits at once, so `sleep 0.3` is orphaned and re-parented to the
+  // launcher (PID 1 or subreaper), which must reap it when it exits.
+  LauncherProcess launcher({RunArgs(dir, {"sh", "-c", "(sleep 0.3 &); echo spawned; sleep 2"})});
+  ASSERT_TRUE(launcher.WaitForOutput("spawned", 5s));
+  std::this_thread::sleep_for(100ms);
+  bool orphan_adopted = false;
+  for (pid_t child : ChildrenOf(launcher.pid())) {
+    std::ifstream comm("/proc/" + std::to_string(child) + "/comm");
+    std::string name;
+    comm >> name;
+    orphan_adopted |= name == "sleep";
+  }
+  EXPECT_TRUE(orphan_adopted) << "the orphan was not re-parented to the launcher";
+  std::this_thread::sleep_for(700ms);  // the orphan has exited by now
+  EXPECT_TRUE(ZombieChildrenOf(launcher.pid()).empty());
+  EXPECT_EQ(launcher.Finish().exit_code, 0);
+}
+
+TEST(Supervision, SignalReachesAGrandchild) {
+  TempDir dir;
+  std::string marker = dir.path() + "/grandchild-got-term";
+  std::string grandchild = "trap 'echo term > " + marker + "; exit 0' TERM; echo ready; while :; do sleep 0.05; done";
+  LauncherProcess launcher({RunArgs(dir, {"sh", "-c", "sh -c \"" + grandchild + "\" & wait"})});
+  ASSERT_TRUE(launcher.WaitForOutput("ready", 5s));
+  launcher.Signal(SIGTERM);
+  ProcessResult result = launcher.Finish();
+  EXPECT_TRUE(fs::exists(marker)) << result.err;
+  EXPECT_EQ(result.exit_code, 128 + SIGTERM);
+}
+
+TEST(Supervision, UserSignalsAreForwardedWithoutStoppingTheJob) {
+  TempDir dir;
+  std::string marker = dir.path() + "/usr1";
+  std::string script = "trap 'echo usr1 > " + marker + "' USR1; trap 'echo hup >> " + marker +
+                       "' HUP; echo ready; while [ ! -s " + marker + " ] || ! grep -q hup " + marker +
+                       "; do sleep 0.05; done; exit 5";
+  LauncherProcess launcher({RunArgs(dir, {"sh", "-c", script})});
+  ASSERT_TRUE(launcher.WaitForOutput("ready", 5s));
+  launcher.Signal(SIGUSR1);
+  std::this_thread::sleep_for(200ms);
+  launcher.Signal(SIGHUP);
+  ProcessResult result = launcher.Finish();
+  EXPECT_EQ(result.exit_code, 5) << result.err;
+  std::ifstream file(marker);
+  std::string content((std::istreambuf_iterator<char>(file)), {});
+  EXPECT_EQ(content, "usr1\nhup\n");
+}
+
+TEST(Supervision, ChildIgnoringSigtermIsKilledAfterTheGrace) {
+  TempDir dir;
+  std::string config = ConfigWithCommands(dir, R"(["trap '' TERM; echo ready; while :; do sleep 0.05; done"])",
+                                          R"(, "launcher": {"grace_period_s": 1})");
+  LauncherProcess launcher({{"run", "--config", config, "--root", dir.path() + "/root"}});
+  ASSERT_TRUE(launcher.WaitForOutput("ready", 5s));
+  auto sent = std::chrono::steady_clock::now();
+  launcher.Signal(SIGTERM);
+  ProcessResult result = launcher.Finish();
+  auto took = std::chrono::steady_clock::now() - sent;
+  EXPECT_EQ(result.exit_code, 128 + SIGKILL) << result.err;
+  EXPECT_GE(took, 900ms);
+  EXPECT_LT(took, 10s);
+  EXPECT_NE(result.err.find("grace period of 1000 ms is over"), std::string::npos) << result.err;
+}
+
+TEST(Supervision, GracefulExitAfterSigtermKeepsTheChildsCode) {
+  TempDir dir;
+  LauncherProcess launcher({RunArgs(dir, {"sh", "-c", "trap 'exit 0' TERM; echo ready; while :; do sleep 0.05; done"})});
+  ASSERT_TRUE(launcher.WaitForOutput("ready", 5s));
+  launcher.Signal(SIGTERM);
+  EXPECT_EQ(launcher.Finish().exit_code, 0);
+}
+
+TEST(Supervision, SigtermSkipsTheRemainingStartCommands) {
+  TempDir dir;
+  std::string second = dir.path() + "/second";
+  std::string config = ConfigWithCommands(
+      dir, R"(["trap 'exit 0' TERM; echo ready; while :; do sleep 0.05; done", "touch )" + second + R"("])");
+  LauncherProcess launcher({{"run", "--config", config, "--root", dir.path() + "/root"}});
+  ASSERT_TRUE(launcher.WaitForOutput("ready", 5s));
+  launcher.Signal(SIGTERM);
+  EXPECT_EQ(launcher.Finish().exit_code, 128 + SIGTERM);
+  EXPECT_FALSE(fs::exists(second));
+}
+
+TEST(Supervision, LeftoverGroupMembersAreStoppedWhenTheCommandEnds) {
+  TempDir dir;
+  std::string pid_file = dir.path() + "/bg.pid";
+  ProcessResult result = RunLauncher({RunArgs(dir, {"sh", "-c", "sleep 60 & echo $! > " + pid_file + "; exit 0"})});
+  EXPECT_EQ(result.exit_code, 0);
+  std::ifstream file(pid_file);
+  pid_t background = 0;
+  file >> background;
+  ASSERT_GT(background, 0);
+  EXPECT_NE(kill(background, 0), 0) << "background process " << background << " survived the launcher";
+  EXPECT_LT(result.elapsed, 20s);
+}
+
+TEST(Supervision, PrintsATimelineAtExit) {
+  TempDir dir;
+  ProcessResult result = RunLauncher({RunArgs(dir, {"/bin/true"})});
+  EXPECT_NE(result.err.find("timeline: identity"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("run "), std::string::npos);
+  EXPECT_NE(result.err.find("(exit 0), total"), std::string::npos);
+}
+
+TEST(Supervision, RunsAsANonRootUser) {
+  if (geteuid() != 0) {
+    TempDir dir;
+    EXPECT_EQ(RunLauncher({RunArgs(dir, {"/bin/true"})}).exit_code, 0);
+    return;
+  }
+  TempDir dir;
+  const uid_t nobody = 65534;
+  ASSERT_EQ(chown(dir.path().c_str(), nobody, nobody), 0);
+  std::string config = std::string(BT_SOURCE_DIR) + "/examples/single-node.json";
+  ProcessResult result = RunLauncher({{"run", "--config", config, "--root", dir.path() + "/root"},
+                                      {{"HOME", dir.path()}},
+                                      {},
+                                      nobody});
+  EXPECT_EQ(result.exit_code, 0) << result.err << result.out;
+  EXPECT_TRUE(fs::is_directory(dir.path() + "/root/node-0/mnt/ckpts"));
+}
+
+}  // namespace
+}  // namespace bt::testing
