@@ -9,6 +9,7 @@
 #include "env/environment.h"
 #include "launcher/exit_codes.h"
 #include "launcher/log.h"
+#include "launcher/peers.h"
 #include "launcher/signals.h"
 #include "launcher/supervisor.h"
 #include "launcher/timeline.h"
@@ -90,15 +91,53 @@ int RunSubcommand(const CliOptions& cli) {
     throw LaunchFailure(kExitIo, error.what());
   }
 
+  std::unique_ptr<JobPeers> peers;
+  if (job.identity.count > 1) {
+    timeline.Begin("rendezvous");
+    peers = JobPeers::Join(job.config, job.identity, job.environment.variables.at("BT_TRAINING_JOB_ID"), signals);
+  }
+
   timeline.Begin("run");
   auto grace = std::chrono::milliseconds(int64_t(job.config.launcher.grace_period_s * 1000));
   Supervisor supervisor(signals, grace);
   JobOutcome outcome = supervisor.Run(CommandsToRun(cli, job.config), job.environment.ToEnviron(),
-                                      job.environment.working_dir, nullptr);
+                                      job.environment.working_dir, peers.get());
   timeline.Annotate(DescribeOutcome(outcome));
+  int exit_code = outcome.exit_code;
+  if (peers) {
+    timeline.Begin("exit barrier");
+    exit_code = peers->Finish(outcome, signals);
+    timeline.Annotate("job exit " + std::to_string(exit_code));
+  }
   timeline.End();
   spdlog::info("timeline: {}", timeline.Render());
-  return outcome.exit_code;
+  return exit_code;
+}
+
+// Joins (or leads), prints the roster, and leaves through the exit barrier: the way to
+// debug a cluster's rendezvous without starting any training.
+int RendezvousSubcommand(const CliOptions& cli) {
+  SignalRouter signals;
+  Timeline timeline;
+  CliOptions options = cli;
+  if (cli.serve && !options.identity.node_rank) options.identity.node_rank = "0";
+  PreparedJob job = Prepare(options, false, timeline);
+  if (cli.serve && job.identity.rank != 0) {
+    throw LaunchFailure(kExitUsage, "--serve: this node's rank is " + std::to_string(job.identity.rank) + "; only node 0 serves");
+  }
+  timeline.Begin("rendezvous");
+  auto peers = JobPeers::Join(job.config, job.identity, job.environment.variables.at("BT_TRAINING_JOB_ID"), signals);
+  const auto roster = peers->Roster();
+  const std::string text = cli.output_format == "json"
+                               ? rendezvous::RosterToJson(roster).dump(2) + "\n"
+                               : rendezvous::FormatRosterTable(roster);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+  timeline.Begin("exit barrier");
+  int code = peers->Finish(JobOutcome{}, signals);
+  timeline.End();
+  spdlog::info("timeline: {}", timeline.Render());
+  return code;
 }
 
 int EnvSubcommand(const CliOptions& cli) {
@@ -109,8 +148,4 @@ int EnvSubcommand(const CliOptions& cli) {
   return 0;
 }
 
-}  // namespace bt::launcher
-
-namespace bt::launcher {
-int RendezvousSubcommand(const CliOptions&) { throw LaunchFailure(kExitUsage, "rendezvous: not built yet"); }
 }  // namespace bt::launcher

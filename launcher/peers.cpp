@@ -1,0 +1,208 @@
+#include "launcher/peers.h"
+
+#include <arpa/inet.h>
+#include <poll.h>
+
+#include <cstdlib>
+
+#include <spdlog/spdlog.h>
+
+#include "launcher/exit_codes.h"
+#include "rendezvous/auth.h"
+
+namespace bt::launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using rendezvous::PeerEvent;
+
+std::chrono::milliseconds Millis(double seconds) { return std::chrono::milliseconds(int64_t(seconds * 1000)); }
+
+bool IsLoopback(const std::string& host) {
+  if (host == "localhost" || host == "::1") return true;
+  in_addr address{};
+  return inet_pton(AF_INET, host.c_str(), &address) == 1 && (ntohl(address.s_addr) >> 24) == 127;
+}
+
+std::string LoopbackHint(const env::NodeIdentity& identity) {
+  if (identity.count < 2 || !IsLoopback(identity.leader_addr)) return "";
+  return "; the leader address " + identity.leader_addr +
+         " is a loopback address, which only reaches node 0 when every node runs on its host: on a cluster set "
+         "BT_LEADER_ADDR (or --leader-addr) to node 0's routable address";
+}
+
+std::string DescribeExit(const JobOutcome& outcome) {
+  if (outcome.stop_reason) return "stopped because " + *outcome.stop_reason;
+  if (outcome.exit_code > 128 && outcome.exit_code < 128 + NSIG) {
+    return std::string("killed by signal ") + sigabbrev_np(outcome.exit_code - 128) + " (exit code " +
+           std::to_string(outcome.exit_code) + ")";
+  }
+  return "exit code " + std::to_string(outcome.exit_code);
+}
+
+}  // namespace
+
+RendezvousEndpoint ResolveEndpoint(const env::JobConfig& config, const std::string& job_id) {
+  RendezvousEndpoint endpoint{config.launcher.rendezvous.port, "", false};
+  if (const char* port = std::getenv("BT_RENDEZVOUS_PORT"); port != nullptr && *port != '\0') {
+    char* end = nullptr;
+    long value = std::strtol(port, &end, 10);
+    if (*end != '\0' || value < 1 || value > 65535) {
+      throw LaunchFailure(kExitConfig, std::string("BT_RENDEZVOUS_PORT: expected a port in [1, 65535], got \"") + port + "\"");
+    }
+    endpoint.port = uint16_t(value);
+  }
+  if (const char* token = std::getenv("BT_RENDEZVOUS_TOKEN"); token != nullptr && *token != '\0') {
+    endpoint.token = token;
+  } else {
+    endpoint.token = rendezvous::DeriveTokenFromJobId(job_id);
+    endpoint.token_derived = true;
+  }
+  return endpoint;
+}
+
+JobPeers::JobPeers(const env::JobConfig& config, const env::NodeIdentity& identity)
+    : config_(config), identity_(identity) {}
+
+// Closing a socket that still holds unread data sends RST, which can destroy a verdict
+// still in flight: so say goodbye, and on node 0 keep serving until the others have.
+JobPeers::~JobPeers() {
+  if (client_) client_->SayGoodbye();
+  client_.reset();
+  if (!server_) return;
+  if (server_->verdict().kind != rendezvous::ServerVerdict::Kind::kPending) server_->WaitUntilDrained();
+  server_->Stop();
+}
+
+std::unique_ptr<JobPeers> JobPeers::Join(const env::JobConfig& config, const env::NodeIdentity& identity,
+                                         const std::string& job_id, SignalRouter& signals) {
+  const auto& settings = config.launcher.rendezvous;
+  const RendezvousEndpoint endpoint = ResolveEndpoint(config, job_id);
+  if (endpoint.token_derived) {
+    spdlog::warn("BT_RENDEZVOUS_TOKEN is not set: the rendezvous token is derived from the job id {}, which keeps "
+                 "other jobs out by mistake but not by intent; set BT_RENDEZVOUS_TOKEN to a shared secret", job_id);
+  }
+  std::unique_ptr<JobPeers> peers(new JobPeers(config, identity));
+  const auto join_timeout = std::chrono::seconds(settings.join_timeout_s);
+  if (identity.rank == 0) {
+    rendezvous::ServerOptions options{endpoint.port, endpoint.token, identity.count, join_timeout,
+                                      Millis(settings.heartbeat_interval_s), Millis(settings.heartbeat_timeout_s),
+                                      std::chrono::seconds(10)};
+    try {
+      peers->server_ = std::make_unique<rendezvous::StoreServer>(options);
+    } catch (const rendezvous::StoreError& error) {
+      throw LaunchFailure(kExitUnavailable, std::string("cannot serve the rendezvous: ") + error.what());
+    }
+    spdlog::info("serving the rendezvous for {} nodes on port {}", identity.count, peers->server_->port());
+  }
+  if (!LoopbackHint(identity).empty()) {
+    spdlog::info("leader address {} is loopback: this works only when all {} nodes share this host",
+                 identity.leader_addr, identity.count);
+  }
+  rendezvous::ClientOptions options{identity.rank == 0 ? "127.0.0.1" : identity.leader_addr,
+                                    peers->server_ ? peers->server_->port() : endpoint.port,
+                                    endpoint.token,
+                                    join_timeout,
+                                    Millis(settings.heartbeat_interval_s),
+                                    Millis(settings.heartbeat_timeout_s),
+                                    signals.fd()};
+  try {
+    peers->client_ = rendezvous::StoreClient::Connect(options);
+    peers->client_->Join(rendezvous::LocalNodeInfo(identity.rank), identity.count);
+  } catch (const rendezvous::StoreError& error) {
+    peers->DrainEvents();
+    std::string why = peers->verdict_ ? peers->verdict_->message : error.what();
+    throw LaunchFailure(kExitUnavailable, "rendezvous failed: " + why + LoopbackHint(identity));
+  }
+  // The leader enforces the join deadline and names the missing ranks; the slack only
+  // covers a leader that died without a word.
+  auto deadline = Clock::now() + join_timeout + std::chrono::seconds(10);
+  {
+    int signal_number = 0;
+    if (!peers->WaitUntil([&] { return peers->complete_ || peers->verdict_; }, signals, deadline, signal_number)) {
+      throw LaunchFailure(kExitUnavailable, "rendezvous failed: the leader never said that all nodes joined");
+    }
+    if (signal_number != 0) {
+      throw LaunchFailure(128 + signal_number, std::string("stopped by ") + strsignal(signal_number) + " during the rendezvous");
+    }
+    if (peers->verdict_) throw LaunchFailure(kExitUnavailable, "rendezvous failed: " + peers->verdict_->message);
+  }
+  spdlog::info("all {} nodes joined", identity.count);
+  return peers;
+}
+
+void JobPeers::DrainEvents() {
+  if (!client_) return;
+  while (auto event = client_->TakeEvent()) {
+    if (event->kind == PeerEvent::Kind::kComplete) {
+      complete_ = true;
+    } else if (!verdict_) {
+      verdict_ = event;
+    }
+  }
+}
+
+bool JobPeers::WaitUntil(const std::function<bool()>& done, SignalRouter& signals, Clock::time_point deadline,
+                         int& signal_number) {
+  signal_number = 0;
+  while (true) {
+    DrainEvents();
+    if (done()) return true;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return false;
+    pollfd fds[2] = {{client_->event_fd(), POLLIN, 0}, {signals.fd(), POLLIN, 0}};
+    poll(fds, 2, int(left));
+    while (auto taken = signals.Take()) {
+      if (StartsShutdown(*taken)) signal_number = *taken;
+    }
+    if (signal_number != 0) return true;
+  }
+}
+
+std::optional<std::string> JobPeers::TakeStop() {
+  DrainEvents();
+  if (!verdict_ || stop_delivered_) return std::nullopt;
+  if (verdict_->kind == PeerEvent::Kind::kResult) return std::nullopt;
+  stop_delivered_ = true;
+  return verdict_->message;
+}
+
+int JobPeers::Finish(const JobOutcome& outcome, SignalRouter& signals) {
+  const bool own_failure = outcome.exit_code != 0 && !outcome.stop_reason;
+  try {
+    client_->Report(outcome.exit_code, DescribeExit(outcome));
+  } catch (const rendezvous::StoreError& error) {
+    spdlog::warn("cannot report this node's result to the leader: {}", error.what());
+  }
+  int code = outcome.exit_code;
+  if (outcome.shutdown_signal) {
+    // The platform is stopping this node (preemption, a user's stop): no exit barrier.
+    spdlog::info("stopped by {}: not waiting for the other nodes", strsignal(*outcome.shutdown_signal));
+  } else {
+    auto deadline = Clock::now() + std::chrono::seconds(config_.launcher.rendezvous.exit_barrier_timeout_s);
+    if (!verdict_) spdlog::info("waiting for the other nodes to finish (exit barrier)");
+    int signal_number = 0;
+    bool decided = WaitUntil([&] { return verdict_.has_value(); }, signals, deadline, signal_number);
+    if (signal_number != 0) {
+      code = own_failure ? code : 128 + signal_number;
+    } else if (!decided) {
+      spdlog::error("exit barrier: no verdict from the leader within {} s", config_.launcher.rendezvous.exit_barrier_timeout_s);
+      code = own_failure ? code : kExitUnavailable;
+    } else if (verdict_->kind == PeerEvent::Kind::kResult) {
+      code = 0;
+    } else if (verdict_->rank == identity_.rank && own_failure) {
+      code = outcome.exit_code;
+    } else {
+      spdlog::error("job failed: {}", verdict_->message);
+      code = own_failure ? outcome.exit_code : kExitUnavailable;
+    }
+  }
+  return code;
+}
+
+std::vector<rendezvous::NodeInfo> JobPeers::Roster() {
+  if (server_) return server_->roster();
+  return rendezvous::RosterFromJson(nlohmann::json::parse(client_->Get("bt/roster", std::chrono::seconds(60))));
+}
+
+}  // namespace bt::launcher

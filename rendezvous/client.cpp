@@ -1,0 +1,365 @@
+#include "rendezvous/client.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+#include <spdlog/spdlog.h>
+
+#include "rendezvous/auth.h"
+
+namespace bt::rendezvous {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr std::chrono::milliseconds kFirstBackoff{100};
+constexpr std::chrono::milliseconds kMaxBackoff{2000};
+constexpr std::chrono::milliseconds kConnectAttemptTimeout{5000};
+constexpr std::chrono::milliseconds kHandshakeTimeout{10000};
+constexpr std::chrono::milliseconds kRequestTimeout{60000};
+constexpr std::chrono::seconds kProgressLogInterval{30};
+
+int64_t MillisLeft(Clock::time_point deadline) {
+  return std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
+}
+
+// One non-blocking connect bounded by `timeout`; returns the fd or -1 with `error` set.
+int ConnectOnce(const addrinfo& address, std::chrono::milliseconds timeout, std::string& error) {
+  int fd = socket(address.ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    error = std::string("socket: ") + std::strerror(errno);
+    return -1;
+  }
+  if (connect(fd, address.ai_addr, address.ai_addrlen) != 0 && errno != EINPROGRESS) {
+    error = std::strerror(errno);
+    close(fd);
+    return -1;
+  }
+  pollfd writable = {fd, POLLOUT, 0};
+  if (poll(&writable, 1, int(timeout.count())) != 1) {
+    error = "connect timed out";
+    close(fd);
+    return -1;
+  }
+  int status = 0;
+  socklen_t length = sizeof status;
+  getsockopt(fd, SOL_SOCKET, SO_ERROR, &status, &length);
+  if (status != 0) {
+    error = std::strerror(status);
+    close(fd);
+    return -1;
+  }
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return fd;
+}
+
+// DNS may not know the leader yet (headless services appear late): both a failed lookup
+// and a refused connect are retried.
+int ConnectWithBackoff(const ClientOptions& options, Clock::time_point deadline) {
+  std::mt19937 jitter(std::random_device{}());
+  auto backoff = kFirstBackoff;
+  std::string last_error;
+  int attempts = 0;
+  auto next_progress_log = Clock::now() + kProgressLogInterval;
+  while (true) {
+    ++attempts;
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_family = AF_UNSPEC;
+    addrinfo* addresses = nullptr;
+    const std::string port = std::to_string(options.port);
+    int lookup = getaddrinfo(options.leader_host.c_str(), port.c_str(), &hints, &addresses);
+    if (lookup != 0) {
+      last_error = std::string("cannot resolve ") + options.leader_host + ": " + gai_strerror(lookup);
+    } else {
+      for (addrinfo* address = addresses; address != nullptr; address = address->ai_next) {
+        std::string error;
+        auto attempt_timeout = std::min<std::chrono::milliseconds>(kConnectAttemptTimeout,
+                                                                   std::chrono::milliseconds(MillisLeft(deadline) + 1));
+        int fd = ConnectOnce(*address, attempt_timeout, error);
+        if (fd >= 0) {
+          freeaddrinfo(addresses);
+          return fd;
+        }
+        last_error = error;
+      }
+      freeaddrinfo(addresses);
+    }
+    if (Clock::now() >= deadline) {
+      throw StoreError("leader " + options.leader_host + ":" + std::to_string(options.port) + " never answered (" +
+                       std::to_string(attempts) + " attempts; last: " + last_error + ")");
+    }
+    if (Clock::now() >= next_progress_log || attempts == 1) {
+      spdlog::info("waiting for the leader at {}:{} ({}), {} s left", options.leader_host, options.port, last_error,
+                   MillisLeft(deadline) / 1000);
+      next_progress_log = Clock::now() + kProgressLogInterval;
+    }
+    auto sleep = std::min<int64_t>(MillisLeft(deadline), backoff.count() / 2 + int64_t(jitter() % (backoff.count() / 2 + 1)));
+    pollfd interrupt = {options.interrupt_fd, POLLIN, 0};
+    if (poll(&interrupt, options.interrupt_fd >= 0 ? 1 : 0, int(sleep)) > 0) {
+      throw StoreError("interrupted while waiting for the leader");
+    }
+    backoff = std::min(backoff * 2, kMaxBackoff);
+  }
+}
+
+// Reads exactly one frame with a deadline; used only during the handshake.
+Message ReadFrameBlocking(int fd, FrameDecoder& decoder, Clock::time_point deadline) {
+  Message message;
+  char buffer[4096];
+  while (!decoder.Next(message)) {
+    pollfd readable = {fd, POLLIN, 0};
+    if (poll(&readable, 1, int(MillisLeft(deadline))) != 1) throw StoreError("the leader did not answer the handshake");
+    ssize_t got = read(fd, buffer, sizeof buffer);
+    if (got <= 0) throw StoreError("the leader closed the connection during the handshake");
+    decoder.Feed(buffer, size_t(got));
+  }
+  return message;
+}
+
+void WriteAll(int fd, const std::string& bytes) {
+  size_t sent = 0;
+  while (sent < bytes.size()) {
+    ssize_t n = send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) {
+      pollfd writable = {fd, POLLOUT, 0};
+      poll(&writable, 1, 1000);
+      continue;
+    }
+    if (n <= 0) throw StoreError(std::string("send to the leader failed: ") + std::strerror(errno));
+    sent += size_t(n);
+  }
+}
+
+// The server proves the token first by answering our nonce only after checking ours:
+// both sides learn that the other holds the token, and neither sends it.
+void Handshake(int fd, const std::string& token) {
+  FrameDecoder decoder(kMaxUnauthenticatedFrameBytes);
+  auto deadline = Clock::now() + kHandshakeTimeout;
+  Message hello = ReadFrameBlocking(fd, decoder, deadline);
+  if (StringField(hello, "op") != "hello") throw StoreError("the leader spoke first with something other than hello");
+  const std::string client_nonce = RandomNonce();
+  WriteAll(fd, EncodeFrame({{"op", "auth"},
+                            {"proof", BytesValue(ProveToken(token, BytesField(hello, "nonce"), "client"))},
+                            {"nonce", BytesValue(client_nonce)}}));
+  Message answer = ReadFrameBlocking(fd, decoder, deadline);
+  const std::string op = StringField(answer, "op");
+  if (op == "reject") throw StoreError("the leader rejected this node: " + StringField(answer, "message"));
+  if (op != "welcome" || !VerifyProof(token, client_nonce, "server", BytesField(answer, "proof"))) {
+    throw StoreError("the leader failed to prove the job token: wrong BT_RENDEZVOUS_TOKEN, or not our leader");
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<StoreClient> StoreClient::Connect(const ClientOptions& options) {
+  auto deadline = Clock::now() + options.connect_timeout;
+  int fd = ConnectWithBackoff(options, deadline);
+  try {
+    Handshake(fd, options.token);
+  } catch (const FrameError& error) {
+    close(fd);
+    throw StoreError(std::string("bad handshake frame from the leader: ") + error.what());
+  } catch (...) {
+    close(fd);
+    throw;
+  }
+  return std::unique_ptr<StoreClient>(new StoreClient(fd, options));
+}
+
+StoreClient::StoreClient(int fd, ClientOptions options)
+    : fd_(fd), event_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)), stop_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
+      options_(std::move(options)) {
+  reader_ = std::thread([this] { ReaderLoop(); });
+}
+
+StoreClient::~StoreClient() {
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t ignored = write(stop_fd_, &one, sizeof one);
+  reader_.join();
+  close(fd_);
+  close(event_fd_);
+  close(stop_fd_);
+}
+
+void StoreClient::SendFrame(const Message& message) {
+  std::lock_guard lock(send_mutex_);
+  WriteAll(fd_, EncodeFrame(message));
+}
+
+Message StoreClient::Request(Message request, std::chrono::milliseconds timeout) {
+  int64_t id;
+  {
+    std::lock_guard lock(mutex_);
+    if (broken_) throw StoreError(*broken_);
+    id = next_id_++;
+    pending_[id] = std::nullopt;
+  }
+  request["id"] = id;
+  try {
+    SendFrame(request);
+  } catch (const StoreError&) {
+    std::lock_guard lock(mutex_);
+    pending_.erase(id);
+    throw;
+  }
+  std::unique_lock lock(mutex_);
+  bool answered = answered_.wait_for(lock, timeout, [&] { return pending_[id].has_value() || broken_.has_value(); });
+  std::optional<Message> reply = std::move(pending_[id]);
+  pending_.erase(id);  // a late answer to a timed-out wait finds no entry and is dropped
+  if (reply) {
+    if (StringField(*reply, "op") == "error") throw StoreError("the leader refused: " + StringField(*reply, "message"));
+    return *reply;
+  }
+  if (broken_) throw StoreError(*broken_);
+  if (!answered) throw StoreTimeout("timed out after " + std::to_string(timeout.count()) + " ms");
+  throw StoreError("no answer");
+}
+
+void StoreClient::Set(const std::string& key, const std::string& value) {
+  Request({{"op", "set"}, {"key", key}, {"value", BytesValue(value)}}, kRequestTimeout);
+}
+
+std::string StoreClient::Get(const std::string& key, std::chrono::milliseconds timeout) {
+  try {
+    return BytesField(Request({{"op", "get"}, {"key", key}}, timeout), "value");
+  } catch (const StoreTimeout&) {
+    throw StoreTimeout("timed out after " + std::to_string(timeout.count()) + " ms waiting for " + key);
+  }
+}
+
+void StoreClient::Wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    try {
+      Request({{"op", "wait"}, {"key", keys[i]}}, std::chrono::milliseconds(MillisLeft(deadline)));
+    } catch (const StoreTimeout&) {
+      std::string missing;
+      for (size_t j = i; j < keys.size(); ++j) missing += (missing.empty() ? "" : ", ") + keys[j];
+      throw StoreTimeout("timed out after " + std::to_string(timeout.count()) + " ms waiting for " + missing);
+    }
+  }
+}
+
+int64_t StoreClient::Add(const std::string& key, int64_t delta) {
+  return IntField(Request({{"op", "add"}, {"key", key}, {"delta", delta}}, kRequestTimeout), "value");
+}
+
+void StoreClient::Join(const NodeInfo& info, int node_count) {
+  Request({{"op", "join"}, {"count", node_count}, {"info", info.ToJson()}}, kRequestTimeout);
+}
+
+void StoreClient::Report(int exit_code, const std::string& cause) {
+  Request({{"op", "report"}, {"code", exit_code}, {"cause", cause}}, kRequestTimeout);
+}
+
+void StoreClient::SayGoodbye() {
+  try {
+    SendFrame({{"op", "bye"}});
+  } catch (const StoreError&) {
+    // The leader is gone already; there is nobody to say goodbye to.
+  }
+}
+
+std::optional<PeerEvent> StoreClient::TakeEvent() {
+  std::lock_guard lock(mutex_);
+  if (events_.empty()) {
+    uint64_t value;
+    [[maybe_unused]] ssize_t ignored = read(event_fd_, &value, sizeof value);
+    return std::nullopt;
+  }
+  PeerEvent event = std::move(events_.front());
+  events_.pop_front();
+  return event;
+}
+
+void StoreClient::PushEvent(PeerEvent event) {
+  {
+    std::lock_guard lock(mutex_);
+    events_.push_back(std::move(event));
+  }
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t ignored = write(event_fd_, &one, sizeof one);
+}
+
+void StoreClient::FailAll(const std::string& why) {
+  {
+    std::lock_guard lock(mutex_);
+    if (!broken_) broken_ = why;
+  }
+  answered_.notify_all();
+  if (!leader_lost_reported_) {
+    leader_lost_reported_ = true;
+    PushEvent({PeerEvent::Kind::kLeaderLost, 0, "leader (node 0) lost: " + why});
+  }
+}
+
+// Reads frames and sends heartbeats; the only thread that reads the socket.
+void StoreClient::ReaderLoop() {
+  FrameDecoder decoder(kMaxFrameBytes);
+  auto last_heard = Clock::now();
+  auto next_heartbeat = Clock::now();
+  char buffer[65536];
+  while (true) {
+    auto now = Clock::now();
+    if (now >= next_heartbeat) {
+      try {
+        SendFrame({{"op", "hb"}});
+      } catch (const StoreError& error) {
+        return FailAll(error.what());
+      }
+      next_heartbeat = now + options_.heartbeat_interval;
+    }
+    if (now - last_heard > options_.heartbeat_timeout) {
+      return FailAll("no heartbeat for " +
+                     std::to_string(std::chrono::duration_cast<std::chrono::seconds>(now - last_heard).count()) + " s");
+    }
+    pollfd fds[2] = {{fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+    poll(fds, 2, int(MillisLeft(next_heartbeat)) + 1);
+    if (fds[1].revents & POLLIN) return;
+    if (!(fds[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    ssize_t got = read(fd_, buffer, sizeof buffer);
+    if (got == 0) return FailAll("connection closed");
+    if (got < 0) {
+      if (errno == EAGAIN || errno == EINTR) continue;
+      return FailAll(std::string("read failed: ") + std::strerror(errno));
+    }
+    last_heard = Clock::now();
+    decoder.Feed(buffer, size_t(got));
+    try {
+      Message message;
+      while (decoder.Next(message)) OnMessage(message);
+    } catch (const FrameError& error) {
+      return FailAll(std::string("bad frame from the leader: ") + error.what());
+    }
+  }
+}
+
+void StoreClient::OnMessage(const Message& message) {
+  const std::string op = StringField(message, "op");
+  if (message.contains("id")) {
+    std::lock_guard lock(mutex_);
+    auto it = pending_.find(IntField(message, "id"));
+    if (it != pending_.end()) it->second = message;
+    answered_.notify_all();
+    return;
+  }
+  if (op == "hb") return;
+  if (op == "complete") return PushEvent({PeerEvent::Kind::kComplete, -1, ""});
+  if (op == "result") return PushEvent({PeerEvent::Kind::kResult, -1, "every node succeeded"});
+  if (op == "abort") return PushEvent({PeerEvent::Kind::kAbort, int(IntField(message, "rank")), StringField(message, "message")});
+  if (op == "join_timeout") return PushEvent({PeerEvent::Kind::kJoinTimeout, -1, StringField(message, "message")});
+  throw FrameError("unexpected op \"" + op + "\" from the leader");
+}
+
+}  // namespace bt::rendezvous

@@ -1,0 +1,84 @@
+// A node's connection to the leader's store server: a Store, plus the join, report and
+// heartbeat of the run. A background thread reads every frame (answers to requests, and
+// the leader's pushed verdicts) and sends heartbeats; the leader's silence past the
+// heartbeat timeout counts as its loss.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "rendezvous/node_info.h"
+#include "rendezvous/store.h"
+#include "rendezvous/wire.h"
+
+namespace bt::rendezvous {
+
+struct ClientOptions {
+  std::string leader_host;
+  uint16_t port = 0;
+  std::string token;
+  std::chrono::milliseconds connect_timeout{900'000};  // total, DNS + connect retries included
+  std::chrono::milliseconds heartbeat_interval{1000};
+  std::chrono::milliseconds heartbeat_timeout{10'000};
+  int interrupt_fd = -1;  // readable (e.g. a signalfd) aborts the connect retries
+};
+
+// What the leader pushes, or what the client concludes about the leader.
+struct PeerEvent {
+  enum class Kind { kComplete, kAbort, kResult, kJoinTimeout, kLeaderLost } kind;
+  int rank = -1;        // the failed node, for kAbort
+  std::string message;  // one line for the log
+};
+
+class StoreClient final : public Store {
+ public:
+  // Resolves and connects with capped exponential backoff until connect_timeout, then
+  // authenticates both ways. Throws StoreError saying what the last attempt saw.
+  static std::unique_ptr<StoreClient> Connect(const ClientOptions& options);
+  ~StoreClient() override;
+
+  void Set(const std::string& key, const std::string& value) override;
+  std::string Get(const std::string& key, std::chrono::milliseconds timeout) override;
+  void Wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  int64_t Add(const std::string& key, int64_t delta) override;
+
+  // Claims `info.rank`; throws StoreError when the leader refuses (a verdict explains why).
+  void Join(const NodeInfo& info, int node_count);
+  void Report(int exit_code, const std::string& cause);
+  void SayGoodbye();
+
+  int event_fd() const { return event_fd_; }  // readable when TakeEvent() has something
+  std::optional<PeerEvent> TakeEvent();
+
+ private:
+  StoreClient(int fd, ClientOptions options);
+  Message Request(Message request, std::chrono::milliseconds timeout);
+  void SendFrame(const Message& message);
+  void ReaderLoop();
+  void OnMessage(const Message& message);
+  void PushEvent(PeerEvent event);
+  void FailAll(const std::string& why);
+
+  int fd_;
+  int event_fd_;
+  int stop_fd_;
+  ClientOptions options_;
+  std::thread reader_;
+  std::mutex send_mutex_;
+  std::mutex mutex_;
+  std::condition_variable answered_;
+  std::map<int64_t, std::optional<Message>> pending_;
+  int64_t next_id_ = 1;
+  std::optional<std::string> broken_;  // set once the connection is unusable
+  std::deque<PeerEvent> events_;
+  bool leader_lost_reported_ = false;
+};
+
+}  // namespace bt::rendezvous

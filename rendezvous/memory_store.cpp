@@ -1,0 +1,82 @@
+#include <condition_variable>
+#include <map>
+#include <mutex>
+
+#include "rendezvous/store.h"
+
+namespace bt::rendezvous {
+namespace {
+
+// All callers in one process share one map; waiting is a condition variable.
+class MemoryStore final : public Store {
+ public:
+  void Set(const std::string& key, const std::string& value) override {
+    {
+      std::lock_guard lock(mutex_);
+      values_[key] = value;
+    }
+    changed_.notify_all();
+  }
+
+  std::string Get(const std::string& key, std::chrono::milliseconds timeout) override {
+    Wait({key}, timeout);
+    std::lock_guard lock(mutex_);
+    return values_.at(key);
+  }
+
+  void Wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    std::unique_lock lock(mutex_);
+    auto all_present = [&] {
+      for (const auto& key : keys) {
+        if (!values_.contains(key)) return false;
+      }
+      return true;
+    };
+    if (changed_.wait_for(lock, timeout, all_present)) return;
+    std::string missing;
+    for (const auto& key : keys) {
+      if (!values_.contains(key)) missing += (missing.empty() ? "" : ", ") + key;
+    }
+    throw StoreTimeout("timed out after " + std::to_string(timeout.count()) + " ms waiting for " + missing);
+  }
+
+  int64_t Add(const std::string& key, int64_t delta) override {
+    int64_t value = 0;
+    {
+      std::lock_guard lock(mutex_);
+      auto it = values_.find(key);
+      value = AddToCounter(key, it == values_.end() ? nullptr : &it->second, delta);
+      values_[key] = std::to_string(value);
+    }
+    changed_.notify_all();
+    return value;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::map<std::string, std::string> values_;
+};
+
+}  // namespace
+
+int64_t AddToCounter(const std::string& key, const std::string* stored, int64_t delta) {
+  if (stored == nullptr) return delta;
+  try {
+    size_t used = 0;
+    int64_t value = std::stoll(*stored, &used);
+    if (used == stored->size()) return value + delta;
+  } catch (const std::exception&) {
+  }
+  throw StoreError("add on key \"" + key + "\": its value is not an integer");
+}
+
+void Store::Barrier(const std::string& name, int64_t participants, std::chrono::milliseconds timeout) {
+  const std::string done_key = "barrier/" + name + "/done";
+  if (Add("barrier/" + name + "/count", 1) == participants) Set(done_key, "1");
+  Wait({done_key}, timeout);
+}
+
+std::unique_ptr<Store> MakeMemoryStore() { return std::make_unique<MemoryStore>(); }
+
+}  // namespace bt::rendezvous

@@ -1,0 +1,605 @@
+#include "rendezvous/server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <unordered_map>
+
+#include <spdlog/spdlog.h>
+
+#include "rendezvous/auth.h"
+#include "rendezvous/store.h"
+#include "rendezvous/wire.h"
+
+namespace bt::rendezvous {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr size_t kMaxPendingOutputBytes = 256u << 20;  // a peer that stops reading is dropped
+constexpr size_t kMaxWaitsPerConnection = 4096;
+constexpr int kEpollBatch = 512;
+
+std::string PeerAddress(int fd) {
+  sockaddr_storage address{};
+  socklen_t length = sizeof address;
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) return "?";
+  char text[INET6_ADDRSTRLEN] = {};
+  if (address.ss_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&address)->sin_addr, text, sizeof text);
+  } else {
+    auto* v6 = reinterpret_cast<sockaddr_in6*>(&address);
+    inet_ntop(AF_INET6, &v6->sin6_addr, text, sizeof text);
+    if (IN6_IS_ADDR_V4MAPPED(&v6->sin6_addr)) return std::string(text).substr(7);  // "::ffff:10.0.0.2"
+  }
+  return text;
+}
+
+int SomaxConn() {
+  std::ifstream file("/proc/sys/net/core/somaxconn");
+  int value = 0;
+  file >> value;
+  return value;
+}
+
+// A listening socket on every address: IPv6 with IPv4 mapped in, or IPv4 alone where
+// IPv6 is disabled.
+int Listen(uint16_t port, int backlog) {
+  int fd = socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int one = 1, zero = 0;
+  if (fd >= 0) {
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+    sockaddr_in6 address{};
+    address.sin6_family = AF_INET6;
+    address.sin6_addr = in6addr_any;
+    address.sin6_port = htons(port);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 && listen(fd, backlog) == 0) return fd;
+    int saved = errno;
+    close(fd);
+    if (saved != EAFNOSUPPORT && saved != EADDRNOTAVAIL) {
+      throw StoreError("cannot listen on port " + std::to_string(port) + ": " + std::strerror(saved));
+    }
+  }
+  fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw StoreError(std::string("socket failed: ") + std::strerror(errno));
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_ANY);
+  address.sin_port = htons(port);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 || listen(fd, backlog) != 0) {
+    int saved = errno;
+    close(fd);
+    throw StoreError("cannot listen on port " + std::to_string(port) + ": " + std::strerror(saved));
+  }
+  return fd;
+}
+
+uint16_t BoundPort(int fd) {
+  sockaddr_storage address{};
+  socklen_t length = sizeof address;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  if (address.ss_family == AF_INET6) return ntohs(reinterpret_cast<sockaddr_in6*>(&address)->sin6_port);
+  return ntohs(reinterpret_cast<sockaddr_in*>(&address)->sin_port);
+}
+
+struct Connection {
+  int fd = -1;
+  std::string peer;
+  FrameDecoder decoder;
+  std::string output;
+  size_t output_sent = 0;
+  std::string nonce;
+  bool authenticated = false;
+  bool said_goodbye = false;
+  bool dead = false;  // closed at the end of the current event, never in the middle of a handler
+  std::string dead_reason;
+  int rank = -1;
+  size_t pending_waits = 0;
+  Clock::time_point last_seen = Clock::now();
+};
+
+// A request parked until its key exists: wait, or get (which answers with the value).
+struct Waiter {
+  int fd;
+  int64_t id;
+  bool wants_value;
+};
+
+}  // namespace
+
+class StoreServer::Loop {
+ public:
+  explicit Loop(ServerOptions options) : options_(std::move(options)), start_(Clock::now()) {
+    listen_fd_ = Listen(options_.port, std::max(options_.node_count + 128, 4096));
+    int somaxconn = SomaxConn();
+    if (somaxconn > 0 && somaxconn < options_.node_count) {
+      spdlog::warn("net.core.somaxconn is {} but {} nodes will connect: raise it (sysctl -w net.core.somaxconn={}) "
+                   "or nodes will retry their connects", somaxconn, options_.node_count, options_.node_count);
+    }
+    epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    Watch(listen_fd_, EPOLLIN);
+    Watch(wake_fd_, EPOLLIN);
+    joined_.resize(size_t(options_.node_count), -1);
+    infos_.resize(size_t(options_.node_count));
+    reported_.resize(size_t(options_.node_count), false);
+    join_deadline_ = start_ + options_.join_timeout;
+    next_tick_ = start_ + options_.heartbeat_interval;
+  }
+
+  ~Loop() {
+    for (auto& [fd, connection] : connections_) close(fd);
+    close(listen_fd_);
+    close(epoll_fd_);
+    close(wake_fd_);
+  }
+
+  uint16_t port() const { return BoundPort(listen_fd_); }
+
+  void Run() {
+    epoll_event events[kEpollBatch];
+    while (!stop_requested_) {
+      int timeout = int(std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                   NextDeadline() - Clock::now()).count()) + 1);
+      int ready = epoll_wait(epoll_fd_, events, kEpollBatch, timeout);
+      for (int i = 0; i < ready; ++i) HandleEvent(events[i]);
+      OnTimers();
+      CloseDead();
+      if (IsDrained()) {
+        std::lock_guard lock(mutex_);
+        drained_ = true;
+        drained_changed_.notify_all();
+      }
+    }
+  }
+
+  void RequestStop() {
+    stop_requested_ = true;
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t ignored = write(wake_fd_, &one, sizeof one);
+  }
+
+  void WaitUntilDrained() {
+    std::unique_lock lock(mutex_);
+    drained_changed_.wait(lock, [&] { return drained_ || stop_requested_; });
+  }
+
+  ServerVerdict verdict() const {
+    std::lock_guard lock(mutex_);
+    return verdict_;
+  }
+
+  std::vector<NodeInfo> roster() const {
+    std::lock_guard lock(mutex_);
+    std::vector<NodeInfo> nodes;
+    for (size_t rank = 0; rank < joined_.size(); ++rank) {
+      if (joined_[rank] >= 0 || !infos_[rank].host.empty()) nodes.push_back(infos_[rank]);
+    }
+    return nodes;
+  }
+
+ private:
+  void Watch(int fd, uint32_t events) {
+    epoll_event event{};
+    event.events = events;
+    event.data.fd = fd;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &event);
+  }
+
+  Clock::time_point NextDeadline() const {
+    Clock::time_point next = next_tick_;
+    if (verdict_.kind == ServerVerdict::Kind::kPending && joined_count_ < options_.node_count) {
+      next = std::min(next, join_deadline_);
+    }
+    return next;
+  }
+
+  void HandleEvent(const epoll_event& event) {
+    if (event.data.fd == wake_fd_) {
+      uint64_t value;
+      [[maybe_unused]] ssize_t ignored = read(wake_fd_, &value, sizeof value);
+      return;
+    }
+    if (event.data.fd == listen_fd_) {
+      AcceptAll();
+      return;
+    }
+    auto it = connections_.find(event.data.fd);
+    if (it == connections_.end()) return;
+    Connection& connection = *it->second;
+    if (event.events & EPOLLIN) ReadFrom(connection);
+    if (event.events & EPOLLOUT) Flush(connection);
+    if ((event.events & (EPOLLHUP | EPOLLERR)) && !(event.events & EPOLLIN)) Kill(connection, "connection closed");
+    CloseDead();
+  }
+
+  void AcceptAll() {
+    while (true) {
+      int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) return;  // EAGAIN, or EMFILE: the peer retries
+      int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      auto connection = std::make_unique<Connection>();
+      connection->fd = fd;
+      connection->peer = PeerAddress(fd);
+      connection->nonce = RandomNonce();
+      Watch(fd, EPOLLIN | EPOLLRDHUP);
+      Send(*connection, {{"op", "hello"}, {"nonce", BytesValue(connection->nonce)}});
+      connections_.emplace(fd, std::move(connection));
+    }
+  }
+
+  void ReadFrom(Connection& connection) {
+    char buffer[65536];
+    while (!connection.dead) {
+      ssize_t got = read(connection.fd, buffer, sizeof buffer);
+      if (got == 0) return Kill(connection, "connection closed");
+      if (got < 0) {
+        if (errno == EAGAIN || errno == EINTR) return;
+        return Kill(connection, std::string("read failed: ") + std::strerror(errno));
+      }
+      connection.last_seen = Clock::now();
+      connection.decoder.Feed(buffer, size_t(got));
+      try {
+        Message message;
+        while (!connection.dead && connection.decoder.Next(message)) Dispatch(connection, message);
+      } catch (const FrameError& error) {
+        spdlog::warn("rendezvous: dropping connection from {}: bad frame: {}", connection.peer, error.what());
+        return Kill(connection, std::string("bad frame: ") + error.what());
+      }
+    }
+  }
+
+  void Dispatch(Connection& connection, const Message& message) {
+    const std::string op = StringField(message, "op");
+    if (!connection.authenticated) return Authenticate(connection, op, message);
+    if (op == "hb") return;
+    if (op == "set") return OnSet(connection, message);
+    if (op == "get" || op == "wait") return OnWait(connection, message, op == "get");
+    if (op == "add") return OnAdd(connection, message);
+    if (op == "join") return OnJoin(connection, message);
+    if (op == "report") return OnReport(connection, message);
+    if (op == "bye") {
+      connection.said_goodbye = true;
+      return;
+    }
+    throw FrameError("unknown op \"" + op + "\"");
+  }
+
+  // The first message must prove the token; anything else closes the connection.
+  void Authenticate(Connection& connection, const std::string& op, const Message& message) {
+    if (op != "auth") throw FrameError("expected auth, got \"" + op + "\"");
+    if (!VerifyProof(options_.token, connection.nonce, "client", BytesField(message, "proof"))) {
+      spdlog::warn("rendezvous: rejected {}: wrong job token", connection.peer);
+      Send(connection, {{"op", "reject"}, {"message", "wrong job token (check BT_RENDEZVOUS_TOKEN on every node)"}});
+      FlushAndClose(connection);
+      return;
+    }
+    connection.authenticated = true;
+    connection.decoder.set_max_frame_bytes(kMaxFrameBytes);
+    Send(connection, {{"op", "welcome"}, {"proof", BytesValue(ProveToken(options_.token, BytesField(message, "nonce"), "server"))}});
+  }
+
+  void OnSet(Connection& connection, const Message& message) {
+    const std::string key = StringField(message, "key");
+    values_[key] = BytesField(message, "value");
+    Reply(connection, message, {{"op", "ok"}});
+    WakeWaiters(key);
+  }
+
+  void OnWait(Connection& connection, const Message& message, bool wants_value) {
+    const std::string key = StringField(message, "key");
+    const int64_t id = IntField(message, "id");
+    auto it = values_.find(key);
+    if (it != values_.end()) {
+      Message reply = {{"op", "ok"}, {"id", id}};
+      if (wants_value) reply["value"] = BytesValue(it->second);
+      return Send(connection, reply);
+    }
+    if (connection.pending_waits >= kMaxWaitsPerConnection) throw FrameError("too many pending waits");
+    ++connection.pending_waits;
+    waiters_[key].push_back(Waiter{connection.fd, id, wants_value});
+  }
+
+  void OnAdd(Connection& connection, const Message& message) {
+    const std::string key = StringField(message, "key");
+    auto it = values_.find(key);
+    int64_t value = 0;
+    try {
+      value = AddToCounter(key, it == values_.end() ? nullptr : &it->second, IntField(message, "delta"));
+    } catch (const StoreError& error) {
+      return Reply(connection, message, {{"op", "error"}, {"message", error.what()}});
+    }
+    values_[key] = std::to_string(value);
+    Reply(connection, message, {{"op", "ok"}, {"value", value}});
+    WakeWaiters(key);
+  }
+
+  void WakeWaiters(const std::string& key) {
+    auto it = waiters_.find(key);
+    if (it == waiters_.end()) return;
+    std::vector<Waiter> waiters = std::move(it->second);
+    waiters_.erase(it);
+    for (const Waiter& waiter : waiters) {
+      auto connection = connections_.find(waiter.fd);
+      if (connection == connections_.end()) continue;
+      --connection->second->pending_waits;
+      Message reply = {{"op", "ok"}, {"id", waiter.id}};
+      if (waiter.wants_value) reply["value"] = BytesValue(values_[key]);
+      Send(*connection->second, reply);
+    }
+  }
+
+  void OnJoin(Connection& connection, const Message& message) {
+    NodeInfo info = NodeInfo::FromJson(message.at("info"));
+    const int64_t count = IntField(message, "count");
+    info.seen_from = connection.peer;
+    info.joined_after_s = std::chrono::duration<double>(Clock::now() - start_).count();
+    if (verdict_.kind != ServerVerdict::Kind::kPending || joined_count_ == options_.node_count) {
+      return Reply(connection, message, {{"op", "error"}, {"message", "the rendezvous is already closed"}});
+    }
+    if (count != options_.node_count) {
+      Reply(connection, message, {{"op", "error"}, {"message", "node count mismatch"}});
+      return Abort(info.rank, info.Label() + " expects " + std::to_string(count) + " nodes but the leader expects " +
+                                  std::to_string(options_.node_count) + " (compute.node_count must match on every node)");
+    }
+    if (info.rank < 0 || info.rank >= options_.node_count) {
+      Reply(connection, message, {{"op", "error"}, {"message", "rank out of range"}});
+      return Abort(info.rank, info.Label() + " claims rank " + std::to_string(info.rank) + ", outside [0, " +
+                                  std::to_string(options_.node_count) + ")");
+    }
+    const size_t rank = size_t(info.rank);
+    if (joined_[rank] >= 0) {
+      Reply(connection, message, {{"op", "error"}, {"message", "duplicate rank"}});
+      return Abort(info.rank, "rank " + std::to_string(rank) + " claimed by two nodes: " + infos_[rank].host + " (" +
+                                  infos_[rank].seen_from + ") and " + info.host + " (" + info.seen_from +
+                                  "); give every node its own rank");
+    }
+    connection.rank = info.rank;
+    {
+      std::lock_guard lock(mutex_);
+      joined_[rank] = connection.fd;
+      infos_[rank] = info;
+    }
+    ++joined_count_;
+    Reply(connection, message, {{"op", "ok"}});
+    spdlog::debug("rendezvous: {} joined ({}/{})", info.Label(), joined_count_, options_.node_count);
+    if (joined_count_ == options_.node_count) Complete();
+  }
+
+  // Everyone is here: publish the roster under a key (for whoever wants it) and send each
+  // node a fixed-size notice, so the broadcast costs O(nodes), not O(nodes^2).
+  void Complete() {
+    values_["bt/roster"] = RosterToJson(roster()).dump();
+    WakeWaiters("bt/roster");
+    spdlog::info("rendezvous complete: {} nodes joined in {:.3f} s", options_.node_count,
+                 std::chrono::duration<double>(Clock::now() - start_).count());
+    Broadcast({{"op", "complete"}, {"count", options_.node_count}});
+  }
+
+  void OnReport(Connection& connection, const Message& message) {
+    const int64_t code = IntField(message, "code");
+    const std::string cause = StringField(message, "cause");
+    Reply(connection, message, {{"op", "ok"}});
+    if (connection.rank < 0 || reported_[size_t(connection.rank)]) return;
+    reported_[size_t(connection.rank)] = true;
+    ++reported_count_;
+    if (code != 0) return Abort(connection.rank, infos_[size_t(connection.rank)].Label() + " failed: " + cause);
+    if (reported_count_ == options_.node_count && verdict_.kind == ServerVerdict::Kind::kPending) {
+      SetVerdict(ServerVerdict::Kind::kResult, -1, "every node succeeded");
+      Broadcast({{"op", "result"}, {"code", 0}});
+    }
+  }
+
+  void Abort(int rank, const std::string& message) {
+    if (verdict_.kind != ServerVerdict::Kind::kPending) return;
+    spdlog::error("rendezvous: aborting the job: {}", message);
+    SetVerdict(ServerVerdict::Kind::kAbort, rank, message);
+    Broadcast({{"op", "abort"}, {"rank", rank}, {"message", message}});
+  }
+
+  void SetVerdict(ServerVerdict::Kind kind, int rank, const std::string& message) {
+    std::lock_guard lock(mutex_);
+    verdict_ = {kind, rank, message};
+    verdict_time_ = Clock::now();
+  }
+
+  void OnTimers() {
+    auto now = Clock::now();
+    if (verdict_.kind == ServerVerdict::Kind::kPending && joined_count_ < options_.node_count && now >= join_deadline_) {
+      OnJoinTimeout();
+    }
+    if (now < next_tick_) return;
+    next_tick_ = now + options_.heartbeat_interval;
+    Broadcast({{"op", "hb"}});
+    if (verdict_.kind != ServerVerdict::Kind::kPending) return;
+    for (size_t rank = 0; rank < joined_.size(); ++rank) {
+      if (joined_[rank] < 0 || reported_[rank]) continue;
+      auto& connection = *connections_.at(joined_[rank]);
+      auto silent = now - connection.last_seen;
+      if (silent > options_.heartbeat_timeout) {
+        Abort(int(rank), infos_[rank].Label() + " lost: no heartbeat for " +
+                             std::to_string(std::chrono::duration_cast<std::chrono::seconds>(silent).count()) + " s");
+        return;
+      }
+    }
+  }
+
+  void OnJoinTimeout() {
+    std::vector<int> missing;
+    std::string joined;
+    size_t shown = 0;
+    constexpr size_t kMaxListed = 32;
+    for (size_t rank = 0; rank < joined_.size(); ++rank) {
+      if (joined_[rank] < 0) {
+        missing.push_back(int(rank));
+      } else if (shown++ < kMaxListed) {
+        joined += (joined.empty() ? "" : ", ") + std::to_string(rank) + " " + infos_[rank].host + " (" +
+                  infos_[rank].seen_from + ")";
+      }
+    }
+    if (shown > kMaxListed) joined += ", and " + std::to_string(shown - kMaxListed) + " more";
+    std::string message = std::to_string(missing.size()) + " of " + std::to_string(options_.node_count) +
+                          " nodes missing after " +
+                          std::to_string(std::chrono::duration_cast<std::chrono::seconds>(options_.join_timeout).count()) +
+                          " s: ranks " + FormatRanks(missing) + "; joined: " + (joined.empty() ? "none" : joined);
+    spdlog::error("rendezvous: {}", message);
+    SetVerdict(ServerVerdict::Kind::kJoinTimeout, missing.front(), message);
+    Broadcast({{"op", "join_timeout"}, {"message", message}});
+  }
+
+  void Kill(Connection& connection, const std::string& why) {
+    if (connection.dead) return;
+    connection.dead = true;
+    connection.dead_reason = why;
+    dead_.push_back(connection.fd);
+  }
+
+  void CloseDead() {
+    while (!dead_.empty()) {
+      int fd = dead_.back();
+      dead_.pop_back();
+      auto it = connections_.find(fd);
+      if (it == connections_.end()) continue;
+      const int rank = it->second->rank;
+      const bool goodbye = it->second->said_goodbye;
+      const std::string why = it->second->dead_reason;
+      epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+      close(fd);
+      connections_.erase(it);
+      OnNodeGone(rank, goodbye, why);
+    }
+  }
+
+  // A joined node's launcher went away before it reported: the job cannot finish.
+  void OnNodeGone(int rank, bool goodbye, const std::string& why) {
+    if (rank < 0) return;
+    if (verdict_.kind == ServerVerdict::Kind::kPending && joined_count_ < options_.node_count) {
+      std::lock_guard lock(mutex_);
+      joined_[size_t(rank)] = -1;  // left before the rendezvous completed: it is missing again
+      --joined_count_;
+      return;
+    }
+    joined_[size_t(rank)] = -1;
+    if (!goodbye && !reported_[size_t(rank)]) Abort(rank, infos_[size_t(rank)].Label() + " lost: " + why);
+  }
+
+  void Send(Connection& connection, const Message& message) {
+    if (connection.dead) return;
+    connection.output += EncodeFrame(message);
+    Flush(connection);
+  }
+
+  void Reply(Connection& connection, const Message& request, Message reply) {
+    reply["id"] = IntField(request, "id");
+    Send(connection, reply);
+  }
+
+  void Broadcast(const Message& message) {
+    const std::string frame = EncodeFrame(message);
+    std::vector<int> fds;
+    fds.reserve(connections_.size());
+    for (auto& [fd, connection] : connections_) {
+      if (connection->authenticated) fds.push_back(fd);
+    }
+    for (int fd : fds) {
+      auto it = connections_.find(fd);
+      if (it == connections_.end()) continue;
+      if (it->second->dead) continue;
+      it->second->output += frame;
+      Flush(*it->second);
+    }
+  }
+
+  void Flush(Connection& connection) {
+    if (connection.dead) return;
+    while (connection.output_sent < connection.output.size()) {
+      ssize_t sent = send(connection.fd, connection.output.data() + connection.output_sent,
+                          connection.output.size() - connection.output_sent, MSG_NOSIGNAL);
+      if (sent < 0) {
+        if (errno == EAGAIN) break;
+        return Kill(connection, std::string("send failed: ") + std::strerror(errno));
+      }
+      connection.output_sent += size_t(sent);
+    }
+    if (connection.output_sent == connection.output.size()) {
+      connection.output.clear();
+      connection.output_sent = 0;
+    } else if (connection.output.size() - connection.output_sent > kMaxPendingOutputBytes) {
+      return Kill(connection, "peer stopped reading");
+    }
+    epoll_event event{};
+    event.events = EPOLLIN | EPOLLRDHUP | (connection.output.empty() ? 0u : uint32_t(EPOLLOUT));
+    event.data.fd = connection.fd;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, connection.fd, &event);
+  }
+
+  void FlushAndClose(Connection& connection) {
+    shutdown(connection.fd, SHUT_WR);
+    Kill(connection, "rejected");
+  }
+
+  bool IsDrained() const {
+    if (verdict_.kind == ServerVerdict::Kind::kPending) return false;
+    if (Clock::now() - verdict_time_ > options_.exit_linger) return true;
+    for (const auto& [fd, connection] : connections_) {
+      if (connection->authenticated && !connection->said_goodbye) return false;
+    }
+    return true;
+  }
+
+  ServerOptions options_;
+  Clock::time_point start_;
+  int listen_fd_ = -1;
+  int epoll_fd_ = -1;
+  int wake_fd_ = -1;
+  std::unordered_map<int, std::unique_ptr<Connection>> connections_;
+  std::vector<int> dead_;
+  std::unordered_map<std::string, std::string> values_;
+  std::unordered_map<std::string, std::vector<Waiter>> waiters_;
+  std::vector<int> joined_;  // rank -> fd, -1 when not joined
+  std::vector<NodeInfo> infos_;
+  std::vector<bool> reported_;
+  int joined_count_ = 0;
+  int reported_count_ = 0;
+  Clock::time_point join_deadline_;
+  Clock::time_point next_tick_;
+  Clock::time_point verdict_time_;
+  ServerVerdict verdict_;
+  mutable std::mutex mutex_;  // guards what other threads read: verdict_, infos_, joined_, drained_
+  std::condition_variable drained_changed_;
+  bool drained_ = false;
+  std::atomic<bool> stop_requested_{false};
+};
+
+StoreServer::StoreServer(ServerOptions options) : loop_(std::make_unique<Loop>(std::move(options))) {
+  port_ = loop_->port();
+  thread_ = std::thread([this] { loop_->Run(); });
+}
+
+StoreServer::~StoreServer() { Stop(); }
+
+void StoreServer::Stop() {
+  if (!thread_.joinable()) return;
+  loop_->RequestStop();
+  thread_.join();
+}
+
+void StoreServer::WaitUntilDrained() { loop_->WaitUntilDrained(); }
+ServerVerdict StoreServer::verdict() const { return loop_->verdict(); }
+std::vector<NodeInfo> StoreServer::roster() const { return loop_->roster(); }
+
+}  // namespace bt::rendezvous

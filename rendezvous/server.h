@@ -1,0 +1,60 @@
+// The store server node 0 runs for the whole job: one epoll loop serving every node's
+// connection. It holds the key-value table, admits nodes that prove the job token, tracks
+// who joined, watches heartbeats, and broadcasts the verdicts (complete, abort, result,
+// join timeout). Work per phase is O(nodes): nothing is sent to every node that grows
+// with the number of nodes.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rendezvous/node_info.h"
+
+namespace bt::rendezvous {
+
+struct ServerOptions {
+  uint16_t port = 0;  // 0: an ephemeral port (tests)
+  std::string token;
+  int node_count = 1;
+  std::chrono::milliseconds join_timeout{900'000};
+  std::chrono::milliseconds heartbeat_interval{1000};
+  std::chrono::milliseconds heartbeat_timeout{10'000};
+  // After the verdict, how long to keep serving nodes that have not said goodbye.
+  std::chrono::milliseconds exit_linger{10'000};
+};
+
+// What the leader concluded, once it has.
+struct ServerVerdict {
+  enum class Kind { kPending, kResult, kAbort, kJoinTimeout } kind = Kind::kPending;
+  int failed_rank = -1;
+  std::string message;  // one line naming the failed node and cause, or the missing ranks
+};
+
+class StoreServer {
+ public:
+  // Binds and listens; throws StoreError naming the port and the errno text.
+  explicit StoreServer(ServerOptions options);
+  ~StoreServer();
+  StoreServer(const StoreServer&) = delete;
+  StoreServer& operator=(const StoreServer&) = delete;
+
+  uint16_t port() const { return port_; }
+  // Blocks until the verdict is out and every node said goodbye (or the linger passed).
+  void WaitUntilDrained();
+  ServerVerdict verdict() const;
+  std::vector<NodeInfo> roster() const;  // joined nodes, by rank
+  void Stop();
+
+ private:
+  class Loop;
+  std::unique_ptr<Loop> loop_;
+  std::thread thread_;
+  uint16_t port_ = 0;
+};
+
+}  // namespace bt::rendezvous

@@ -1,0 +1,51 @@
+// The key-value store every node shares during a job, c10d-style: one small interface
+// with interchangeable backends (in-process, and the TCP client of node 0's server).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace bt::rendezvous {
+
+// Wait or Get ran past its timeout; what() names the keys still missing.
+class StoreTimeout : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The store cannot be used any more (connection lost, server gone, rejected).
+class StoreError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  virtual void Set(const std::string& key, const std::string& value) = 0;
+  // Blocks until the key exists, as c10d's get does.
+  virtual std::string Get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  // Blocks until every key exists.
+  virtual void Wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
+  // Adds to an integer counter (created at 0) and returns the new value, atomically.
+  virtual int64_t Add(const std::string& key, int64_t delta) = 0;
+
+  // Returns once `participants` callers have entered the barrier `name`. Each name is
+  // used once per job (the keys are not reset).
+  void Barrier(const std::string& name, int64_t participants, std::chrono::milliseconds timeout);
+};
+
+std::unique_ptr<Store> MakeMemoryStore();
+
+// The value after adding `delta` to a stored counter (`stored` is null when the key is
+// absent). Throws StoreError when the stored value is not an integer. Shared by backends
+// so that they agree.
+int64_t AddToCounter(const std::string& key, const std::string* stored, int64_t delta);
+
+}  // namespace bt::rendezvous

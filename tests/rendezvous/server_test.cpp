@@ -1,0 +1,319 @@
+// The leader's server at the protocol level: authentication, hostile frames, joins,
+// heartbeats and verdicts, with real sockets on loopback.
+#include "rendezvous/server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <random>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "rendezvous/auth.h"
+#include "rendezvous/client.h"
+#include "rendezvous/wire.h"
+
+namespace bt::rendezvous {
+namespace {
+
+using namespace std::chrono_literals;
+constexpr const char* kToken = "job-token";
+
+ServerOptions Options(int nodes, std::chrono::milliseconds join_timeout = 30s,
+                      std::chrono::milliseconds heartbeat_timeout = 5s) {
+  return ServerOptions{0, kToken, nodes, join_timeout, 100ms, heartbeat_timeout, 2s};
+}
+
+std::unique_ptr<StoreClient> Connect(const StoreServer& server, const std::string& token = kToken,
+                                     std::chrono::milliseconds heartbeat_interval = 100ms) {
+  return StoreClient::Connect(ClientOptions{"127.0.0.1", server.port(), token, 5s, heartbeat_interval, 5s, -1});
+}
+
+NodeInfo Node(int rank, const std::string& host = "host") {
+  NodeInfo info;
+  info.rank = rank;
+  info.host = host + std::to_string(rank);
+  info.pid = 1000 + rank;
+  return info;
+}
+
+// Waits for the next event of the given kind, skipping others.
+std::optional<PeerEvent> NextEvent(StoreClient& client, PeerEvent::Kind kind, std::chrono::milliseconds timeout = 10s) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    while (auto event = client.TakeEvent()) {
+      if (event->kind == kind) return event;
+    }
+    pollfd readable = {client.event_fd(), POLLIN, 0};
+    poll(&readable, 1, 50);
+  }
+  return std::nullopt;
+}
+
+// A socket that speaks raw bytes to the server.
+class RawPeer {
+ public:
+  explicit RawPeer(uint16_t port) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(port);
+    inet_pton(AF_INET, "127.0.0.1", &address.sin_addr);
+    EXPECT_EQ(connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+    hello_ = ReadMessage();
+  }
+  ~RawPeer() { close(fd_); }
+  void Send(const std::string& bytes) { [[maybe_unused]] auto n = send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL); }
+  std::optional<Message> ReadMessage(std::chrono::milliseconds timeout = 3s) {
+    char buffer[4096];
+    Message message;
+    while (!decoder_.Next(message)) {
+      pollfd readable = {fd_, POLLIN, 0};
+      if (poll(&readable, 1, int(timeout.count())) != 1) return std::nullopt;
+      ssize_t got = read(fd_, buffer, sizeof buffer);
+      if (got <= 0) return std::nullopt;
+      decoder_.Feed(buffer, size_t(got));
+    }
+    return message;
+  }
+  // True when the server closes the connection within the timeout.
+  bool ClosedByServer(std::chrono::milliseconds timeout = 3s) {
+    char buffer[4096];
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      pollfd readable = {fd_, POLLIN, 0};
+      if (poll(&readable, 1, 50) != 1) continue;
+      ssize_t got = read(fd_, buffer, sizeof buffer);
+      if (got <= 0) return true;
+    }
+    return false;
+  }
+  const Message& hello() const { return *hello_; }
+
+ private:
+  int fd_ = -1;
+  FrameDecoder decoder_{kMaxFrameBytes};
+  std::optional<Message> hello_;
+};
+
+TEST(Server, WrongTokenIsRejectedByName) {
+  StoreServer server(Options(1));
+  try {
+    Connect(server, "wrong-token");
+    FAIL();
+  } catch (const StoreError& error) {
+    EXPECT_NE(std::string(error.what()).find("wrong job token"), std::string::npos) << error.what();
+  }
+}
+
+TEST(Server, NothingIsAcceptedBeforeAuthentication) {
+  StoreServer server(Options(1));
+  RawPeer peer(server.port());
+  ASSERT_EQ(StringField(peer.hello(), "op"), "hello");
+  peer.Send(EncodeFrame({{"op", "set"}, {"id", 1}, {"key", "k"}, {"value", BytesValue("v")}}));
+  EXPECT_TRUE(peer.ClosedByServer());
+  auto client = Connect(server);
+  EXPECT_THROW(client->Get("k", 200ms), StoreTimeout) << "the unauthenticated set must not have happened";
+}
+
+TEST(Server, OversizedUnauthenticatedFrameClosesTheConnection) {
+  StoreServer server(Options(1));
+  RawPeer peer(server.port());
+  peer.Send(std::string{char(0x7f), char(0xff), char(0xff), char(0xff)});
+  EXPECT_TRUE(peer.ClosedByServer());
+}
+
+TEST(Server, TruncatedFrameThenCloseLeavesTheServerServing) {
+  StoreServer server(Options(1));
+  {
+    RawPeer peer(server.port());
+    std::string frame = EncodeFrame({{"op", "auth"}, {"proof", BytesValue("x")}});
+    peer.Send(frame.substr(0, frame.size() / 2));
+  }
+  auto client = Connect(server);
+  client->Set("still", "serving");
+  EXPECT_EQ(client->Get("still", 1s), "serving");
+}
+
+TEST(Server, RandomFramesAreRejectedAndOthersKeepWorking) {
+  StoreServer server(Options(1));
+  auto client = Connect(server);
+  std::mt19937 random(7);
+  for (int round = 0; round < 50; ++round) {
+    RawPeer peer(server.port());
+    std::string garbage(1 + random() % 200, '\0');
+    for (char& byte : garbage) byte = char(random());
+    garbage[0] = 0;  // keep the length under the pre-auth limit so the payload is parsed
+    peer.Send(garbage);
+    client->Set("round", std::to_string(round));
+  }
+  EXPECT_EQ(client->Get("round", 1s), "49");
+}
+
+TEST(Server, ClientRefusesAServerThatCannotProveTheToken) {
+  StoreServer server(ServerOptions{0, "leader-token", 1, 30s, 100ms, 5s, 1s});
+  EXPECT_THROW(Connect(server, "client-token"), StoreError);
+}
+
+TEST(Server, JoinCompletesWhenEveryRankIsIn) {
+  StoreServer server(Options(3));
+  std::vector<std::unique_ptr<StoreClient>> clients;
+  for (int rank = 0; rank < 3; ++rank) {
+    clients.push_back(Connect(server));
+    clients.back()->Join(Node(rank), 3);
+  }
+  for (auto& client : clients) EXPECT_TRUE(NextEvent(*client, PeerEvent::Kind::kComplete));
+  auto roster = server.roster();
+  ASSERT_EQ(roster.size(), 3u);
+  EXPECT_EQ(roster[2].host, "host2");
+  EXPECT_EQ(roster[2].seen_from, "127.0.0.1");
+  auto published = RosterFromJson(nlohmann::json::parse(clients[1]->Get("bt/roster", 1s)));
+  EXPECT_EQ(published.size(), 3u);
+}
+
+TEST(Server, TwoNodesClaimingOneRankAreBothTold) {
+  StoreServer server(Options(3));
+  auto first = Connect(server);
+  first->Join(Node(1, "alpha"), 3);
+  auto second = Connect(server);
+  EXPECT_THROW(second->Join(Node(1, "beta"), 3), StoreError);
+  for (StoreClient* client : {first.get(), second.get()}) {
+    auto abort = NextEvent(*client, PeerEvent::Kind::kAbort);
+    ASSERT_TRUE(abort);
+    EXPECT_NE(abort->message.find("rank 1 claimed by two nodes: alpha1"), std::string::npos) << abort->message;
+    EXPECT_NE(abort->message.find("beta1"), std::string::npos) << abort->message;
+  }
+}
+
+TEST(Server, NodeCountMismatchAbortsNamingBothCounts) {
+  StoreServer server(Options(2));
+  auto client = Connect(server);
+  EXPECT_THROW(client->Join(Node(1), 3), StoreError);
+  auto abort = NextEvent(*client, PeerEvent::Kind::kAbort);
+  ASSERT_TRUE(abort);
+  EXPECT_NE(abort->message.find("expects 3 nodes but the leader expects 2"), std::string::npos) << abort->message;
+}
+
+TEST(Server, JoinTimeoutNamesMissingAndJoinedNodes) {
+  StoreServer server(Options(5, 500ms));
+  auto zero = Connect(server);
+  zero->Join(Node(0), 5);
+  auto three = Connect(server);
+  three->Join(Node(3), 5);
+  auto timeout = NextEvent(*three, PeerEvent::Kind::kJoinTimeout);
+  ASSERT_TRUE(timeout);
+  EXPECT_NE(timeout->message.find("3 of 5 nodes missing"), std::string::npos) << timeout->message;
+  EXPECT_NE(timeout->message.find("ranks 1-2, 4"), std::string::npos) << timeout->message;
+  EXPECT_NE(timeout->message.find("0 host0 (127.0.0.1), 3 host3 (127.0.0.1)"), std::string::npos) << timeout->message;
+  EXPECT_EQ(server.verdict().kind, ServerVerdict::Kind::kJoinTimeout);
+}
+
+TEST(Server, NodeThatLeavesBeforeCompletionIsMissingAgain) {
+  StoreServer server(Options(3, 600ms));
+  auto stays = Connect(server);
+  stays->Join(Node(0), 3);
+  {
+    auto leaves = Connect(server);
+    leaves->Join(Node(1), 3);
+  }
+  std::this_thread::sleep_for(100ms);
+  auto timeout = NextEvent(*stays, PeerEvent::Kind::kJoinTimeout);
+  ASSERT_TRUE(timeout) << "a node that left must not complete the rendezvous";
+  EXPECT_NE(timeout->message.find("ranks 1-2;"), std::string::npos) << timeout->message;
+}
+
+TEST(Server, FailedReportAbortsEveryoneNamingTheNode) {
+  StoreServer server(Options(2));
+  auto zero = Connect(server), one = Connect(server);
+  zero->Join(Node(0), 2);
+  one->Join(Node(1), 2);
+  one->Report(3, "exit code 3");
+  auto abort = NextEvent(*zero, PeerEvent::Kind::kAbort);
+  ASSERT_TRUE(abort);
+  EXPECT_EQ(abort->rank, 1);
+  EXPECT_NE(abort->message.find("node 1 (host1, 127.0.0.1) failed: exit code 3"), std::string::npos) << abort->message;
+}
+
+TEST(Server, AllSuccessfulReportsGiveTheResult) {
+  StoreServer server(Options(2));
+  auto zero = Connect(server), one = Connect(server);
+  zero->Join(Node(0), 2);
+  one->Join(Node(1), 2);
+  zero->Report(0, "exit code 0");
+  one->Report(0, "exit code 0");
+  EXPECT_TRUE(NextEvent(*zero, PeerEvent::Kind::kResult));
+  EXPECT_TRUE(NextEvent(*one, PeerEvent::Kind::kResult));
+  zero->SayGoodbye();
+  one->SayGoodbye();
+  server.WaitUntilDrained();
+  EXPECT_EQ(server.verdict().kind, ServerVerdict::Kind::kResult);
+}
+
+TEST(Server, LauncherThatDisappearsIsLost) {
+  StoreServer server(Options(2));
+  auto zero = Connect(server);
+  zero->Join(Node(0), 2);
+  auto one = Connect(server);
+  one->Join(Node(1), 2);
+  ASSERT_TRUE(NextEvent(*zero, PeerEvent::Kind::kComplete));
+  one.reset();  // the connection closes without a report, as when a launcher is SIGKILLed
+  auto abort = NextEvent(*zero, PeerEvent::Kind::kAbort);
+  ASSERT_TRUE(abort);
+  EXPECT_NE(abort->message.find("node 1 (host1, 127.0.0.1) lost: connection closed"), std::string::npos) << abort->message;
+}
+
+TEST(Server, SilentNodeIsLostAfterTheHeartbeatTimeout) {
+  StoreServer server(Options(2, 30s, 600ms));
+  auto zero = Connect(server);
+  zero->Join(Node(0), 2);
+  // Heartbeats every 100 s: this node goes silent right after joining.
+  auto silent = Connect(server, kToken, 100s);
+  silent->Join(Node(1), 2);
+  auto abort = NextEvent(*zero, PeerEvent::Kind::kAbort, 5s);
+  ASSERT_TRUE(abort);
+  EXPECT_NE(abort->message.find("node 1 (host1, 127.0.0.1) lost: no heartbeat for"), std::string::npos) << abort->message;
+}
+
+TEST(Server, FollowerNoticesALeaderThatStops) {
+  auto server = std::make_unique<StoreServer>(Options(1));
+  auto client = Connect(*server);
+  server.reset();
+  auto lost = NextEvent(*client, PeerEvent::Kind::kLeaderLost);
+  ASSERT_TRUE(lost);
+  EXPECT_NE(lost->message.find("leader (node 0) lost"), std::string::npos);
+}
+
+TEST(Server, PortInUseIsNamed) {
+  StoreServer first(Options(1));
+  try {
+    StoreServer second(ServerOptions{first.port(), kToken, 1, 1s, 100ms, 1s, 1s});
+    FAIL();
+  } catch (const StoreError& error) {
+    EXPECT_NE(std::string(error.what()).find("cannot listen on port " + std::to_string(first.port())), std::string::npos);
+  }
+}
+
+TEST(Client, LeaderThatNeverAnswersIsNamed) {
+  try {
+    StoreClient::Connect(ClientOptions{"127.0.0.1", 1, kToken, 500ms, 100ms, 1s, -1});
+    FAIL();
+  } catch (const StoreError& error) {
+    EXPECT_NE(std::string(error.what()).find("leader 127.0.0.1:1 never answered"), std::string::npos) << error.what();
+  }
+}
+
+TEST(Client, UnresolvableLeaderIsRetriedThenNamed) {
+  try {
+    StoreClient::Connect(ClientOptions{"no-such-host.invalid", 29300, kToken, 500ms, 100ms, 1s, -1});
+    FAIL();
+  } catch (const StoreError& error) {
+    EXPECT_NE(std::string(error.what()).find("cannot resolve no-such-host.invalid"), std::string::npos) << error.what();
+  }
+}
+
+}  // namespace
+}  // namespace bt::rendezvous
