@@ -108,11 +108,13 @@ std::unique_ptr<JobPeers> JobPeers::Join(const env::JobConfig& config, const env
                                     signals.fd()};
   try {
     peers->client_ = rendezvous::StoreClient::Connect(options);
+  } catch (const rendezvous::StoreError& error) {
+    throw LaunchFailure(kExitUnavailable, std::string("rendezvous failed: ") + error.what() + LoopbackHint(identity));
+  }
+  try {
     peers->client_->Join(rendezvous::LocalNodeInfo(identity.rank), identity.count);
   } catch (const rendezvous::StoreError& error) {
-    peers->DrainEvents();
-    std::string why = peers->verdict_ ? peers->verdict_->message : error.what();
-    throw LaunchFailure(kExitUnavailable, "rendezvous failed: " + why + LoopbackHint(identity));
+    throw LaunchFailure(kExitUnavailable, std::string("rendezvous failed: ") + error.what());
   }
   // The leader enforces the join deadline and names the missing ranks; the slack only
   // covers a leader that died without a word.

@@ -351,23 +351,13 @@ class StoreServer::Loop {
     if (verdict_.kind != ServerVerdict::Kind::kPending || joined_count_ == options_.node_count) {
       return Reply(connection, message, {{"op", "error"}, {"message", "the rendezvous is already closed"}});
     }
-    if (count != options_.node_count) {
-      Reply(connection, message, {{"op", "error"}, {"message", "node count mismatch"}});
-      return Abort(info.rank, info.Label() + " expects " + std::to_string(count) + " nodes but the leader expects " +
-                                  std::to_string(options_.node_count) + " (compute.node_count must match on every node)");
-    }
-    if (info.rank < 0 || info.rank >= options_.node_count) {
-      Reply(connection, message, {{"op", "error"}, {"message", "rank out of range"}});
-      return Abort(info.rank, info.Label() + " claims rank " + std::to_string(info.rank) + ", outside [0, " +
-                                  std::to_string(options_.node_count) + ")");
+    const std::string refusal = JoinRefusal(info, count);
+    if (!refusal.empty()) {
+      // The refused node gets the whole reason in its answer; everyone else in the abort.
+      Reply(connection, message, {{"op", "error"}, {"message", refusal}});
+      return Abort(info.rank, refusal);
     }
     const size_t rank = size_t(info.rank);
-    if (joined_[rank] >= 0) {
-      Reply(connection, message, {{"op", "error"}, {"message", "duplicate rank"}});
-      return Abort(info.rank, "rank " + std::to_string(rank) + " claimed by two nodes: " + infos_[rank].host + " (" +
-                                  infos_[rank].seen_from + ") and " + info.host + " (" + info.seen_from +
-                                  "); give every node its own rank");
-    }
     connection.rank = info.rank;
     {
       std::lock_guard lock(mutex_);
@@ -378,6 +368,25 @@ class StoreServer::Loop {
     Reply(connection, message, {{"op", "ok"}});
     spdlog::debug("rendezvous: {} joined ({}/{})", info.Label(), joined_count_, options_.node_count);
     if (joined_count_ == options_.node_count) Complete();
+  }
+
+  // Why this node may not join (empty when it may): each reason fails the whole job,
+  // because no later node can fix it.
+  std::string JoinRefusal(const NodeInfo& info, int64_t count) const {
+    if (count != options_.node_count) {
+      return info.Label() + " expects " + std::to_string(count) + " nodes but the leader expects " +
+             std::to_string(options_.node_count) + " (compute.node_count must match on every node)";
+    }
+    if (info.rank < 0 || info.rank >= options_.node_count) {
+      return info.Label() + " claims rank " + std::to_string(info.rank) + ", outside [0, " +
+             std::to_string(options_.node_count) + ")";
+    }
+    const NodeInfo& holder = infos_[size_t(info.rank)];
+    if (joined_[size_t(info.rank)] >= 0) {
+      return "rank " + std::to_string(info.rank) + " claimed by two nodes: " + holder.host + " (" + holder.seen_from +
+             ") and " + info.host + " (" + info.seen_from + "); give every node its own rank";
+    }
+    return "";
   }
 
   // Everyone is here: publish the roster under a key (for whoever wants it) and send each

@@ -99,11 +99,17 @@ ProcessResult LauncherProcess::Finish() {
     }
     if (!Pump(20)) usleep(5000);
   }
-  while (Pump(50)) {
+  result_.elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start_);
+  // A process the launcher left behind (its training, after the launcher was SIGKILLed)
+  // may hold the pipes open: read what is there, but not until it exits.
+  auto drain_deadline = Clock::now() + std::chrono::milliseconds(500);
+  while (Clock::now() < drain_deadline && Pump(50)) {
   }
+  if (out_fd_ >= 0) close(out_fd_);
+  if (err_fd_ >= 0) close(err_fd_);
+  out_fd_ = err_fd_ = -1;
   kill(-pid_, SIGKILL);  // nothing of the test may outlive it
   result_.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  result_.elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start_);
   finished_ = true;
   return result_;
 }

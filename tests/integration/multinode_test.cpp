@@ -1,0 +1,255 @@
+// Several real bt-launch processes on loopback form one job.
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/support/launcher_process.h"
+
+namespace bt::testing {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+uint16_t FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
+  socklen_t length = sizeof address;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+// One job of `nodes` launchers sharing a config, a root and a port.
+class Job {
+ public:
+  Job(int nodes, const std::string& commands_json, const std::string& rendezvous_extra = "")
+      : nodes_(nodes), port_(FreePort()) {
+    config_ = dir_.Write("job.json", R"({"compute": {"node_count": )" + std::to_string(nodes) +
+                                         R"(}, "enable_baseten_workdir": false,
+        "runtime": {"start_commands": )" + commands_json + R"(,
+                    "checkpointing_config": {"enabled": true}, "cache_config": {"enabled": true}},
+        "launcher": {"grace_period_s": 5, "rendezvous": {"port": )" + std::to_string(port_) +
+                                         R"(, "join_timeout_s": 20, "heartbeat_interval_s": 0.2,
+                     "heartbeat_timeout_s": 3, "exit_barrier_timeout_s": 30)" + rendezvous_extra + "}}}");
+  }
+
+  LaunchSpec Spec(int rank, std::vector<std::string> extra_args = {}, std::map<std::string, std::string> env = {}) {
+    LaunchSpec spec;
+    spec.args = {"run", "--config", config_, "--root", dir_.path() + "/root"};
+    spec.args.insert(spec.args.end(), extra_args.begin(), extra_args.end());
+    spec.set_env = {{"BT_NODE_RANK", std::to_string(rank)}, {"BT_GROUP_SIZE", std::to_string(nodes_)},
+                    {"BT_LEADER_ADDR", "127.0.0.1"}, {"BT_RENDEZVOUS_TOKEN", "integration-token"}};
+    for (auto& [name, value] : env) spec.set_env[name] = value;
+    spec.timeout = 60s;
+    return spec;
+  }
+
+  std::vector<std::unique_ptr<LauncherProcess>> StartAll() {
+    std::vector<std::unique_ptr<LauncherProcess>> processes;
+    for (int rank = 0; rank < nodes_; ++rank) processes.push_back(std::make_unique<LauncherProcess>(Spec(rank)));
+    return processes;
+  }
+
+  static std::vector<ProcessResult> FinishAll(std::vector<std::unique_ptr<LauncherProcess>>& processes) {
+    std::vector<ProcessResult> results;
+    for (auto& process : processes) results.push_back(process->Finish());
+    return results;
+  }
+
+  const TempDir& dir() const { return dir_; }
+  uint16_t port() const { return port_; }
+
+ private:
+  TempDir dir_;
+  int nodes_;
+  uint16_t port_;
+  std::string config_;
+};
+
+void KillPidFrom(const std::string& path) {
+  std::ifstream file(path);
+  pid_t pid = 0;
+  if (file >> pid && pid > 0) kill(pid, SIGKILL);
+}
+
+class NodeCount : public ::testing::TestWithParam<int> {};
+
+TEST_P(NodeCount, EveryNodeJoinsRunsAndExitsZero) {
+  const int nodes = GetParam();
+  Job job(nodes, R"(["echo node $BT_NODE_RANK of $BT_GROUP_SIZE master $MASTER_ADDR"])");
+  auto processes = job.StartAll();
+  auto results = Job::FinishAll(processes);
+  for (int rank = 0; rank < nodes; ++rank) {
+    EXPECT_EQ(results[rank].exit_code, 0) << "node " << rank << ":\n" << results[rank].err;
+    EXPECT_NE(results[rank].out.find("node " + std::to_string(rank) + " of " + std::to_string(nodes) + " master 127.0.0.1"),
+              std::string::npos);
+    EXPECT_NE(results[rank].err.find("all " + std::to_string(nodes) + " nodes joined"), std::string::npos);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Loopback, NodeCount, ::testing::Values(2, 4, 16));
+
+TEST(MultiNode, FailedNodeStopsEveryoneAndIsNamed) {
+  Job job(3, R"(["if [ $BT_NODE_RANK = 1 ]; then sleep 0.3; exit 3; fi; exec sleep 60"])");
+  auto processes = job.StartAll();
+  auto results = Job::FinishAll(processes);
+  EXPECT_EQ(results[1].exit_code, 3) << results[1].err;
+  for (int rank : {0, 2}) {
+    EXPECT_EQ(results[rank].exit_code, 69) << results[rank].err;
+    EXPECT_NE(results[rank].err.find("job failed: node 1 ("), std::string::npos) << results[rank].err;
+    EXPECT_NE(results[rank].err.find("failed: exit code 3"), std::string::npos) << results[rank].err;
+    EXPECT_LT(results[rank].elapsed, 20s);
+  }
+}
+
+TEST(MultiNode, TrainingKilledBySigkillStopsTheWholeJobWithin15Seconds) {
+  Job job(3, R"(["if [ $BT_NODE_RANK = 2 ]; then sleep 0.5; kill -KILL $$; fi; exec sleep 120"])");
+  auto started = std::chrono::steady_clock::now();
+  auto processes = job.StartAll();
+  auto results = Job::FinishAll(processes);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 15s);
+  EXPECT_EQ(results[2].exit_code, 137);
+  for (int rank : {0, 1}) {
+    EXPECT_EQ(results[rank].exit_code, 69) << results[rank].err;
+    EXPECT_NE(results[rank].err.find("killed by signal KILL"), std::string::npos) << results[rank].err;
+  }
+}
+
+TEST(MultiNode, KilledLauncherIsReportedLost) {
+  Job job(3, R"(["echo $$ > $BT_SCRATCH_DIR/../../training.pid; echo started; exec sleep 120"])");
+  auto processes = job.StartAll();
+  ASSERT_TRUE(processes[1]->WaitForOutput("started", 20s));
+  std::this_thread::sleep_for(300ms);
+  processes[1]->Signal(SIGKILL);
+  KillPidFrom(job.dir().path() + "/root/node-1/training.pid");
+  auto results = Job::FinishAll(processes);
+  for (int rank : {0, 2}) {
+    EXPECT_EQ(results[rank].exit_code, 69) << results[rank].err;
+    EXPECT_NE(results[rank].err.find("node 1 ("), std::string::npos) << results[rank].err;
+    EXPECT_NE(results[rank].err.find("lost: connection closed"), std::string::npos) << results[rank].err;
+  }
+}
+
+TEST(MultiNode, KilledLeaderIsReportedByEveryFollower) {
+  Job job(3, R"(["echo $$ > $BT_SCRATCH_DIR/../../training.pid; echo started; exec sleep 120"])");
+  auto processes = job.StartAll();
+  ASSERT_TRUE(processes[0]->WaitForOutput("started", 20s));
+  ASSERT_TRUE(processes[2]->WaitForOutput("started", 20s));
+  processes[0]->Signal(SIGKILL);
+  KillPidFrom(job.dir().path() + "/root/node-0/training.pid");
+  auto results = Job::FinishAll(processes);
+  for (int rank : {1, 2}) {
+    EXPECT_EQ(results[rank].exit_code, 69) << results[rank].err;
+    EXPECT_NE(results[rank].err.find("leader (node 0) lost"), std::string::npos) << results[rank].err;
+    EXPECT_LT(results[rank].elapsed, 20s);
+  }
+}
+
+TEST(MultiNode, MissingNodesAreNamedByLeaderAndFollowers) {
+  Job job(4, R"(["true"])", R"(, "join_timeout_s": 2)");
+  LauncherProcess leader(job.Spec(0)), follower(job.Spec(2));
+  ProcessResult leader_result = leader.Finish(), follower_result = follower.Finish();
+  for (const ProcessResult* result : {&leader_result, &follower_result}) {
+    EXPECT_EQ(result->exit_code, 69) << result->err;
+    EXPECT_NE(result->err.find("2 of 4 nodes missing after 2 s: ranks 1, 3; joined: 0 "), std::string::npos) << result->err;
+  }
+}
+
+TEST(MultiNode, WrongTokenIsRejected) {
+  Job job(2, R"(["true"])", R"(, "join_timeout_s": 3)");
+  LauncherProcess leader(job.Spec(0));
+  LauncherProcess intruder(job.Spec(1, {}, {{"BT_RENDEZVOUS_TOKEN", "some-other-token"}}));
+  ProcessResult intruder_result = intruder.Finish();
+  EXPECT_EQ(intruder_result.exit_code, 69);
+  EXPECT_NE(intruder_result.err.find("wrong job token"), std::string::npos) << intruder_result.err;
+  ProcessResult leader_result = leader.Finish();
+  EXPECT_EQ(leader_result.exit_code, 69);
+  EXPECT_NE(leader_result.err.find("ranks 1"), std::string::npos) << leader_result.err;
+}
+
+TEST(MultiNode, TwoNodesClaimingOneRankAreBothTold) {
+  Job job(3, R"(["sleep 5"])");
+  LauncherProcess leader(job.Spec(0)), first(job.Spec(1));
+  ASSERT_TRUE(first.WaitForOutput("", 1s));
+  std::this_thread::sleep_for(500ms);
+  LauncherProcess second(job.Spec(1));
+  for (LauncherProcess* process : {&first, &second, &leader}) {
+    ProcessResult result = process->Finish();
+    EXPECT_EQ(result.exit_code, 69) << result.err;
+    EXPECT_NE(result.err.find("rank 1 claimed by two nodes"), std::string::npos) << result.err;
+  }
+}
+
+TEST(MultiNode, LoopbackLeaderWithoutALeaderIsExplained) {
+  Job job(2, R"(["true"])", R"(, "join_timeout_s": 1)");
+  ProcessResult result = RunLauncher(job.Spec(1));
+  EXPECT_EQ(result.exit_code, 69);
+  EXPECT_NE(result.err.find("never answered"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("is a loopback address"), std::string::npos) << result.err;
+}
+
+TEST(MultiNode, NodesSharingARootKeepNodeLocalDirsApartAndShareTheCache) {
+  Job job(2, R"(["echo $BT_NODE_RANK > $BT_CHECKPOINT_DIR/rank && echo $BT_NODE_RANK > $BT_PROJECT_CACHE_DIR/from-$BT_NODE_RANK"])");
+  auto processes = job.StartAll();
+  for (auto& result : Job::FinishAll(processes)) ASSERT_EQ(result.exit_code, 0) << result.err;
+  const std::string root = job.dir().path() + "/root";
+  for (int rank : {0, 1}) {
+    std::ifstream file(root + "/node-" + std::to_string(rank) + "/mnt/ckpts/rank");
+    int written = -1;
+    file >> written;
+    EXPECT_EQ(written, rank);
+  }
+  EXPECT_TRUE(fs::exists(root + "/root/.cache/user_artifacts/from-0"));
+  EXPECT_TRUE(fs::exists(root + "/root/.cache/user_artifacts/from-1"));
+}
+
+TEST(MultiNode, RendezvousSubcommandPrintsTheRoster) {
+  Job job(3, R"(["true"])");
+  std::vector<std::unique_ptr<LauncherProcess>> processes;
+  for (int rank = 0; rank < 3; ++rank) {
+    LaunchSpec spec = job.Spec(rank);
+    spec.args[0] = "rendezvous";
+    spec.args.insert(spec.args.end(), {"--format", "json"});
+    if (rank == 0) {
+      spec.args.push_back("--serve");
+      spec.set_env.erase("BT_NODE_RANK");
+    }
+    processes.push_back(std::make_unique<LauncherProcess>(spec));
+  }
+  for (auto& result : Job::FinishAll(processes)) {
+    ASSERT_EQ(result.exit_code, 0) << result.err;
+    auto roster = nlohmann::json::parse(result.out);
+    EXPECT_EQ(roster["node_count"], 3);
+    ASSERT_EQ(roster["nodes"].size(), 3u);
+    for (int rank = 0; rank < 3; ++rank) {
+      EXPECT_EQ(roster["nodes"][rank]["rank"], rank);
+      EXPECT_EQ(roster["nodes"][rank]["seen_from"], "127.0.0.1");
+    }
+  }
+}
+
+TEST(MultiNode, TableRosterForHumans) {
+  Job job(2, R"(["true"])");
+  LaunchSpec leader_spec = job.Spec(0), follower_spec = job.Spec(1);
+  leader_spec.args[0] = follower_spec.args[0] = "rendezvous";
+  LauncherProcess leader(leader_spec), follower(follower_spec);
+  ProcessResult result = leader.Finish();
+  follower.Finish();
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("rank  host"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("joined after"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace bt::testing
