@@ -99,7 +99,9 @@ std::unique_ptr<JobPeers> JobPeers::Join(const env::JobConfig& config, const env
     spdlog::info("leader address {} is loopback: this works only when all {} nodes share this host",
                  identity.leader_addr, identity.count);
   }
-  rendezvous::ClientOptions options{identity.rank == 0 ? "127.0.0.1" : identity.leader_addr,
+  // Node 0 joins through the leader address too: the roster then shows the address the
+  // others use, and a leader address that does not reach node 0 fails here, not later.
+  rendezvous::ClientOptions options{identity.leader_addr,
                                     peers->server_ ? peers->server_->port() : endpoint.port,
                                     endpoint.token,
                                     join_timeout,
