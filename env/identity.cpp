@@ -83,7 +83,7 @@ std::string NodeIdentity::Describe() const {
          ", count from " + count_source + "), leader " + leader_addr + " (from " + leader_source + ")";
 }
 
-NodeIdentity ResolveIdentity(const IdentityFlags& flags, const EnvLookup& env, int config_node_count) {
+NodeIdentity ResolveIdentity(const IdentityFlags& flags, const EnvLookup& env, std::optional<int> config_node_count) {
   // An empty variable counts as unset: container specs often declare them empty.
   EnvLookup present = [&env](const std::string& name) -> std::optional<std::string> {
     auto value = env(name);
@@ -103,17 +103,17 @@ NodeIdentity ResolveIdentity(const IdentityFlags& flags, const EnvLookup& env, i
   identity.under_mpi = IsMpiLaunched(present);
   identity.rank = rank ? ParseNonNegative(rank->first, "node rank from " + rank->second) : 0;
   identity.rank_source = rank ? rank->second : "default (single node)";
-  identity.count = count ? ParseNonNegative(count->first, "node count from " + count->second) : config_node_count;
-  identity.count_source = count ? count->second : (rank ? "compute.node_count" : "default (single node)");
+  identity.count = count ? ParseNonNegative(count->first, "node count from " + count->second) : config_node_count.value_or(1);
+  identity.count_source = count ? count->second : (rank && config_node_count ? "compute.node_count" : "default (single node)");
   if (identity.count < 1) throw IdentityError("node count from " + identity.count_source + " must be at least 1");
-  if (!rank && !count && config_node_count > 1) {
-    throw IdentityError("compute.node_count is " + std::to_string(config_node_count) +
+  if (!rank && !count && config_node_count.value_or(1) > 1) {
+    throw IdentityError("compute.node_count is " + std::to_string(*config_node_count) +
                         " but no node identity was found (give --node-rank/--node-count/--leader-addr, "
                         "BT_NODE_RANK/BT_GROUP_SIZE/BT_LEADER_ADDR, or start under mpirun, Slurm or Kubernetes)");
   }
-  if (identity.count != config_node_count) {
+  if (config_node_count && identity.count != *config_node_count) {
     throw IdentityError("node count " + std::to_string(identity.count) + " from " + identity.count_source +
-                        " disagrees with compute.node_count " + std::to_string(config_node_count));
+                        " disagrees with compute.node_count " + std::to_string(*config_node_count));
   }
   if (identity.rank >= identity.count) {
     throw IdentityError("node rank " + std::to_string(identity.rank) + " from " + identity.rank_source +

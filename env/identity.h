@@ -40,7 +40,8 @@ class IdentityError : public std::runtime_error {
 };
 
 // `config_node_count` is compute.node_count: a count from any source must agree with it.
-NodeIdentity ResolveIdentity(const IdentityFlags& flags, const EnvLookup& env, int config_node_count);
+// nullopt (no config given) means any count goes, one node when no source says.
+NodeIdentity ResolveIdentity(const IdentityFlags& flags, const EnvLookup& env, std::optional<int> config_node_count);
 
 // Expands a Slurm hostlist such as "gpu[01-03,07],cpu5" into host names, in order.
 std::vector<std::string> ExpandSlurmHostlist(const std::string& hostlist);

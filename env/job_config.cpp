@@ -494,7 +494,11 @@ JobConfig ParseJobConfig(const std::string& json_text, bool require_start_comman
   return config;
 }
 
-JobConfig DefaultJobConfig() { return ParseJobConfig("{}", false); }
+JobConfig DefaultJobConfig() {
+  JobConfig config = ParseJobConfig("{}", false);
+  config.is_embedded_default = true;
+  return config;
+}
 
 JobConfig LoadJobConfig(const std::optional<std::string>& config_flag, const char* bt_job_config_env,
                         bool require_start_command) {

@@ -108,6 +108,7 @@ struct JobConfig {
   bool enable_baseten_workdir = true;
   LauncherSettings launcher;
   std::string source_digest;  // hex digest of the config text; names an unnamed local job
+  bool is_embedded_default = false;  // no config given: the node count comes from the identity
 };
 
 // Parses and validates JSON text. `require_start_command` is false when the command

@@ -34,7 +34,9 @@ env::JobConfig LoadConfig(const CliOptions& cli, bool require_start_command) {
 
 env::NodeIdentity ResolveNode(const CliOptions& cli, const env::JobConfig& config) {
   try {
-    env::NodeIdentity identity = env::ResolveIdentity(cli.identity, env::ProcessEnvLookup(), config.compute.node_count);
+    std::optional<int> config_node_count;
+    if (!config.is_embedded_default) config_node_count = config.compute.node_count;
+    env::NodeIdentity identity = env::ResolveIdentity(cli.identity, env::ProcessEnvLookup(), config_node_count);
     log::SetNodeRank(identity.rank);
     spdlog::info("identity: {}", identity.Describe());
     return identity;
@@ -60,6 +62,7 @@ PreparedJob Prepare(const CliOptions& cli, bool require_start_command, Timeline&
   PreparedJob job;
   job.config = LoadConfig(cli, require_start_command);
   job.identity = ResolveNode(cli, job.config);
+  if (job.config.is_embedded_default) job.config.compute.node_count = job.identity.count;
   timeline.Begin("environment");
   job.environment = BuildEnvironment(cli, job.config, job.identity);
   return job;
@@ -91,10 +94,10 @@ int RunSubcommand(const CliOptions& cli) {
     throw LaunchFailure(kExitIo, error.what());
   }
 
-  std::unique_ptr<JobPeers> peers;
+  std::unique_ptr<Peers> peers;
   if (job.identity.count > 1) {
     timeline.Begin("rendezvous");
-    peers = JobPeers::Join(job.config, job.identity, job.environment.variables.at("BT_TRAINING_JOB_ID"), signals);
+    peers = JoinPeers(job.config, job.identity, job.environment.variables.at("BT_TRAINING_JOB_ID"), signals);
   }
 
   timeline.Begin("run");
@@ -126,7 +129,7 @@ int RendezvousSubcommand(const CliOptions& cli) {
     throw LaunchFailure(kExitUsage, "--serve: this node's rank is " + std::to_string(job.identity.rank) + "; only node 0 serves");
   }
   timeline.Begin("rendezvous");
-  auto peers = JobPeers::Join(job.config, job.identity, job.environment.variables.at("BT_TRAINING_JOB_ID"), signals);
+  auto peers = JoinPeers(job.config, job.identity, job.environment.variables.at("BT_TRAINING_JOB_ID"), signals);
   const auto roster = peers->Roster();
   const std::string text = cli.output_format == "json"
                                ? rendezvous::RosterToJson(roster).dump(2) + "\n"

@@ -42,6 +42,12 @@ std::string DescribeExit(const JobOutcome& outcome) {
 
 }  // namespace
 
+std::unique_ptr<Peers> JoinPeers(const env::JobConfig& config, const env::NodeIdentity& identity,
+                                 const std::string& job_id, SignalRouter& signals) {
+  if (config.launcher.rendezvous.backend == env::RendezvousBackend::kMpi) return MpiPeers::Join(identity);
+  return TcpPeers::Join(config, identity, job_id, signals);
+}
+
 RendezvousEndpoint ResolveEndpoint(const env::JobConfig& config, const std::string& job_id) {
   RendezvousEndpoint endpoint{config.launcher.rendezvous.port, "", false};
   if (const char* port = std::getenv("BT_RENDEZVOUS_PORT"); port != nullptr && *port != '\0') {
@@ -61,12 +67,12 @@ RendezvousEndpoint ResolveEndpoint(const env::JobConfig& config, const std::stri
   return endpoint;
 }
 
-JobPeers::JobPeers(const env::JobConfig& config, const env::NodeIdentity& identity)
+TcpPeers::TcpPeers(const env::JobConfig& config, const env::NodeIdentity& identity)
     : config_(config), identity_(identity) {}
 
 // Closing a socket that still holds unread data sends RST, which can destroy a verdict
 // still in flight: so say goodbye, and on node 0 keep serving until the others have.
-JobPeers::~JobPeers() {
+TcpPeers::~TcpPeers() {
   if (client_) client_->SayGoodbye();
   client_.reset();
   if (!server_) return;
@@ -74,7 +80,7 @@ JobPeers::~JobPeers() {
   server_->Stop();
 }
 
-std::unique_ptr<JobPeers> JobPeers::Join(const env::JobConfig& config, const env::NodeIdentity& identity,
+std::unique_ptr<TcpPeers> TcpPeers::Join(const env::JobConfig& config, const env::NodeIdentity& identity,
                                          const std::string& job_id, SignalRouter& signals) {
   const auto& settings = config.launcher.rendezvous;
   const RendezvousEndpoint endpoint = ResolveEndpoint(config, job_id);
@@ -82,7 +88,7 @@ std::unique_ptr<JobPeers> JobPeers::Join(const env::JobConfig& config, const env
     spdlog::warn("BT_RENDEZVOUS_TOKEN is not set: the rendezvous token is derived from the job id {}, which keeps "
                  "other jobs out by mistake but not by intent; set BT_RENDEZVOUS_TOKEN to a shared secret", job_id);
   }
-  std::unique_ptr<JobPeers> peers(new JobPeers(config, identity));
+  std::unique_ptr<TcpPeers> peers(new TcpPeers(config, identity));
   const auto join_timeout = std::chrono::seconds(settings.join_timeout_s);
   if (identity.rank == 0) {
     rendezvous::ServerOptions options{endpoint.port, endpoint.token, identity.count, join_timeout,
@@ -135,7 +141,7 @@ std::unique_ptr<JobPeers> JobPeers::Join(const env::JobConfig& config, const env
   return peers;
 }
 
-void JobPeers::DrainEvents() {
+void TcpPeers::DrainEvents() {
   if (!client_) return;
   while (auto event = client_->TakeEvent()) {
     if (event->kind == PeerEvent::Kind::kComplete) {
@@ -146,7 +152,7 @@ void JobPeers::DrainEvents() {
   }
 }
 
-bool JobPeers::WaitUntil(const std::function<bool()>& done, SignalRouter& signals, Clock::time_point deadline,
+bool TcpPeers::WaitUntil(const std::function<bool()>& done, SignalRouter& signals, Clock::time_point deadline,
                          int& signal_number) {
   signal_number = 0;
   while (true) {
@@ -163,7 +169,7 @@ bool JobPeers::WaitUntil(const std::function<bool()>& done, SignalRouter& signal
   }
 }
 
-std::optional<std::string> JobPeers::TakeStop() {
+std::optional<std::string> TcpPeers::TakeStop() {
   DrainEvents();
   if (!verdict_ || stop_delivered_) return std::nullopt;
   if (verdict_->kind == PeerEvent::Kind::kResult) return std::nullopt;
@@ -171,7 +177,7 @@ std::optional<std::string> JobPeers::TakeStop() {
   return verdict_->message;
 }
 
-int JobPeers::Finish(const JobOutcome& outcome, SignalRouter& signals) {
+int TcpPeers::Finish(const JobOutcome& outcome, SignalRouter& signals) {
   const bool own_failure = outcome.exit_code != 0 && !outcome.stop_reason;
   try {
     client_->Report(outcome.exit_code, DescribeExit(outcome));
@@ -204,7 +210,7 @@ int JobPeers::Finish(const JobOutcome& outcome, SignalRouter& signals) {
   return code;
 }
 
-std::vector<rendezvous::NodeInfo> JobPeers::Roster() {
+std::vector<rendezvous::NodeInfo> TcpPeers::Roster() {
   if (server_) return server_->roster();
   return rendezvous::RosterFromJson(nlohmann::json::parse(client_->Get("bt/roster", std::chrono::seconds(60))));
 }

@@ -27,27 +27,35 @@ struct RendezvousEndpoint {
 // BT_RENDEZVOUS_PORT, else launcher.rendezvous.port; BT_RENDEZVOUS_TOKEN, else derived.
 RendezvousEndpoint ResolveEndpoint(const env::JobConfig& config, const std::string& job_id);
 
-class JobPeers final : public StopRequests {
+// The other nodes of the job, as the run sees them. As StopRequests: a peer failed or
+// the leader is gone.
+class Peers : public StopRequests {
  public:
-  // Serves (node 0), connects and joins, and waits until every node has joined. Throws
-  // LaunchFailure: 69 naming the missing or refused nodes, 128+signal when stopped.
-  static std::unique_ptr<JobPeers> Join(const env::JobConfig& config, const env::NodeIdentity& identity,
-                                        const std::string& job_id, SignalRouter& signals);
-  ~JobPeers() override;
-
-  // StopRequests: a peer failed or the leader is gone.
-  int fd() const override { return client_->event_fd(); }
-  std::optional<std::string> TakeStop() override;
-
   // Reports this node's outcome, waits for the job's verdict, and returns the exit code
   // every node agrees on: 0, this node's own failure code, or 69 when another failed.
-  int Finish(const JobOutcome& outcome, SignalRouter& signals);
+  virtual int Finish(const JobOutcome& outcome, SignalRouter& signals) = 0;
+  virtual std::vector<rendezvous::NodeInfo> Roster() = 0;
+};
 
-  std::vector<rendezvous::NodeInfo> Roster();
-  bool is_leader() const { return server_ != nullptr; }
+// Joins with the configured backend and returns once every node has joined. Throws
+// LaunchFailure: 69 naming the missing or refused nodes, 128+signal when stopped.
+std::unique_ptr<Peers> JoinPeers(const env::JobConfig& config, const env::NodeIdentity& identity,
+                                 const std::string& job_id, SignalRouter& signals);
+
+// The tcp backend: node 0 serves the store, every node joins it and keeps a heartbeat.
+class TcpPeers final : public Peers {
+ public:
+  static std::unique_ptr<TcpPeers> Join(const env::JobConfig& config, const env::NodeIdentity& identity,
+                                        const std::string& job_id, SignalRouter& signals);
+  ~TcpPeers() override;
+
+  int fd() const override { return client_->event_fd(); }
+  std::optional<std::string> TakeStop() override;
+  int Finish(const JobOutcome& outcome, SignalRouter& signals) override;
+  std::vector<rendezvous::NodeInfo> Roster() override;
 
  private:
-  JobPeers(const env::JobConfig& config, const env::NodeIdentity& identity);
+  TcpPeers(const env::JobConfig& config, const env::NodeIdentity& identity);
   void DrainEvents();
   // Takes the leader's events until `done()` holds (true), a shutdown signal arrives (true,
   // `signal_number` set) or `deadline` passes (false).
@@ -61,6 +69,20 @@ class JobPeers final : public StopRequests {
   bool complete_ = false;
   std::optional<rendezvous::PeerEvent> verdict_;
   bool stop_delivered_ = false;
+};
+
+// The mpi backend (under mpirun): node info exchanged with MPI collectives through the
+// plugin. Liveness during the run is mpirun's: it stops every rank when one exits non-zero.
+class MpiPeers final : public Peers {
+ public:
+  static std::unique_ptr<MpiPeers> Join(const env::NodeIdentity& identity);
+  int fd() const override { return -1; }
+  std::optional<std::string> TakeStop() override { return std::nullopt; }
+  int Finish(const JobOutcome& outcome, SignalRouter&) override { return outcome.exit_code; }
+  std::vector<rendezvous::NodeInfo> Roster() override { return roster_; }
+
+ private:
+  std::vector<rendezvous::NodeInfo> roster_;
 };
 
 }  // namespace bt::launcher

@@ -114,6 +114,12 @@ TEST(Identity, LeaderWorkerSet) {
   EXPECT_EQ(identity.rank_source, "Kubernetes LeaderWorkerSet");
 }
 
+TEST(Identity, WithoutAConfigTheCountComesFromTheSource) {
+  NodeIdentity identity = ResolveIdentity({"1", "3", "h"}, Env({}), std::nullopt);
+  EXPECT_EQ(identity.count, 3);
+  EXPECT_EQ(ResolveIdentity({}, Env({}), std::nullopt).count, 1);
+}
+
 TEST(Identity, EmptyVariablesCountAsUnset) {
   NodeIdentity identity = ResolveIdentity({}, Env({{"BT_NODE_RANK", ""}, {"BT_GROUP_SIZE", ""}}), 1);
   EXPECT_EQ(identity.rank_source, "default (single node)");
