@@ -58,7 +58,16 @@ TEST(Cli, BadIdentityExits65) {
   TempDir dir;
   ProcessResult result = RunLauncher({{"run", "--root", dir.path(), "--node-rank", "3", "--node-count", "2", "--", "true"}});
   EXPECT_EQ(result.exit_code, 65);
-  EXPECT_NE(result.err.find("node count 2 from flags disagrees with compute.node_count 1"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("node rank 3 from flags is outside [0, 2)"), std::string::npos) << result.err;
+}
+
+TEST(Cli, CountDisagreeingWithTheConfigExits65) {
+  TempDir dir;
+  std::string config = dir.Write("job.json", R"({"compute": {"node_count": 4}})");
+  ProcessResult result = RunLauncher({{"run", "--config", config, "--root", dir.path(), "--node-rank", "0",
+                                       "--node-count", "2", "--leader-addr", "h", "--", "true"}});
+  EXPECT_EQ(result.exit_code, 65);
+  EXPECT_NE(result.err.find("node count 2 from flags disagrees with compute.node_count 4"), std::string::npos) << result.err;
 }
 
 TEST(Cli, UncreatableRootExits74) {
