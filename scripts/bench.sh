@@ -1,9 +1,21 @@
 #!/usr/bin/env bash
-# Benchmarks against peers in the same run; figures go to docs/PERFORMANCE.md by hand.
+# Benchmarks, each against a peer in the same run; figures go to docs/PERFORMANCE.md.
+#   RUNS=N       PID-1 runs per command (default 2000)
+#   NODES="..."  rendezvous sizes (default "1024 4096 16384"); TORCH_NODES for the peer
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/build.sh
+dpkg-query -W -f='${Status}' python3-torch 2>/dev/null | grep -q 'install ok installed' || {
+  sudo_cmd=(); [ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends python3-torch
+}
 root=$(mktemp -d /tmp/bt-launch-bench.XXXXXX)
 trap 'rm -rf "$root"' EXIT
+
 echo "== PID 1 overhead: bt-launch vs tini vs plain exec"
 build/tests/pid1_overhead build/launcher/bt-launch "$(command -v tini)" "$root" "${RUNS:-2000}"
+
+echo "== rendezvous of N nodes: bt-launch's store"
+build/tests/rendezvous_scale build/launcher/bt-launch ${NODES:-1024 4096 16384}
+echo "== rendezvous of N nodes: torch TCPStore (python3-torch $(dpkg-query -W -f='${Version}' python3-torch))"
+/usr/bin/python3 tests/bench/tcpstore_scale.py ${TORCH_NODES:-1024 4096}
