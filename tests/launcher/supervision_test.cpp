@@ -186,11 +186,14 @@ TEST(Supervision, RunsAsANonRootUser) {
   TempDir dir;
   const uid_t nobody = 65534;
   ASSERT_EQ(chown(dir.path().c_str(), nobody, nobody), 0);
-  std::string config = std::string(BT_SOURCE_DIR) + "/examples/single-node.json";
-  ProcessResult result = RunLauncher({{"run", "--config", config, "--root", dir.path() + "/root"},
-                                      {{"HOME", dir.path()}},
-                                      {},
-                                      nobody});
+  // The checkout may sit under a directory `nobody` cannot enter (/root): run copies.
+  const std::string binary = dir.path() + "/bt-launch", config = dir.path() + "/single-node.json";
+  fs::copy_file(BT_LAUNCH_BINARY, binary);
+  fs::copy_file(std::string(BT_SOURCE_DIR) + "/examples/single-node.json", config);
+  fs::permissions(config, fs::perms::others_read, fs::perm_options::add);
+  LauncherProcess process({{"run", "--config", config, "--root", dir.path() + "/root"}, {{"HOME", dir.path()}}, {}, nobody},
+                          binary);
+  ProcessResult result = process.Finish();
   EXPECT_EQ(result.exit_code, 0) << result.err << result.out;
   EXPECT_TRUE(fs::is_directory(dir.path() + "/root/node-0/mnt/ckpts"));
 }
