@@ -117,6 +117,13 @@ std::unique_ptr<TcpPeers> TcpPeers::Join(const env::JobConfig& config, const env
   try {
     peers->client_ = rendezvous::StoreClient::Connect(options);
   } catch (const rendezvous::StoreError& error) {
+    // The retries stop early when a signal is pending: a stop, not a failed rendezvous.
+    while (auto signal_number = signals.Take()) {
+      if (StartsShutdown(*signal_number)) {
+        throw LaunchFailure(128 + *signal_number,
+                            std::string("stopped by ") + strsignal(*signal_number) + " while waiting for the leader");
+      }
+    }
     throw LaunchFailure(kExitUnavailable, std::string("rendezvous failed: ") + error.what() + LoopbackHint(identity));
   }
   try {

@@ -199,6 +199,16 @@ TEST(MultiNode, LoopbackLeaderWithoutALeaderIsExplained) {
   EXPECT_NE(result.err.find("is a loopback address"), std::string::npos) << result.err;
 }
 
+TEST(MultiNode, SigtermWhileWaitingForTheLeaderExits143) {
+  Job job(2, R"(["true"])");
+  LauncherProcess follower(job.Spec(1));
+  std::this_thread::sleep_for(500ms);  // in its connect retries by now
+  follower.Signal(SIGTERM);
+  ProcessResult result = follower.Finish();
+  EXPECT_EQ(result.exit_code, 128 + SIGTERM) << result.err;
+  EXPECT_NE(result.err.find("while waiting for the leader"), std::string::npos) << result.err;
+}
+
 TEST(MultiNode, NodesSharingARootKeepNodeLocalDirsApartAndShareTheCache) {
   Job job(2, R"(["echo $BT_NODE_RANK > $BT_CHECKPOINT_DIR/rank && echo $BT_NODE_RANK > $BT_PROJECT_CACHE_DIR/from-$BT_NODE_RANK"])");
   auto processes = job.StartAll();
