@@ -128,7 +128,7 @@ std::unique_ptr<TcpPeers> TcpPeers::Join(const env::JobConfig& config, const env
   }
   try {
     peers->client_->Join(rendezvous::LocalNodeInfo(identity.rank), identity.count);
-  } catch (const rendezvous::StoreError& error) {
+  } catch (const std::runtime_error& error) {  // StoreError, or StoreTimeout from a stalled leader
     throw LaunchFailure(kExitUnavailable, std::string("rendezvous failed: ") + error.what());
   }
   // The leader enforces the join deadline and names the missing ranks; the slack only
@@ -188,7 +188,7 @@ int TcpPeers::Finish(const JobOutcome& outcome, SignalRouter& signals) {
   const bool own_failure = outcome.exit_code != 0 && !outcome.stop_reason;
   try {
     client_->Report(outcome.exit_code, DescribeExit(outcome));
-  } catch (const rendezvous::StoreError& error) {
+  } catch (const std::runtime_error& error) {  // StoreError, or StoreTimeout from a stalled leader
     spdlog::warn("cannot report this node's result to the leader: {}", error.what());
   }
   int code = outcome.exit_code;
@@ -219,7 +219,11 @@ int TcpPeers::Finish(const JobOutcome& outcome, SignalRouter& signals) {
 
 std::vector<rendezvous::NodeInfo> TcpPeers::Roster() {
   if (server_) return server_->roster();
-  return rendezvous::RosterFromJson(nlohmann::json::parse(client_->Get("bt/roster", std::chrono::seconds(60))));
+  try {
+    return rendezvous::RosterFromJson(nlohmann::json::parse(client_->Get("bt/roster", std::chrono::seconds(60))));
+  } catch (const std::exception& error) {
+    throw LaunchFailure(kExitUnavailable, std::string("cannot read the roster from the leader: ") + error.what());
+  }
 }
 
 }  // namespace bt::launcher

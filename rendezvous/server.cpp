@@ -5,6 +5,7 @@
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -44,6 +45,18 @@ std::string PeerAddress(int fd) {
     if (IN6_IS_ADDR_V4MAPPED(&v6->sin6_addr)) return std::string(text).substr(7);  // "::ffff:10.0.0.2"
   }
   return text;
+}
+
+// Every node holds one connection: the soft limit on open files must cover them.
+void RaiseFileLimit(int node_count) {
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) != 0) return;
+  files.rlim_cur = files.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &files);
+  if (rlim_t(node_count) + 64 > files.rlim_cur) {
+    spdlog::warn("the open-file limit is {} but {} nodes will connect: raise it (ulimit -n, or the container's "
+                 "nofile limit) or some nodes cannot join", long(files.rlim_cur), node_count);
+  }
 }
 
 int SomaxConn() {
@@ -123,6 +136,7 @@ struct Waiter {
 class StoreServer::Loop {
  public:
   explicit Loop(ServerOptions options) : options_(std::move(options)), start_(Clock::now()) {
+    RaiseFileLimit(options_.node_count);
     listen_fd_ = Listen(options_.port, std::max(options_.node_count + 128, 4096));
     int somaxconn = SomaxConn();
     if (somaxconn > 0 && somaxconn < options_.node_count) {
@@ -502,7 +516,10 @@ class StoreServer::Loop {
       --joined_count_;
       return;
     }
-    joined_[size_t(rank)] = -1;
+    {
+      std::lock_guard lock(mutex_);
+      joined_[size_t(rank)] = -1;
+    }
     if (!goodbye && !reported_[size_t(rank)]) Abort(rank, infos_[size_t(rank)].Label() + " lost: " + why);
   }
 

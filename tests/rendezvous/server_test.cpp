@@ -41,6 +41,16 @@ NodeInfo Node(int rank, const std::string& host = "host") {
   return info;
 }
 
+// Connects and joins ranks 0..nodes-1 of a `nodes`-node job, in order.
+std::vector<std::unique_ptr<StoreClient>> JoinAll(const StoreServer& server, int nodes) {
+  std::vector<std::unique_ptr<StoreClient>> clients;
+  for (int rank = 0; rank < nodes; ++rank) {
+    clients.push_back(Connect(server));
+    clients.back()->Join(Node(rank), nodes);
+  }
+  return clients;
+}
+
 // Waits for the next event of the given kind, skipping others.
 std::optional<PeerEvent> NextEvent(StoreClient& client, PeerEvent::Kind kind, std::chrono::milliseconds timeout = 10s) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -161,11 +171,7 @@ TEST(Server, ClientRefusesAServerThatCannotProveTheToken) {
 
 TEST(Server, JoinCompletesWhenEveryRankIsIn) {
   StoreServer server(Options(3));
-  std::vector<std::unique_ptr<StoreClient>> clients;
-  for (int rank = 0; rank < 3; ++rank) {
-    clients.push_back(Connect(server));
-    clients.back()->Join(Node(rank), 3);
-  }
+  auto clients = JoinAll(server, 3);
   for (auto& client : clients) EXPECT_TRUE(NextEvent(*client, PeerEvent::Kind::kComplete));
   auto roster = server.roster();
   ASSERT_EQ(roster.size(), 3u);
@@ -228,11 +234,9 @@ TEST(Server, NodeThatLeavesBeforeCompletionIsMissingAgain) {
 
 TEST(Server, FailedReportAbortsEveryoneNamingTheNode) {
   StoreServer server(Options(2));
-  auto zero = Connect(server), one = Connect(server);
-  zero->Join(Node(0), 2);
-  one->Join(Node(1), 2);
-  one->Report(3, "exit code 3");
-  auto abort = NextEvent(*zero, PeerEvent::Kind::kAbort);
+  auto nodes = JoinAll(server, 2);
+  nodes[1]->Report(3, "exit code 3");
+  auto abort = NextEvent(*nodes[0], PeerEvent::Kind::kAbort);
   ASSERT_TRUE(abort);
   EXPECT_EQ(abort->rank, 1);
   EXPECT_NE(abort->message.find("node 1 (host1, 127.0.0.1) failed: exit code 3"), std::string::npos) << abort->message;
@@ -240,28 +244,20 @@ TEST(Server, FailedReportAbortsEveryoneNamingTheNode) {
 
 TEST(Server, AllSuccessfulReportsGiveTheResult) {
   StoreServer server(Options(2));
-  auto zero = Connect(server), one = Connect(server);
-  zero->Join(Node(0), 2);
-  one->Join(Node(1), 2);
-  zero->Report(0, "exit code 0");
-  one->Report(0, "exit code 0");
-  EXPECT_TRUE(NextEvent(*zero, PeerEvent::Kind::kResult));
-  EXPECT_TRUE(NextEvent(*one, PeerEvent::Kind::kResult));
-  zero->SayGoodbye();
-  one->SayGoodbye();
+  auto nodes = JoinAll(server, 2);
+  for (auto& node : nodes) node->Report(0, "exit code 0");
+  for (auto& node : nodes) EXPECT_TRUE(NextEvent(*node, PeerEvent::Kind::kResult));
+  for (auto& node : nodes) node->SayGoodbye();
   server.WaitUntilDrained();
   EXPECT_EQ(server.verdict().kind, ServerVerdict::Kind::kResult);
 }
 
 TEST(Server, LauncherThatDisappearsIsLost) {
   StoreServer server(Options(2));
-  auto zero = Connect(server);
-  zero->Join(Node(0), 2);
-  auto one = Connect(server);
-  one->Join(Node(1), 2);
-  ASSERT_TRUE(NextEvent(*zero, PeerEvent::Kind::kComplete));
-  one.reset();  // the connection closes without a report, as when a launcher is SIGKILLed
-  auto abort = NextEvent(*zero, PeerEvent::Kind::kAbort);
+  auto nodes = JoinAll(server, 2);
+  ASSERT_TRUE(NextEvent(*nodes[0], PeerEvent::Kind::kComplete));
+  nodes[1].reset();  // the connection closes without a report, as when a launcher is SIGKILLed
+  auto abort = NextEvent(*nodes[0], PeerEvent::Kind::kAbort);
   ASSERT_TRUE(abort);
   EXPECT_NE(abort->message.find("node 1 (host1, 127.0.0.1) lost: connection closed"), std::string::npos) << abort->message;
 }
