@@ -110,7 +110,7 @@ JobEnvironment BuildJobEnvironment(const JobConfig& config, const NodeIdentity& 
   JobEnvironment environment;
   const auto inherited_variables = ParseEnviron(inherited);
   for (const auto& [name, value] : inherited_variables) {
-    if (!IsMpiLauncherVariable(name)) environment.variables[name] = value;
+    if (!IsMpiLauncherVariable(name) && name != kRendezvousTokenVariable) environment.variables[name] = value;
   }
   // The user's runtime.environment_variables come first: nothing below may replace them.
   auto secrets_dir_it = inherited_variables.find("BT_SECRETS_DIR");

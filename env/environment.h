@@ -48,6 +48,8 @@ struct JobEnvironment {
 };
 
 inline constexpr const char* kMaskedSecret = "<secret>";
+// The launchers' shared secret: it stays with the launcher, the job never sees it.
+inline constexpr const char* kRendezvousTokenVariable = "BT_RENDEZVOUS_TOKEN";
 
 // `inherited` is the launcher's own environment as "NAME=value" entries.
 JobEnvironment BuildJobEnvironment(const JobConfig& config, const NodeIdentity& identity, const PathLayout& paths,

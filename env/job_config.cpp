@@ -415,10 +415,7 @@ RendezvousSettings ReadRendezvousSettings(const json& value, const std::string& 
                       {"port", "join_timeout_s", "heartbeat_interval_s", "heartbeat_timeout_s",
                        "exit_barrier_timeout_s", "backend"});
   RendezvousSettings settings;
-  if (const json* v = object.Find("port")) {
-    settings.port = ReadPort(*v, object.PathOf("port"));
-    settings.port_from_config = true;
-  }
+  if (const json* v = object.Find("port")) settings.port = ReadPort(*v, object.PathOf("port"));
   if (const json* v = object.Find("join_timeout_s")) settings.join_timeout_s = int(ReadInt(*v, object.PathOf("join_timeout_s"), 1, 7 * 86400));
   if (const json* v = object.Find("heartbeat_interval_s")) settings.heartbeat_interval_s = ReadSeconds(*v, object.PathOf("heartbeat_interval_s"), 0);
   if (const json* v = object.Find("heartbeat_timeout_s")) settings.heartbeat_timeout_s = ReadSeconds(*v, object.PathOf("heartbeat_timeout_s"), 0);

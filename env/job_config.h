@@ -82,7 +82,6 @@ enum class RendezvousBackend { kTcp, kMpi };
 struct RendezvousSettings {
   static constexpr uint16_t kDefaultPort = 29300;
   uint16_t port = kDefaultPort;
-  bool port_from_config = false;
   int join_timeout_s = 900;
   double heartbeat_interval_s = 1.0;
   double heartbeat_timeout_s = 10.0;

@@ -7,7 +7,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include "env/environment.h"
 #include "launcher/exit_codes.h"
+#include "launcher/log.h"
 #include "rendezvous/auth.h"
 
 namespace bt::launcher {
@@ -58,8 +60,9 @@ RendezvousEndpoint ResolveEndpoint(const env::JobConfig& config, const std::stri
     }
     endpoint.port = uint16_t(value);
   }
-  if (const char* token = std::getenv("BT_RENDEZVOUS_TOKEN"); token != nullptr && *token != '\0') {
+  if (const char* token = std::getenv(env::kRendezvousTokenVariable); token != nullptr && *token != '\0') {
     endpoint.token = token;
+    log::RegisterSecret(endpoint.token);
   } else {
     endpoint.token = rendezvous::DeriveTokenFromJobId(job_id);
     endpoint.token_derived = true;

@@ -154,6 +154,12 @@ TEST_F(EnvironmentTest, MpiLauncherVariablesAreRemoved) {
   EXPECT_EQ(vars["OMPIX"], "keep");
 }
 
+TEST_F(EnvironmentTest, RendezvousTokenStaysWithTheLauncher) {
+  auto vars = Build("{}", {"BT_RENDEZVOUS_TOKEN=s3cret", "BT_RENDEZVOUS_PORT=29311"}).variables;
+  EXPECT_FALSE(vars.contains("BT_RENDEZVOUS_TOKEN"));
+  EXPECT_EQ(vars["BT_RENDEZVOUS_PORT"], "29311");
+}
+
 TEST_F(EnvironmentTest, SecretsAreResolvedAndMasked) {
   WriteSecret("hf_access_token", "hf_s3cr3t_value\n");
   auto environment = Build(R"({"runtime": {"environment_variables": {"HF_TOKEN": {"name": "hf_access_token"}, "PLAIN": "visible"}}})");

@@ -160,7 +160,6 @@ TEST(JobConfig, ParsesAFullTrainingJob) {
   EXPECT_EQ(config.weights.at(0).mount_location, "/app/models/llama");
   EXPECT_DOUBLE_EQ(config.launcher.grace_period_s, 120);
   EXPECT_EQ(config.launcher.rendezvous.port, 29311);
-  EXPECT_TRUE(config.launcher.rendezvous.port_from_config);
   EXPECT_EQ(config.launcher.rendezvous.backend, RendezvousBackend::kMpi);
 }
 
