@@ -81,12 +81,29 @@ std::string DescribeOutcome(const JobOutcome& outcome) {
   return "exit " + std::to_string(outcome.exit_code);
 }
 
+int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline);
+
 }  // namespace
 
 int RunSubcommand(const CliOptions& cli) {
   // Before any thread exists: every thread must inherit the blocked signal mask.
   SignalRouter signals;
   Timeline timeline;
+  try {
+    return RunPhases(cli, signals, timeline);
+  } catch (const LaunchFailure& failure) {
+    // The one line saying why, then where the time went before it.
+    spdlog::error("{}", failure.what());
+    timeline.Annotate("failed");
+    timeline.End();
+    spdlog::info("timeline: {}", timeline.Render());
+    return failure.code();
+  }
+}
+
+namespace {
+
+int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) {
   PreparedJob job = Prepare(cli, cli.command.empty(), timeline);
   try {
     env::CreateDirectories(job.environment);
@@ -116,6 +133,8 @@ int RunSubcommand(const CliOptions& cli) {
   spdlog::info("timeline: {}", timeline.Render());
   return exit_code;
 }
+
+}  // namespace
 
 // Joins (or leads), prints the roster, and leaves through the exit barrier: the way to
 // debug a cluster's rendezvous without starting any training.

@@ -18,8 +18,10 @@ cleanup() {
   for i in 0 1 2; do
     for pid in $(ip netns pids "${tag}n$i" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
     ip netns del "${tag}n$i" 2>/dev/null || true
+    rm -rf "/etc/netns/${tag}n$i"
   done
   ip link del "$bridge" 2>/dev/null || true
+  rmdir /etc/netns 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -39,6 +41,9 @@ for i in 0 1 2; do
   ip -n "$ns" link set lo up
   ip -n "$ns" link set eth0 up
   ip -n "$ns" addr add "10.77.0.1$i/24" dev eth0
+  # `ip netns exec` bind-mounts this over /etc/hosts: each host gets its own name service.
+  mkdir -p "/etc/netns/$ns"
+  printf '127.0.0.1 localhost\n' > "/etc/netns/$ns/hosts"
 done
 leader=10.77.0.10
 
@@ -52,8 +57,8 @@ JSON
 # start_node RANK NAME SUBCOMMAND [ENV=VALUE...]: one node, in its namespace, in the background.
 start_node() {
   local rank=$1 name=$2 subcommand=$3; shift 3
-  ip netns exec "${tag}n$rank" unshare --uts env "$@" BT_NODE_RANK="$rank" BT_GROUP_SIZE=3 \
-    BT_LEADER_ADDR="$leader" BT_RENDEZVOUS_TOKEN=netns-token \
+  ip netns exec "${tag}n$rank" unshare --uts env BT_LEADER_ADDR="$leader" "$@" BT_NODE_RANK="$rank" BT_GROUP_SIZE=3 \
+    BT_RENDEZVOUS_TOKEN=netns-token \
     sh -c "hostname host$rank; exec $BIN $subcommand --config $work/job.json --root $work/root-$rank" \
     >"$work/$name-$rank.out" 2>"$work/$name-$rank.err" &
   pids[$rank]=$!
@@ -92,6 +97,17 @@ expected = {r: (f"host{r}", f"10.77.0.1{r}") for r in range(3)}
 assert seen == expected, f"roster {seen} != {expected}"
 print("roster ok:", seen)
 PY
+
+echo "== the leader's DNS name resolves only after the followers started"
+for i in 1 2; do start_node "$i" dns "rendezvous --format json" BT_LEADER_ADDR=bt-leader.test; done
+for i in 1 2; do wait_output "$work/dns-$i.err" "cannot resolve bt-leader.test" 10; done
+for i in 0 1 2; do echo "$leader bt-leader.test" >> "/etc/netns/${tag}n$i/hosts"; done
+start_node 0 dns "rendezvous --format json" BT_LEADER_ADDR=bt-leader.test
+for i in 0 1 2; do
+  wait_exit "${pids[$i]}" 30
+  [ "$code" -eq 0 ] || fail "with a late DNS name node $i exited $code"
+done
+grep -q '"seen_from": "10.77.0.11"' "$work/dns-0.out" || fail "the late-DNS roster lacks node 1"
 
 echo "== a clean run"
 for i in 0 1 2; do start_node "$i" run run; done
