@@ -206,7 +206,11 @@ int TcpPeers::Finish(const JobOutcome& outcome, SignalRouter& signals) {
     if (signal_number != 0) {
       code = own_failure ? code : 128 + signal_number;
     } else if (!decided) {
-      spdlog::error("exit barrier: no verdict from the leader within {} s", config_.launcher.rendezvous.exit_barrier_timeout_s);
+      const int waited = config_.launcher.rendezvous.exit_barrier_timeout_s;
+      std::string who = server_ ? "nodes " + rendezvous::FormatRanks(server_->unreported()) + " have"
+                                : "the other nodes have";
+      spdlog::error("exit barrier: {} not finished after {} s; leaving, which stops them "
+                    "(raise launcher.rendezvous.exit_barrier_timeout_s for uneven workloads)", who, waited);
       code = own_failure ? code : kExitUnavailable;
     } else if (verdict_->kind == PeerEvent::Kind::kResult) {
       code = 0;

@@ -205,6 +205,15 @@ class StoreServer::Loop {
     return nodes;
   }
 
+  std::vector<int> unreported() const {
+    std::lock_guard lock(mutex_);
+    std::vector<int> ranks;
+    for (size_t rank = 0; rank < reported_.size(); ++rank) {
+      if (!reported_[rank]) ranks.push_back(int(rank));
+    }
+    return ranks;
+  }
+
  private:
   void Watch(int fd, uint32_t events) {
     epoll_event event{};
@@ -418,7 +427,10 @@ class StoreServer::Loop {
     const std::string cause = StringField(message, "cause");
     Reply(connection, message, {{"op", "ok"}});
     if (connection.rank < 0 || reported_[size_t(connection.rank)]) return;
-    reported_[size_t(connection.rank)] = true;
+    {
+      std::lock_guard lock(mutex_);
+      reported_[size_t(connection.rank)] = true;
+    }
     ++reported_count_;
     if (code != 0) return Abort(connection.rank, infos_[size_t(connection.rank)].Label() + " failed: " + cause);
     if (reported_count_ == options_.node_count && verdict_.kind == ServerVerdict::Kind::kPending) {
@@ -626,6 +638,7 @@ void StoreServer::Stop() {
 
 void StoreServer::WaitUntilDrained() { loop_->WaitUntilDrained(); }
 ServerVerdict StoreServer::verdict() const { return loop_->verdict(); }
+std::vector<int> StoreServer::unreported() const { return loop_->unreported(); }
 std::vector<NodeInfo> StoreServer::roster() const { return loop_->roster(); }
 
 }  // namespace bt::rendezvous

@@ -48,6 +48,7 @@ class StoreServer {
   void WaitUntilDrained();
   ServerVerdict verdict() const;
   std::vector<NodeInfo> roster() const;  // joined nodes, by rank
+  std::vector<int> unreported() const;   // joined ranks that have not reported an outcome
   void Stop();
 
  private:

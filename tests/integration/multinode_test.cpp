@@ -100,6 +100,28 @@ TEST_P(NodeCount, EveryNodeJoinsRunsAndExitsZero) {
 
 INSTANTIATE_TEST_SUITE_P(Loopback, NodeCount, ::testing::Values(2, 4, 16));
 
+TEST(MultiNode, EarlyFinishersWaitAtTheExitBarrierForTheSlowest) {
+  Job job(3, R"(["if [ $BT_NODE_RANK = 2 ]; then sleep 2; fi"])");
+  auto processes = job.StartAll();
+  auto results = Job::FinishAll(processes);
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_EQ(results[rank].exit_code, 0) << results[rank].err;
+    EXPECT_GE(results[rank].elapsed, 1900ms) << "node " << rank << " left before node 2 finished";
+  }
+  EXPECT_NE(results[0].err.find("waiting for the other nodes to finish (exit barrier)"), std::string::npos);
+}
+
+TEST(MultiNode, ExitBarrierTimeoutNamesTheNodesStillRunning) {
+  Job job(2, R"(["if [ $BT_NODE_RANK = 1 ]; then exec sleep 30; fi"])", R"(, "exit_barrier_timeout_s": 1)");
+  auto processes = job.StartAll();
+  auto results = Job::FinishAll(processes);
+  EXPECT_EQ(results[0].exit_code, 69);
+  EXPECT_NE(results[0].err.find("exit barrier: nodes 1 have not finished after 1 s"), std::string::npos) << results[0].err;
+  EXPECT_EQ(results[1].exit_code, 69) << "node 1 must stop when the leader leaves";
+  EXPECT_NE(results[1].err.find("leader (node 0) lost"), std::string::npos) << results[1].err;
+  EXPECT_LT(results[1].elapsed, 20s);
+}
+
 TEST(MultiNode, FailedNodeStopsEveryoneAndIsNamed) {
   Job job(3, R"(["if [ $BT_NODE_RANK = 1 ]; then sleep 0.3; exit 3; fi; exec sleep 60"])");
   auto processes = job.StartAll();
