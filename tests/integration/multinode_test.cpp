@@ -203,8 +203,9 @@ TEST(MultiNode, WrongTokenIsRejected) {
 TEST(MultiNode, TwoNodesClaimingOneRankAreBothTold) {
   Job job(3, R"(["sleep 5"])");
   LauncherProcess leader(job.Spec(0)), first(job.Spec(1));
-  ASSERT_TRUE(first.WaitForOutput("", 1s));
-  std::this_thread::sleep_for(500ms);
+  // The first claim must reach the leader before the second; a loopback join takes
+  // milliseconds, and either order would fail both nodes the same way.
+  std::this_thread::sleep_for(700ms);
   LauncherProcess second(job.Spec(1));
   for (LauncherProcess* process : {&first, &second, &leader}) {
     ProcessResult result = process->Finish();
