@@ -232,7 +232,7 @@ void StoreClient::Set(const std::string& key, const std::string& value) {
 
 std::string StoreClient::Get(const std::string& key, std::chrono::milliseconds timeout) {
   try {
-    return BytesField(Request({{"op", "get"}, {"key", key}}, timeout), "value");
+    return BytesField(Request({{"op", "get"}, {"key", key}, {"timeout_ms", uint64_t(timeout.count())}}, timeout), "value");
   } catch (const StoreTimeout&) {
     throw StoreTimeout("timed out after " + std::to_string(timeout.count()) + " ms waiting for " + key);
   }
@@ -242,7 +242,8 @@ void StoreClient::Wait(const std::vector<std::string>& keys, std::chrono::millis
   auto deadline = Clock::now() + timeout;
   for (size_t i = 0; i < keys.size(); ++i) {
     try {
-      Request({{"op", "wait"}, {"key", keys[i]}}, std::chrono::milliseconds(MillisLeft(deadline)));
+      const auto left = std::chrono::milliseconds(MillisLeft(deadline));
+      Request({{"op", "wait"}, {"key", keys[i]}, {"timeout_ms", uint64_t(left.count())}}, left);
     } catch (const StoreTimeout&) {
       std::string missing;
       for (size_t j = i; j < keys.size(); ++j) missing += (missing.empty() ? "" : ", ") + keys[j];

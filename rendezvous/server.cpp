@@ -125,10 +125,12 @@ struct Connection {
 };
 
 // A request parked until its key exists: wait, or get (which answers with the value).
+// It expires with the client's own timeout, so timed-out waits do not pile up.
 struct Waiter {
   int fd;
   int64_t id;
   bool wants_value;
+  Clock::time_point deadline;
 };
 
 }  // namespace
@@ -224,6 +226,7 @@ class StoreServer::Loop {
 
   Clock::time_point NextDeadline() const {
     Clock::time_point next = next_tick_;
+    if (!wait_deadlines_.empty()) next = std::min(next, wait_deadlines_.begin()->first);
     if (verdict_.kind == ServerVerdict::Kind::kPending && joined_count_ < options_.node_count) {
       next = std::min(next, join_deadline_);
     }
@@ -333,8 +336,32 @@ class StoreServer::Loop {
       return Send(connection, reply);
     }
     if (connection.pending_waits >= kMaxWaitsPerConnection) throw FrameError("too many pending waits");
+    auto deadline = Clock::time_point::max();
+    if (auto timeout = message.find("timeout_ms"); timeout != message.end() && timeout->is_number_unsigned()) {
+      deadline = Clock::now() + std::chrono::milliseconds(std::min<uint64_t>(timeout->get<uint64_t>(), 1ull << 40));
+      wait_deadlines_.emplace(deadline, key);
+    }
     ++connection.pending_waits;
-    waiters_[key].push_back(Waiter{connection.fd, id, wants_value});
+    waiters_[key].push_back(Waiter{connection.fd, id, wants_value, deadline});
+  }
+
+  // Drops parked requests whose client has given up on them.
+  void ExpireWaits() {
+    const auto now = Clock::now();
+    while (!wait_deadlines_.empty() && wait_deadlines_.begin()->first <= now) {
+      const std::string key = wait_deadlines_.begin()->second;
+      wait_deadlines_.erase(wait_deadlines_.begin());
+      auto it = waiters_.find(key);
+      if (it == waiters_.end()) continue;
+      std::erase_if(it->second, [&](const Waiter& waiter) {
+        if (waiter.deadline > now) return false;
+        if (auto connection = connections_.find(waiter.fd); connection != connections_.end()) {
+          --connection->second->pending_waits;
+        }
+        return true;
+      });
+      if (it->second.empty()) waiters_.erase(it);
+    }
   }
 
   void OnAdd(Connection& connection, const Message& message) {
@@ -453,6 +480,7 @@ class StoreServer::Loop {
   }
 
   void OnTimers() {
+    ExpireWaits();
     auto now = Clock::now();
     if (verdict_.kind == ServerVerdict::Kind::kPending && joined_count_ < options_.node_count && now >= join_deadline_) {
       OnJoinTimeout();
@@ -608,6 +636,7 @@ class StoreServer::Loop {
   std::vector<int> dead_;
   std::unordered_map<std::string, std::string> values_;
   std::unordered_map<std::string, std::vector<Waiter>> waiters_;
+  std::multimap<Clock::time_point, std::string> wait_deadlines_;  // when parked requests on a key expire
   std::vector<int> joined_;  // rank -> fd, -1 when not joined
   std::vector<NodeInfo> infos_;
   std::vector<bool> reported_;

@@ -164,6 +164,16 @@ TEST(Server, RandomFramesAreRejectedAndOthersKeepWorking) {
   EXPECT_EQ(client->Get("round", 1s), "49");
 }
 
+TEST(Server, TimedOutWaitsExpireInsteadOfPilingUp) {
+  StoreServer server(Options(1));
+  auto client = Connect(server);
+  // More timed-out waits than one connection may park at once (4,096): each must expire
+  // on the server, or the connection would be dropped as abusive.
+  for (int i = 0; i < 4200; ++i) EXPECT_THROW(client->Get("never-set", 1ms), StoreTimeout);
+  client->Set("after", "still connected");
+  EXPECT_EQ(client->Get("after", 1s), "still connected");
+}
+
 TEST(Server, ClientRefusesAServerThatCannotProveTheToken) {
   StoreServer server(ServerOptions{0, "leader-token", 1, 30s, 100ms, 5s, 1s});
   EXPECT_THROW(Connect(server, "client-token"), StoreError);
