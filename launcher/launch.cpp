@@ -22,6 +22,8 @@ struct PreparedJob {
   env::JobConfig config;
   env::NodeIdentity identity;
   env::JobEnvironment environment;
+
+  const std::string& job_id() const { return environment.variables.at("BT_TRAINING_JOB_ID"); }
 };
 
 env::JobConfig LoadConfig(const CliOptions& cli, bool require_start_command) {
@@ -81,27 +83,10 @@ std::string DescribeOutcome(const JobOutcome& outcome) {
   return "exit " + std::to_string(outcome.exit_code);
 }
 
-int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline);
-
-}  // namespace
-
-int RunSubcommand(const CliOptions& cli) {
-  // Before any thread exists: every thread must inherit the blocked signal mask.
-  SignalRouter signals;
-  Timeline timeline;
-  try {
-    return RunPhases(cli, signals, timeline);
-  } catch (const LaunchFailure& failure) {
-    // The one line saying why, then where the time went before it.
-    spdlog::error("{}", failure.what());
-    timeline.Annotate("failed");
-    timeline.End();
-    spdlog::info("timeline: {}", timeline.Render());
-    return failure.code();
-  }
+void LogTimeline(Timeline& timeline) {
+  timeline.End();
+  spdlog::info("timeline: {}", timeline.Render());
 }
-
-namespace {
 
 int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) {
   PreparedJob job = Prepare(cli, cli.command.empty(), timeline);
@@ -114,7 +99,7 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   std::unique_ptr<Peers> peers;
   if (job.identity.count > 1) {
     timeline.Begin("rendezvous");
-    peers = JoinPeers(job.config, job.identity, job.environment.variables.at("BT_TRAINING_JOB_ID"), signals);
+    peers = JoinPeers(job.config, job.identity, job.job_id(), signals);
   }
 
   timeline.Begin("run");
@@ -129,12 +114,26 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
     exit_code = peers->Finish(outcome, signals);
     timeline.Annotate("job exit " + std::to_string(exit_code));
   }
-  timeline.End();
-  spdlog::info("timeline: {}", timeline.Render());
+  LogTimeline(timeline);
   return exit_code;
 }
 
 }  // namespace
+
+int RunSubcommand(const CliOptions& cli) {
+  // Before any thread exists: every thread must inherit the blocked signal mask.
+  SignalRouter signals;
+  Timeline timeline;
+  try {
+    return RunPhases(cli, signals, timeline);
+  } catch (const LaunchFailure& failure) {
+    // The one line saying why, then where the time went before it.
+    spdlog::error("{}", failure.what());
+    timeline.Annotate("failed");
+    LogTimeline(timeline);
+    return failure.code();
+  }
+}
 
 // Joins (or leads), prints the roster, and leaves through the exit barrier: the way to
 // debug a cluster's rendezvous without starting any training.
@@ -148,7 +147,7 @@ int RendezvousSubcommand(const CliOptions& cli) {
     throw LaunchFailure(kExitUsage, "--serve: this node's rank is " + std::to_string(job.identity.rank) + "; only node 0 serves");
   }
   timeline.Begin("rendezvous");
-  auto peers = JoinPeers(job.config, job.identity, job.environment.variables.at("BT_TRAINING_JOB_ID"), signals);
+  auto peers = JoinPeers(job.config, job.identity, job.job_id(), signals);
   const auto roster = peers->Roster();
   const std::string text = cli.output_format == "json"
                                ? rendezvous::RosterToJson(roster).dump(2) + "\n"
@@ -157,8 +156,7 @@ int RendezvousSubcommand(const CliOptions& cli) {
   std::fflush(stdout);
   timeline.Begin("exit barrier");
   int code = peers->Finish(JobOutcome{}, signals);
-  timeline.End();
-  spdlog::info("timeline: {}", timeline.Render());
+  LogTimeline(timeline);
   return code;
 }
 

@@ -141,9 +141,11 @@ void WriteAll(int fd, const std::string& bytes) {
   }
 }
 
+}  // namespace
+
 // The server proves the token first by answering our nonce only after checking ours:
 // both sides learn that the other holds the token, and neither sends it.
-void Handshake(int fd, const std::string& token) {
+void AuthenticateToLeader(int fd, const std::string& token) {
   FrameDecoder decoder(kMaxUnauthenticatedFrameBytes);
   auto deadline = Clock::now() + kHandshakeTimeout;
   Message hello = ReadFrameBlocking(fd, decoder, deadline);
@@ -160,13 +162,11 @@ void Handshake(int fd, const std::string& token) {
   }
 }
 
-}  // namespace
-
 std::unique_ptr<StoreClient> StoreClient::Connect(const ClientOptions& options) {
   auto deadline = Clock::now() + options.connect_timeout;
   int fd = ConnectWithBackoff(options, deadline);
   try {
-    Handshake(fd, options.token);
+    AuthenticateToLeader(fd, options.token);
   } catch (const FrameError& error) {
     close(fd);
     throw StoreError(std::string("bad handshake frame from the leader: ") + error.what());

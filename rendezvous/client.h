@@ -37,6 +37,10 @@ struct PeerEvent {
   std::string message;  // one line for the log
 };
 
+// The handshake a freshly connected socket goes through (docs/PROTOCOL.md): proves the
+// token to the leader and checks the leader's proof. Throws StoreError.
+void AuthenticateToLeader(int fd, const std::string& token);
+
 class StoreClient final : public Store {
  public:
   // Resolves and connects with capped exponential backoff until connect_timeout, then

@@ -41,6 +41,19 @@ std::string NodeInfo::Label() const {
   return "node " + std::to_string(rank) + " (" + host + (where.empty() ? "" : ", " + where) + ")";
 }
 
+std::string AddressText(const sockaddr* address) {
+  char text[INET6_ADDRSTRLEN] = {};
+  if (address->sa_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(address)->sin_addr, text, sizeof text);
+    return text;
+  }
+  if (address->sa_family != AF_INET6) return "";
+  const auto* v6 = reinterpret_cast<const sockaddr_in6*>(address);
+  inet_ntop(AF_INET6, &v6->sin6_addr, text, sizeof text);
+  if (IN6_IS_ADDR_V4MAPPED(&v6->sin6_addr)) return std::string(text).substr(7);  // "::ffff:10.0.0.2"
+  return text;
+}
+
 NodeInfo LocalNodeInfo(int rank) {
   NodeInfo info;
   info.rank = rank;
@@ -52,17 +65,12 @@ NodeInfo LocalNodeInfo(int rank) {
   if (getifaddrs(&interfaces) != 0) return info;
   for (ifaddrs* entry = interfaces; entry != nullptr; entry = entry->ifa_next) {
     if (entry->ifa_addr == nullptr || (entry->ifa_flags & IFF_LOOPBACK) || !(entry->ifa_flags & IFF_UP)) continue;
-    char text[INET6_ADDRSTRLEN] = {};
-    if (entry->ifa_addr->sa_family == AF_INET) {
-      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(entry->ifa_addr)->sin_addr, text, sizeof text);
-    } else if (entry->ifa_addr->sa_family == AF_INET6) {
-      auto* address = reinterpret_cast<sockaddr_in6*>(entry->ifa_addr);
-      if (IN6_IS_ADDR_LINKLOCAL(&address->sin6_addr)) continue;
-      inet_ntop(AF_INET6, &address->sin6_addr, text, sizeof text);
-    } else {
+    if (entry->ifa_addr->sa_family == AF_INET6 &&
+        IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<sockaddr_in6*>(entry->ifa_addr)->sin6_addr)) {
       continue;
     }
-    info.addresses.push_back(std::string(entry->ifa_name) + "=" + text);
+    const std::string text = AddressText(entry->ifa_addr);
+    if (!text.empty()) info.addresses.push_back(std::string(entry->ifa_name) + "=" + text);
   }
   freeifaddrs(interfaces);
   return info;

@@ -2,6 +2,8 @@
 // (the address it sees the node connect from, when it joined).
 #pragma once
 
+#include <sys/socket.h>
+
 #include <string>
 #include <vector>
 
@@ -21,6 +23,10 @@ struct NodeInfo {
   static NodeInfo FromJson(const nlohmann::json& json);  // throws FrameError on bad input
   std::string Label() const;           // "node 2 (gpu-7, 10.0.0.7)"
 };
+
+// An IPv4 or IPv6 socket address as text, IPv4-mapped IPv6 shown as plain IPv4; "" for
+// other families.
+std::string AddressText(const sockaddr* address);
 
 // This host's name and non-loopback interface addresses.
 NodeInfo LocalNodeInfo(int rank);

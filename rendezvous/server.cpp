@@ -1,6 +1,5 @@
 #include "rendezvous/server.h"
 
-#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
@@ -36,15 +35,7 @@ std::string PeerAddress(int fd) {
   sockaddr_storage address{};
   socklen_t length = sizeof address;
   if (getpeername(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) return "?";
-  char text[INET6_ADDRSTRLEN] = {};
-  if (address.ss_family == AF_INET) {
-    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&address)->sin_addr, text, sizeof text);
-  } else {
-    auto* v6 = reinterpret_cast<sockaddr_in6*>(&address);
-    inet_ntop(AF_INET6, &v6->sin6_addr, text, sizeof text);
-    if (IN6_IS_ADDR_V4MAPPED(&v6->sin6_addr)) return std::string(text).substr(7);  // "::ffff:10.0.0.2"
-  }
-  return text;
+  return AddressText(reinterpret_cast<sockaddr*>(&address));
 }
 
 // Every node holds one connection: the soft limit on open files must cover them.
@@ -66,37 +57,41 @@ int SomaxConn() {
   return value;
 }
 
+// Binds the wildcard address of `family` and listens; -1 with errno set on failure.
+int ListenOn(int family, uint16_t port, int backlog) {
+  int fd = socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  int one = 1, zero = 0;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_storage address{};
+  socklen_t length = 0;
+  if (family == AF_INET6) {
+    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);  // IPv4 arrives mapped
+    auto* v6 = reinterpret_cast<sockaddr_in6*>(&address);
+    v6->sin6_family = AF_INET6;
+    v6->sin6_addr = in6addr_any;
+    v6->sin6_port = htons(port);
+    length = sizeof *v6;
+  } else {
+    auto* v4 = reinterpret_cast<sockaddr_in*>(&address);
+    v4->sin_family = AF_INET;
+    v4->sin_addr.s_addr = htonl(INADDR_ANY);
+    v4->sin_port = htons(port);
+    length = sizeof *v4;
+  }
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), length) == 0 && listen(fd, backlog) == 0) return fd;
+  int saved = errno;
+  close(fd);
+  errno = saved;
+  return -1;
+}
+
 // A listening socket on every address: IPv6 with IPv4 mapped in, or IPv4 alone where
 // IPv6 is disabled.
 int Listen(uint16_t port, int backlog) {
-  int fd = socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  int one = 1, zero = 0;
-  if (fd >= 0) {
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
-    sockaddr_in6 address{};
-    address.sin6_family = AF_INET6;
-    address.sin6_addr = in6addr_any;
-    address.sin6_port = htons(port);
-    if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 && listen(fd, backlog) == 0) return fd;
-    int saved = errno;
-    close(fd);
-    if (saved != EAFNOSUPPORT && saved != EADDRNOTAVAIL) {
-      throw StoreError("cannot listen on port " + std::to_string(port) + ": " + std::strerror(saved));
-    }
-  }
-  fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw StoreError(std::string("socket failed: ") + std::strerror(errno));
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_ANY);
-  address.sin_port = htons(port);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 || listen(fd, backlog) != 0) {
-    int saved = errno;
-    close(fd);
-    throw StoreError("cannot listen on port " + std::to_string(port) + ": " + std::strerror(saved));
-  }
+  int fd = ListenOn(AF_INET6, port, backlog);
+  if (fd < 0 && (errno == EAFNOSUPPORT || errno == EADDRNOTAVAIL)) fd = ListenOn(AF_INET, port, backlog);
+  if (fd < 0) throw StoreError("cannot listen on port " + std::to_string(port) + ": " + std::strerror(errno));
   return fd;
 }
 
@@ -202,7 +197,7 @@ class StoreServer::Loop {
     std::lock_guard lock(mutex_);
     std::vector<NodeInfo> nodes;
     for (size_t rank = 0; rank < joined_.size(); ++rank) {
-      if (joined_[rank] >= 0 || !infos_[rank].host.empty()) nodes.push_back(infos_[rank]);
+      if (!infos_[rank].host.empty()) nodes.push_back(infos_[rank]);  // set when the rank joined
     }
     return nodes;
   }

@@ -37,7 +37,6 @@ class FrameDecoder {
   void Feed(const char* data, size_t size);
   // The next complete message, or false when more bytes are needed. Throws FrameError.
   bool Next(Message& message);
-  size_t buffered() const { return buffer_.size() - consumed_; }
 
  private:
   std::string buffer_;

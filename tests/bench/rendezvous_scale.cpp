@@ -22,7 +22,7 @@
 
 #include <fcntl.h>
 
-#include "rendezvous/auth.h"
+#include "rendezvous/client.h"
 #include "rendezvous/node_info.h"
 #include "rendezvous/wire.h"
 
@@ -73,11 +73,7 @@ int ConnectLoopback(uint16_t port) {
 
 void Join(Node& node, uint16_t port, int rank, int count) {
   node.fd = ConnectLoopback(port);
-  Message hello = Read(node);
-  Write(node.fd, EncodeFrame({{"op", "auth"},
-                              {"proof", BytesValue(ProveToken(kToken, BytesField(hello, "nonce"), "client"))},
-                              {"nonce", BytesValue(RandomNonce())}}));
-  if (StringField(Read(node), "op") != "welcome") throw std::runtime_error("not welcomed");
+  AuthenticateToLeader(node.fd, kToken);
   NodeInfo info;
   info.rank = rank;
   info.host = "bench-host-" + std::to_string(rank);
