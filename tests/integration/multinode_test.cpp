@@ -5,7 +5,7 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
+#include <cstdlib>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -77,10 +77,17 @@ class Job {
   std::string config_;
 };
 
-void KillPidFrom(const std::string& path) {
-  std::ifstream file(path);
-  pid_t pid = 0;
-  if (file >> pid && pid > 0) kill(pid, SIGKILL);
+// A start command whose training records its pid, so a test that kills the launcher can
+// also kill the training it orphans.
+constexpr const char* kLongTrainingRecordingItsPid =
+    R"(["echo $$ > $BT_SCRATCH_DIR/../../training.pid; echo started; exec sleep 120"])";
+
+// What a node crash or the OOM killer does to a node: its launcher dies by SIGKILL (and
+// here, so that nothing outlives the test, its training too).
+void KillNodeHard(Job& job, LauncherProcess& launcher, int rank) {
+  launcher.Signal(SIGKILL);
+  pid_t training = std::atoi(ReadFile(job.dir().path() + "/root/node-" + std::to_string(rank) + "/training.pid").c_str());
+  if (training > 0) kill(training, SIGKILL);
 }
 
 class NodeCount : public ::testing::TestWithParam<int> {};
@@ -149,12 +156,11 @@ TEST(MultiNode, TrainingKilledBySigkillStopsTheWholeJobWithin15Seconds) {
 }
 
 TEST(MultiNode, KilledLauncherIsReportedLost) {
-  Job job(3, R"(["echo $$ > $BT_SCRATCH_DIR/../../training.pid; echo started; exec sleep 120"])");
+  Job job(3, kLongTrainingRecordingItsPid);
   auto processes = job.StartAll();
   ASSERT_TRUE(processes[1]->WaitForOutput("started", 20s));
   std::this_thread::sleep_for(300ms);
-  processes[1]->Signal(SIGKILL);
-  KillPidFrom(job.dir().path() + "/root/node-1/training.pid");
+  KillNodeHard(job, *processes[1], 1);
   auto results = Job::FinishAll(processes);
   for (int rank : {0, 2}) {
     EXPECT_EQ(results[rank].exit_code, 69) << results[rank].err;
@@ -164,12 +170,11 @@ TEST(MultiNode, KilledLauncherIsReportedLost) {
 }
 
 TEST(MultiNode, KilledLeaderIsReportedByEveryFollower) {
-  Job job(3, R"(["echo $$ > $BT_SCRATCH_DIR/../../training.pid; echo started; exec sleep 120"])");
+  Job job(3, kLongTrainingRecordingItsPid);
   auto processes = job.StartAll();
   ASSERT_TRUE(processes[0]->WaitForOutput("started", 20s));
   ASSERT_TRUE(processes[2]->WaitForOutput("started", 20s));
-  processes[0]->Signal(SIGKILL);
-  KillPidFrom(job.dir().path() + "/root/node-0/training.pid");
+  KillNodeHard(job, *processes[0], 0);
   auto results = Job::FinishAll(processes);
   for (int rank : {1, 2}) {
     EXPECT_EQ(results[rank].exit_code, 69) << results[rank].err;
@@ -238,10 +243,7 @@ TEST(MultiNode, NodesSharingARootKeepNodeLocalDirsApartAndShareTheCache) {
   for (auto& result : Job::FinishAll(processes)) ASSERT_EQ(result.exit_code, 0) << result.err;
   const std::string root = job.dir().path() + "/root";
   for (int rank : {0, 1}) {
-    std::ifstream file(root + "/node-" + std::to_string(rank) + "/mnt/ckpts/rank");
-    int written = -1;
-    file >> written;
-    EXPECT_EQ(written, rank);
+    EXPECT_EQ(ReadFile(root + "/node-" + std::to_string(rank) + "/mnt/ckpts/rank"), std::to_string(rank) + "\n");
   }
   EXPECT_TRUE(fs::exists(root + "/root/.cache/user_artifacts/from-0"));
   EXPECT_TRUE(fs::exists(root + "/root/.cache/user_artifacts/from-1"));

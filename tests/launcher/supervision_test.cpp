@@ -3,7 +3,7 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
+#include <cstdlib>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -65,9 +65,7 @@ TEST(Supervision, StartCommandsRunInOrderWithTheJobEnvironment) {
       dir, R"(["echo one:$BT_NODE_RANK >> )" + log + R"(", "echo two:$BT_GROUP_SIZE:$NNODES >> )" + log + R"("])");
   ProcessResult result = RunLauncher({{"run", "--config", config, "--root", dir.path() + "/root"}});
   ASSERT_EQ(result.exit_code, 0) << result.err;
-  std::ifstream file(log);
-  std::string content((std::istreambuf_iterator<char>(file)), {});
-  EXPECT_EQ(content, "one:0\ntwo:1:1\n");
+  EXPECT_EQ(ReadFile(log), "one:0\ntwo:1:1\n");
 }
 
 TEST(Supervision, OrphanedGrandchildrenLeaveNoZombie) {
@@ -79,10 +77,7 @@ TEST(Supervision, OrphanedGrandchildrenLeaveNoZombie) {
   std::this_thread::sleep_for(100ms);
   bool orphan_adopted = false;
   for (pid_t child : ChildrenOf(launcher.pid())) {
-    std::ifstream comm("/proc/" + std::to_string(child) + "/comm");
-    std::string name;
-    comm >> name;
-    orphan_adopted |= name == "sleep";
+    orphan_adopted |= ReadFile("/proc/" + std::to_string(child) + "/comm") == "sleep\n";
   }
   EXPECT_TRUE(orphan_adopted) << "the orphan was not re-parented to the launcher";
   std::this_thread::sleep_for(700ms);  // the orphan has exited by now
@@ -115,9 +110,7 @@ TEST(Supervision, UserSignalsAreForwardedWithoutStoppingTheJob) {
   launcher.Signal(SIGHUP);
   ProcessResult result = launcher.Finish();
   EXPECT_EQ(result.exit_code, 5) << result.err;
-  std::ifstream file(marker);
-  std::string content((std::istreambuf_iterator<char>(file)), {});
-  EXPECT_EQ(content, "usr1\nhup\n");
+  EXPECT_EQ(ReadFile(marker), "usr1\nhup\n");
 }
 
 TEST(Supervision, ChildIgnoringSigtermIsKilledAfterTheGrace) {
@@ -161,9 +154,7 @@ TEST(Supervision, LeftoverGroupMembersAreStoppedWhenTheCommandEnds) {
   std::string pid_file = dir.path() + "/bg.pid";
   ProcessResult result = RunLauncher({RunArgs(dir, {"sh", "-c", "sleep 60 & echo $! > " + pid_file + "; exit 0"})});
   EXPECT_EQ(result.exit_code, 0);
-  std::ifstream file(pid_file);
-  pid_t background = 0;
-  file >> background;
+  pid_t background = std::atoi(ReadFile(pid_file).c_str());
   ASSERT_GT(background, 0);
   EXPECT_NE(kill(background, 0), 0) << "background process " << background << " survived the launcher";
   EXPECT_LT(result.elapsed, 20s);

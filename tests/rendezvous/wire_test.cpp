@@ -97,6 +97,7 @@ TEST(Wire, FieldAccessorsNameTheField) {
 TEST(Wire, RandomAndMutatedInputsNeverCrash) {
   std::mt19937 random(12345);
   const std::string valid = EncodeFrame({{"op", "join"}, {"id", 1}, {"info", {{"rank", 1}, {"host", "h"}}}});
+  int decoded = 0, rejected = 0;
   for (int round = 0; round < 20000; ++round) {
     std::string input = valid;
     if (round % 2 == 0) {
@@ -109,11 +110,14 @@ TEST(Wire, RandomAndMutatedInputsNeverCrash) {
     decoder.Feed(input.data(), input.size());
     try {
       Message message;
-      while (decoder.Next(message)) {
-      }
+      while (decoder.Next(message)) ++decoded;
     } catch (const FrameError&) {
+      ++rejected;
     }
   }
+  // Both outcomes must occur: a decoder that rejected (or accepted) everything is broken.
+  EXPECT_GT(decoded, 0);
+  EXPECT_GT(rejected, 0);
 }
 
 }  // namespace

@@ -152,6 +152,11 @@ std::vector<pid_t> ChildrenMatching(pid_t parent, bool zombies_only) {
 std::vector<pid_t> ZombieChildrenOf(pid_t parent) { return ChildrenMatching(parent, true); }
 std::vector<pid_t> ChildrenOf(pid_t parent) { return ChildrenMatching(parent, false); }
 
+std::string ReadFile(const std::string& path) {
+  std::ifstream file(path);
+  return std::string((std::istreambuf_iterator<char>(file)), {});
+}
+
 TempDir::TempDir() {
   char pattern[] = "/tmp/bt-launch-test-XXXXXX";
   if (mkdtemp(pattern) == nullptr) throw std::runtime_error("mkdtemp failed");

@@ -59,6 +59,9 @@ ProcessResult RunLauncher(const LaunchSpec& spec);
 std::vector<pid_t> ZombieChildrenOf(pid_t parent);
 std::vector<pid_t> ChildrenOf(pid_t parent);
 
+// The whole content of a file ("" when it cannot be read).
+std::string ReadFile(const std::string& path);
+
 // A fresh directory under /tmp, removed by the destructor.
 class TempDir {
  public:
