@@ -27,24 +27,6 @@ bool IsMpiLauncherVariable(const std::string& name) {
   return false;
 }
 
-std::string ReadSecret(const std::string& secrets_dir, const std::string& secret_name, const std::string& variable) {
-  const std::string path = secrets_dir + "/" + secret_name;
-  std::ifstream file(path, std::ios::binary);
-  if (!file) {
-    throw SecretError("runtime.environment_variables." + variable + ": secret \"" + secret_name + "\" not found at " +
-                      path + " (" + std::strerror(errno) + "); set BT_SECRETS_DIR or add the secret");
-  }
-  std::string value(kMaxSecretBytes + 1, '\0');
-  file.read(value.data(), std::streamsize(value.size()));
-  value.resize(size_t(file.gcount()));
-  if (value.size() > kMaxSecretBytes) {
-    throw SecretError("secret \"" + secret_name + "\" at " + path + " is larger than 1 MiB");
-  }
-  if (!value.empty() && value.back() == '\n') value.pop_back();  // `echo value > file` adds one
-  if (!value.empty() && value.back() == '\r') value.pop_back();
-  return value;
-}
-
 std::string ShellQuote(const std::string& value) {
   std::string quoted = "'";
   for (char c : value) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
@@ -82,7 +64,26 @@ std::string PathLayout::Shared(const std::string& default_path) const {
   return *root_ + default_path;
 }
 
-std::map<std::string, std::string> ParseEnviron(const std::vector<std::string>& entries) {
+std::string ReadSecretFile(const std::string& secrets_dir, const std::string& secret_name, const std::string& used_by) {
+  const std::string path = secrets_dir + "/" + secret_name;
+  std::ifstream file(path, std::ios::binary);
+  if (!file) {
+    throw SecretError(used_by + ": secret \"" + secret_name + "\" not found at " +
+                      path + " (" + std::strerror(errno) + "); set BT_SECRETS_DIR or add the secret");
+  }
+  std::string value(kMaxSecretBytes + 1, '\0');
+  file.read(value.data(), std::streamsize(value.size()));
+  value.resize(size_t(file.gcount()));
+  if (value.size() > kMaxSecretBytes) {
+    throw SecretError("secret \"" + secret_name + "\" at " + path + " is larger than 1 MiB");
+  }
+  if (!value.empty() && value.back() == '\n') value.pop_back();  // `echo value > file` adds one
+  if (!value.empty() && value.back() == '\r') value.pop_back();
+  return value;
+}
+std::map<std::string, std::string> ParseEnviron(
+
+const std::vector<std::string>& entries) {
   std::map<std::string, std::string> variables;
   for (const std::string& entry : entries) {
     auto equals = entry.find('=');
@@ -116,9 +117,10 @@ JobEnvironment BuildJobEnvironment(const JobConfig& config, const NodeIdentity& 
   auto secrets_dir_it = inherited_variables.find("BT_SECRETS_DIR");
   const std::string secrets_dir =
       secrets_dir_it != inherited_variables.end() ? secrets_dir_it->second : paths.Shared("/secrets");
+  environment.secrets_dir = secrets_dir;
   for (const auto& [name, value] : config.runtime.environment_variables) {
     if (value.secret_name) {
-      environment.variables[name] = ReadSecret(secrets_dir, *value.secret_name, name);
+      environment.variables[name] = ReadSecretFile(secrets_dir, *value.secret_name, "runtime.environment_variables." + name);
       environment.secret_variables.insert(name);
     } else {
       environment.variables[name] = value.literal;

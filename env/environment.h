@@ -41,6 +41,7 @@ struct JobEnvironment {
   std::set<std::string> secret_variables;  // names whose values must never be shown
   std::vector<std::string> directories;    // created before the job starts
   std::string working_dir;                 // empty: inherit the launcher's
+  std::string secrets_dir;                 // BT_SECRETS_DIR, else /secrets (under the root)
 
   std::vector<std::string> ToEnviron() const;  // "NAME=value" entries for execve
   std::string RenderShell() const;             // `export NAME='value'` lines, secrets masked
@@ -62,6 +63,10 @@ void CreateDirectories(const JobEnvironment& environment);
 // The job id every node agrees on: BT_TRAINING_JOB_ID, else launcher.job_id, else one
 // derived from the config text (same config, same id).
 std::string ResolveJobId(const JobConfig& config, const std::map<std::string, std::string>& inherited);
+
+// The secret `secret_name` from `secrets_dir` (one trailing newline dropped, at most 1 MiB).
+// Throws SecretError naming `used_by` (the config field), the secret and the path.
+std::string ReadSecretFile(const std::string& secrets_dir, const std::string& secret_name, const std::string& used_by);
 
 std::map<std::string, std::string> ParseEnviron(const std::vector<std::string>& entries);
 std::vector<std::string> CurrentEnviron();

@@ -235,29 +235,30 @@ CheckpointingConfig ReadCheckpointingConfig(const json& value, const std::string
   return checkpointing;
 }
 
-void ReadCheckpointReference(const json& value, const std::string& path) {
+CheckpointReference ReadCheckpointReference(const json& value, const std::string& path) {
   if (!value.is_object()) Fail(path, "expected a checkpoint reference object", value);
   const json* typ = value.contains("typ") ? &value["typ"] : nullptr;
   if (typ == nullptr) throw ConfigError(Child(path, "typ"), "required field is missing");
-  std::string kind = ReadEnum(*typ, Child(path, "typ"),
-                              {"baseten_latest_checkpoint", "baseten_named_checkpoint", "loops_checkpoint"});
+  // loops_checkpoint is a platform-side source (bt://loops:...): nothing a launcher can fetch.
+  std::string kind = ReadEnum(*typ, Child(path, "typ"), {"baseten_latest_checkpoint", "baseten_named_checkpoint"});
+  CheckpointReference reference;
+  reference.config_path = path;
   if (kind == "baseten_latest_checkpoint") {
     StrictObject object(value, path, {"typ", "job_id", "project_name"});
+    if (const json* project = object.Find("project_name")) ReadNonEmptyString(*project, object.PathOf("project_name"));
     const json* job = object.Find("job_id");
-    const json* project = object.Find("project_name");
-    if (job != nullptr) ReadNonEmptyString(*job, object.PathOf("job_id"));
-    if (project != nullptr) ReadNonEmptyString(*project, object.PathOf("project_name"));
-    if (job == nullptr && project == nullptr) throw ConfigError(path, "expected at least one of job_id, project_name");
-  } else if (kind == "baseten_named_checkpoint") {
-    StrictObject object(value, path, {"typ", "checkpoint_name", "job_id"});
-    ReadNonEmptyString(object.Require("checkpoint_name"), object.PathOf("checkpoint_name"));
-    ReadNonEmptyString(object.Require("job_id"), object.PathOf("job_id"));
-  } else {
-    StrictObject object(value, path, {"typ", "run_id", "checkpoint_name", "target"});
-    ReadNonEmptyString(object.Require("run_id"), object.PathOf("run_id"));
-    ReadNonEmptyString(object.Require("checkpoint_name"), object.PathOf("checkpoint_name"));
-    if (const json* v = object.Find("target")) ReadEnum(*v, object.PathOf("target"), {"trainer", "sampler"});
+    if (job == nullptr) {
+      throw ConfigError(object.PathOf("job_id"), "required: bt-launch finds a job's checkpoints by its id "
+                                                 "(a project's latest job is only known to the platform)");
+    }
+    reference.job_id = ReadNonEmptyString(*job, object.PathOf("job_id"));
+    return reference;
   }
+  StrictObject object(value, path, {"typ", "checkpoint_name", "job_id"});
+  reference.kind = CheckpointReference::Kind::kNamed;
+  reference.checkpoint_name = ReadNonEmptyString(object.Require("checkpoint_name"), object.PathOf("checkpoint_name"));
+  reference.job_id = ReadNonEmptyString(object.Require("job_id"), object.PathOf("job_id"));
+  return reference;
 }
 
 LoadCheckpointConfig ReadLoadCheckpointConfig(const json& value, const std::string& path) {
@@ -267,8 +268,9 @@ LoadCheckpointConfig ReadLoadCheckpointConfig(const json& value, const std::stri
   if (const json* v = object.Find("download_folder")) load.download_folder = ReadAbsolutePath(*v, object.PathOf("download_folder"));
   if (const json* v = object.Find("checkpoints")) {
     if (!v->is_array()) Fail(object.PathOf("checkpoints"), "expected a list of checkpoint references", *v);
-    for (size_t i = 0; i < v->size(); ++i) ReadCheckpointReference((*v)[i], Element(object.PathOf("checkpoints"), i));
-    load.checkpoint_count = int(v->size());
+    for (size_t i = 0; i < v->size(); ++i) {
+      load.checkpoints.push_back(ReadCheckpointReference((*v)[i], Element(object.PathOf("checkpoints"), i)));
+    }
   }
   return load;
 }
@@ -433,8 +435,35 @@ RendezvousSettings ReadRendezvousSettings(const json& value, const std::string& 
   return settings;
 }
 
+CheckpointSettings ReadCheckpointSettings(const json& value, const std::string& path) {
+  StrictObject object(value, path,
+                      {"destination", "auth_secret_name", "drain_timeout_s", "marker", "quiet_period_s",
+                       "scan_interval_s", "poll_interval_s", "watch"});
+  CheckpointSettings settings;
+  if (const json* v = object.Find("destination")) settings.destination = ReadNonEmptyString(*v, object.PathOf("destination"));
+  if (const json* v = object.Find("auth_secret_name")) {
+    settings.auth_secret_name = ReadSecretName(*v, object.PathOf("auth_secret_name"));
+  }
+  if (const json* v = object.Find("drain_timeout_s")) settings.drain_timeout_s = ReadSeconds(*v, object.PathOf("drain_timeout_s"), 0);
+  if (const json* v = object.Find("marker")) {
+    settings.marker = ReadNonEmptyString(*v, object.PathOf("marker"));
+    if (settings.marker.find('/') != std::string::npos) {
+      throw ConfigError(object.PathOf("marker"), "expected a file name without '/', got \"" + settings.marker + "\"");
+    }
+  }
+  if (const json* v = object.Find("quiet_period_s")) settings.quiet_period_s = ReadSeconds(*v, object.PathOf("quiet_period_s"), 0);
+  if (const json* v = object.Find("scan_interval_s")) settings.scan_interval_s = ReadSeconds(*v, object.PathOf("scan_interval_s"), 0);
+  if (const json* v = object.Find("poll_interval_s")) settings.poll_interval_s = ReadSeconds(*v, object.PathOf("poll_interval_s"), 0);
+  if (const json* v = object.Find("watch")) {
+    std::string mode = ReadEnum(*v, object.PathOf("watch"), {"auto", "inotify", "poll"});
+    settings.watch = mode == "poll" ? WatchMode::kPoll : mode == "inotify" ? WatchMode::kInotify : WatchMode::kAuto;
+  }
+  return settings;
+}
+
 LauncherSettings ReadLauncherSettings(const json& value, const std::string& path) {
-  StrictObject object(value, path, {"job_id", "project_id", "project_name", "grace_period_s", "master_port", "rendezvous"});
+  StrictObject object(value, path, {"job_id", "project_id", "project_name", "grace_period_s", "master_port", "rendezvous",
+                                             "checkpoint"});
   LauncherSettings launcher;
   if (const json* v = object.Find("job_id")) launcher.job_id = ReadNonEmptyString(*v, object.PathOf("job_id"));
   if (const json* v = object.Find("project_id")) launcher.project_id = ReadNonEmptyString(*v, object.PathOf("project_id"));
@@ -447,6 +476,7 @@ LauncherSettings ReadLauncherSettings(const json& value, const std::string& path
   }
   if (const json* v = object.Find("master_port")) launcher.master_port = ReadPort(*v, object.PathOf("master_port"));
   if (const json* v = object.Find("rendezvous")) launcher.rendezvous = ReadRendezvousSettings(*v, object.PathOf("rendezvous"));
+  if (const json* v = object.Find("checkpoint")) launcher.checkpoint = ReadCheckpointSettings(*v, object.PathOf("checkpoint"));
   return launcher;
 }
 

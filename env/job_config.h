@@ -55,10 +55,18 @@ struct CheckpointingConfig {
   std::optional<int> volume_size_gib;
 };
 
+// One entry of load_checkpoint_config.checkpoints: which job's checkpoint to load.
+struct CheckpointReference {
+  enum class Kind { kLatest, kNamed } kind = Kind::kLatest;
+  std::string job_id;
+  std::optional<std::string> checkpoint_name;  // kNamed only
+  std::string config_path;                     // "runtime.load_checkpoint_config.checkpoints[0]"
+};
+
 struct LoadCheckpointConfig {
   bool enabled = false;
   std::optional<std::string> download_folder;  // default /tmp/loaded_checkpoints
-  int checkpoint_count = 0;
+  std::vector<CheckpointReference> checkpoints;
 };
 
 struct WeightsSource {
@@ -89,6 +97,20 @@ struct RendezvousSettings {
   RendezvousBackend backend = RendezvousBackend::kTcp;
 };
 
+enum class WatchMode { kAuto, kInotify, kPoll };
+
+// launcher.checkpoint: where complete checkpoints go and how they are recognised.
+struct CheckpointSettings {
+  std::optional<std::string> destination;       // URI; BT_CHECKPOINT_DESTINATION wins
+  std::optional<std::string> auth_secret_name;  // JSON credentials for s3/gs/r2/azure
+  double drain_timeout_s = 600;
+  std::string marker = ".complete";  // the generic rule's marker file
+  double quiet_period_s = 30;        // generic rule without a marker
+  double scan_interval_s = 5;        // reconciliation scan, whatever inotify says
+  double poll_interval_s = 2;        // the polling fallback's scan interval
+  WatchMode watch = WatchMode::kAuto;
+};
+
 struct LauncherSettings {
   std::optional<std::string> job_id;
   std::optional<std::string> project_id;
@@ -96,6 +118,7 @@ struct LauncherSettings {
   double grace_period_s = 30;
   uint16_t master_port = 29500;
   RendezvousSettings rendezvous;
+  CheckpointSettings checkpoint;
 };
 
 struct JobConfig {

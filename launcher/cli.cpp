@@ -13,12 +13,17 @@ constexpr const char* kUsage =
     "usage: bt-launch run [options] [-- CMD ARGS...]   run the job (start_commands, or CMD)\n"
     "       bt-launch env [options] [--format shell|json]   print the job's environment, run nothing\n"
     "       bt-launch rendezvous [--serve] [options] [--format table|json]   join (or lead) and print the roster\n"
+    "       bt-launch checkpoints [--destination URI] [--job-id ID] [--verify] [--format table|json]   list committed checkpoints\n"
+    "       bt-launch bench checkpoint [--dir DIR] [--format table|json]   checkpoint hashing, handoff and upload figures\n"
     "       bt-launch --version\n";
 
 Subcommand ParseSubcommand(const std::string& word) {
   if (word == "run") return Subcommand::kRun;
   if (word == "env") return Subcommand::kEnv;
   if (word == "rendezvous") return Subcommand::kRendezvous;
+  if (word == "checkpoints") return Subcommand::kCheckpoints;
+  if (word == "bench") return Subcommand::kBench;
+  if (word == "upload-worker") return Subcommand::kUploadWorker;  // started by `run`, not by people
   if (word == "--help" || word == "-h" || word == "help") return Subcommand::kHelp;
   if (word == "--version" || word == "version") return Subcommand::kVersion;
   throw LaunchFailure(kExitUsage, "unknown subcommand \"" + word + "\"\n" + kUsage);
@@ -40,6 +45,13 @@ CliOptions ParseCommandLine(int argc, char** argv) {
 
   std::vector<char*> own_args = {argv[0]};
   int index = 2;
+  if (cli.subcommand == Subcommand::kBench) {
+    if (index >= argc || argv[index][0] == '-') throw LaunchFailure(kExitUsage, std::string("bench: which one? (checkpoint)\n") + kUsage);
+    cli.bench_target = argv[index++];
+    if (cli.bench_target != "checkpoint") {
+      throw LaunchFailure(kExitUsage, "bench: unknown benchmark \"" + cli.bench_target + "\" (expected checkpoint)");
+    }
+  }
   for (; index < argc && std::string(argv[index]) != "--"; ++index) own_args.push_back(argv[index]);
   for (++index; index < argc; ++index) cli.command.emplace_back(argv[index]);
 
@@ -54,6 +66,11 @@ CliOptions ParseCommandLine(int argc, char** argv) {
       ("log-level", "trace, debug, info, warn, error", cxxopts::value<std::string>()->default_value("info"))
       ("format", "output format (env: shell|json; rendezvous: table|json)", cxxopts::value<std::string>())
       ("serve", "rendezvous: lead (serve the store) instead of joining")
+      ("destination", "checkpoints: the destination URI (default: the job's)", cxxopts::value<std::string>())
+      ("job-id", "checkpoints: whose checkpoints (default: this job's id)", cxxopts::value<std::string>())
+      ("verify", "checkpoints: re-hash every file against its manifest")
+      ("dir", "bench: directory to write in (default: a new one under /tmp)", cxxopts::value<std::string>())
+      ("parent-pid", "upload-worker: the launcher's pid", cxxopts::value<int>())
       ("h,help", "show this help");
   cxxopts::ParseResult result;
   try {
@@ -84,6 +101,11 @@ CliOptions ParseCommandLine(int argc, char** argv) {
   }
   cli.log_level = result["log-level"].as<std::string>();
   cli.serve = result.count("serve") > 0;
+  cli.destination = Optional(result, "destination");
+  cli.job_id = Optional(result, "job-id");
+  cli.verify = result.count("verify") > 0;
+  cli.bench_dir = Optional(result, "dir");
+  if (result.count("parent-pid")) cli.parent_pid = result["parent-pid"].as<int>();
   const std::string default_format = cli.subcommand == Subcommand::kEnv ? "shell" : "table";
   cli.output_format = Optional(result, "format").value_or(default_format);
   bool format_ok = cli.subcommand == Subcommand::kEnv ? (cli.output_format == "shell" || cli.output_format == "json")

@@ -10,7 +10,7 @@
 
 namespace bt::launcher {
 
-enum class Subcommand { kRun, kEnv, kRendezvous, kHelp, kVersion };
+enum class Subcommand { kRun, kEnv, kRendezvous, kCheckpoints, kBench, kUploadWorker, kHelp, kVersion };
 
 struct CliOptions {
   Subcommand subcommand = Subcommand::kHelp;
@@ -22,6 +22,12 @@ struct CliOptions {
   std::string log_level = "info";
   std::string output_format;  // env: shell|json; rendezvous: table|json
   bool serve = false;         // rendezvous --serve
+  std::optional<std::string> destination;  // checkpoints: overrides the configured one
+  std::optional<std::string> job_id;       // checkpoints, upload-worker
+  bool verify = false;                     // checkpoints --verify
+  std::string bench_target;                // bench: "checkpoint"
+  std::optional<std::string> bench_dir;    // bench: where to write (default: a temporary directory)
+  int parent_pid = 0;                      // upload-worker
   std::string help_text;
 };
 

@@ -7,6 +7,8 @@
 #include <spdlog/spdlog.h>
 
 #include "env/environment.h"
+#include "checkpoint/uploader.h"
+#include "launcher/checkpoints.h"
 #include "launcher/exit_codes.h"
 #include "launcher/log.h"
 #include "launcher/peers.h"
@@ -88,6 +90,10 @@ void LogTimeline(Timeline& timeline) {
   spdlog::info("timeline: {}", timeline.Render());
 }
 
+bool UsesCheckpoints(const env::JobConfig& config) {
+  return config.runtime.checkpointing_config.enabled || config.runtime.load_checkpoint_config.enabled;
+}
+
 int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) {
   PreparedJob job = Prepare(cli, cli.command.empty(), timeline);
   try {
@@ -95,12 +101,20 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   } catch (const std::runtime_error& error) {
     throw LaunchFailure(kExitIo, error.what());
   }
+  std::optional<checkpoint::DestinationSpec> destination;
+  if (UsesCheckpoints(job.config)) destination = ResolveCheckpointDestination(job.config, job.environment, cli.root);
 
   std::unique_ptr<Peers> peers;
   if (job.identity.count > 1) {
     timeline.Begin("rendezvous");
     peers = JoinPeers(job.config, job.identity, job.job_id(), signals);
   }
+  if (job.config.runtime.load_checkpoint_config.enabled) {
+    timeline.Begin("load checkpoints");
+    LoadCheckpoints(job.config, job.environment, *destination, job.identity.rank);
+  }
+  CheckpointPhase checkpoints;
+  if (destination) checkpoints = StartCheckpoints(job.config, job.environment, *destination, job.identity, peers ? peers->store() : nullptr);
 
   timeline.Begin("run");
   auto grace = std::chrono::milliseconds(int64_t(job.config.launcher.grace_period_s * 1000));
@@ -108,12 +122,20 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   JobOutcome outcome = supervisor.Run(CommandsToRun(cli, job.config), job.environment.ToEnviron(),
                                       job.environment.working_dir, peers.get());
   timeline.Annotate(DescribeOutcome(outcome));
+  if (peers) peers->Report(outcome);  // the other nodes stop now, not after this node's drain
+  bool committed = true;
+  if (checkpoints.agent) {
+    timeline.Begin("drain");
+    committed = DrainCheckpoints(checkpoints, job.config, outcome);
+    timeline.Annotate(committed ? "committed" : "last checkpoint not committed");
+  }
   int exit_code = outcome.exit_code;
   if (peers) {
     timeline.Begin("exit barrier");
     exit_code = peers->Finish(outcome, signals);
     timeline.Annotate("job exit " + std::to_string(exit_code));
   }
+  if (!committed) exit_code = kExitIo;
   LogTimeline(timeline);
   return exit_code;
 }
@@ -158,6 +180,20 @@ int RendezvousSubcommand(const CliOptions& cli) {
   int code = peers->Finish(JobOutcome{}, signals);
   LogTimeline(timeline);
   return code;
+}
+
+int CheckpointsSubcommand(const CliOptions& cli) {
+  Timeline timeline;
+  PreparedJob job = Prepare(cli, false, timeline);
+  return ListCheckpoints(job.config, job.environment, cli);
+}
+
+int UploadWorkerSubcommand(const CliOptions& cli) {
+  if (!cli.destination || !cli.job_id || !cli.identity.node_rank) {
+    throw LaunchFailure(kExitUsage, "upload-worker: --destination, --job-id and --node-rank are required");
+  }
+  checkpoint::UploaderConfig config{*cli.destination, *cli.job_id, std::stoi(*cli.identity.node_rank)};
+  return checkpoint::RunUploadWorker(config, cli.parent_pid);
 }
 
 int EnvSubcommand(const CliOptions& cli) {

@@ -8,5 +8,8 @@ namespace bt::launcher {
 int RunSubcommand(const CliOptions& cli);
 int EnvSubcommand(const CliOptions& cli);
 int RendezvousSubcommand(const CliOptions& cli);
+int CheckpointsSubcommand(const CliOptions& cli);
+int UploadWorkerSubcommand(const CliOptions& cli);
+int BenchSubcommand(const CliOptions& cli);
 
 }  // namespace bt::launcher

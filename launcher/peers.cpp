@@ -187,13 +187,19 @@ std::optional<std::string> TcpPeers::TakeStop() {
   return verdict_->message;
 }
 
-int TcpPeers::Finish(const JobOutcome& outcome, SignalRouter& signals) {
-  const bool own_failure = outcome.exit_code != 0 && !outcome.stop_reason;
+void TcpPeers::Report(const JobOutcome& outcome) {
+  if (reported_) return;
+  reported_ = true;
   try {
     client_->Report(outcome.exit_code, DescribeExit(outcome));
   } catch (const std::runtime_error& error) {  // StoreError, or StoreTimeout from a stalled leader
     spdlog::warn("cannot report this node's result to the leader: {}", error.what());
   }
+}
+
+int TcpPeers::Finish(const JobOutcome& outcome, SignalRouter& signals) {
+  const bool own_failure = outcome.exit_code != 0 && !outcome.stop_reason;
+  Report(outcome);
   int code = outcome.exit_code;
   if (outcome.shutdown_signal) {
     // The platform is stopping this node (preemption, a user's stop): no exit barrier.

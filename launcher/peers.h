@@ -34,7 +34,12 @@ class Peers : public StopRequests {
   // Reports this node's outcome, waits for the job's verdict, and returns the exit code
   // every node agrees on: 0, this node's own failure code, or 69 when another failed.
   virtual int Finish(const JobOutcome& outcome, SignalRouter& signals) = 0;
+  // Reports this node's outcome now (so the others stop at once), before a checkpoint drain;
+  // Finish then only waits for the verdict.
+  virtual void Report(const JobOutcome& outcome) = 0;
   virtual std::vector<rendezvous::NodeInfo> Roster() = 0;
+  // The rendezvous store during the run (null for backends without one).
+  virtual rendezvous::Store* store() { return nullptr; }
 };
 
 // Joins with the configured backend and returns once every node has joined. Throws
@@ -52,7 +57,9 @@ class TcpPeers final : public Peers {
   int fd() const override { return client_->event_fd(); }
   std::optional<std::string> TakeStop() override;
   int Finish(const JobOutcome& outcome, SignalRouter& signals) override;
+  void Report(const JobOutcome& outcome) override;
   std::vector<rendezvous::NodeInfo> Roster() override;
+  rendezvous::Store* store() override { return client_.get(); }
 
  private:
   TcpPeers(const env::JobConfig& config, const env::NodeIdentity& identity);
@@ -69,6 +76,7 @@ class TcpPeers final : public Peers {
   bool complete_ = false;
   std::optional<rendezvous::PeerEvent> verdict_;
   bool stop_delivered_ = false;
+  bool reported_ = false;
 };
 
 // The mpi backend (under mpirun): node info exchanged with MPI collectives through the
@@ -79,6 +87,7 @@ class MpiPeers final : public Peers {
   int fd() const override { return -1; }
   std::optional<std::string> TakeStop() override { return std::nullopt; }
   int Finish(const JobOutcome& outcome, SignalRouter&) override { return outcome.exit_code; }
+  void Report(const JobOutcome&) override {}
   std::vector<rendezvous::NodeInfo> Roster() override { return roster_; }
 
  private:

@@ -70,7 +70,17 @@ std::vector<BadConfig> BadConfigs() {
       {keep(WithRuntime(R"("load_checkpoint_config": {"enabled": true, "checkpoints": [{"job_id": "x"}]})")),
        "runtime.load_checkpoint_config.checkpoints[0].typ: required field is missing"},
       {keep(WithRuntime(R"("load_checkpoint_config": {"checkpoints": [{"typ": "baseten_latest_checkpoint"}]})")),
-       "runtime.load_checkpoint_config.checkpoints[0]: expected at least one of job_id, project_name"},
+       "runtime.load_checkpoint_config.checkpoints[0].job_id: required"},
+      {keep(WithRuntime(R"("load_checkpoint_config": {"checkpoints": [{"typ": "loops_checkpoint", "run_id": "r"}]})")),
+       "runtime.load_checkpoint_config.checkpoints[0].typ: expected one of baseten_latest_checkpoint, baseten_named_checkpoint"},
+      {keep(R"({"launcher": {"checkpoint": {"drain_timeout_s": 0}}})"),
+       "launcher.checkpoint.drain_timeout_s: expected a number of seconds > 0"},
+      {keep(R"({"launcher": {"checkpoint": {"marker": "a/b"}}})"),
+       "launcher.checkpoint.marker: expected a file name without '/'"},
+      {keep(R"({"launcher": {"checkpoint": {"watch": "fanotify"}}})"),
+       "launcher.checkpoint.watch: expected one of auto, inotify, poll"},
+      {keep(R"({"launcher": {"checkpoint": {"bucket": "x"}}})"),
+       "launcher.checkpoint.bucket: unknown key"},
       {keep(WithRuntime(R"("load_checkpoint_config": {"checkpoints": [{"typ": "baseten_named_checkpoint", "job_id": "j"}]})")),
        "runtime.load_checkpoint_config.checkpoints[0].checkpoint_name: required field is missing"},
       {keep(WithRuntime(R"("load_checkpoint_config": {"checkpoints": [{"typ": "newest"}]})")),
@@ -156,7 +166,8 @@ TEST(JobConfig, ParsesAFullTrainingJob) {
   EXPECT_TRUE(config.runtime.cache_config.enabled);
   EXPECT_EQ(config.runtime.cache_config.mount_base_path, "/cache");
   EXPECT_EQ(config.runtime.checkpointing_config.checkpoint_path, "/ckpt");
-  EXPECT_EQ(config.runtime.load_checkpoint_config.checkpoint_count, 1);
+  ASSERT_EQ(config.runtime.load_checkpoint_config.checkpoints.size(), 1u);
+  EXPECT_EQ(config.runtime.load_checkpoint_config.checkpoints[0].job_id, "abc");
   EXPECT_EQ(config.weights.at(0).mount_location, "/app/models/llama");
   EXPECT_DOUBLE_EQ(config.launcher.grace_period_s, 120);
   EXPECT_EQ(config.launcher.rendezvous.port, 29311);

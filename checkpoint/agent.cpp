@@ -1,0 +1,630 @@
+#include "checkpoint/agent.h"
+
+#include <dirent.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "checkpoint/journal.h"
+#include "checkpoint/layout.h"
+#include "checkpoint/snapshot.h"
+#include "checkpoint/tree.h"
+#include "checkpoint/uploader.h"
+#include "checkpoint/watcher.h"
+
+namespace bt::checkpoint {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Node 0's declaration reaches a follower whose shards of that name may still be appearing
+// (there is no barrier after a DeepSpeed or HF save): a name absent this long has no part here.
+constexpr std::chrono::seconds kAbsentPartGrace{2};
+constexpr std::chrono::milliseconds kBoardInterval{250};
+constexpr std::chrono::milliseconds kMinEvaluationGap{20};
+constexpr std::chrono::seconds kProgressLogEvery{5};
+constexpr std::chrono::seconds kRetryLogEvery{30};
+constexpr std::chrono::seconds kUploaderRestartGap{5};
+constexpr int kUploaderStopWaitMs = 2000;
+
+std::chrono::milliseconds Millis(double seconds) { return std::chrono::milliseconds(int64_t(seconds * 1000)); }
+
+int64_t WallNanos() {
+  timespec now{};
+  clock_gettime(CLOCK_REALTIME, &now);
+  return int64_t(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+}
+
+std::string Bytes(uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = double(bytes);
+  int unit = 0;
+  while (value >= 1024 && unit < 4) {
+    value /= 1024;
+    ++unit;
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, unit == 0 ? "%.0f %s" : "%.1f %s", value, units[unit]);
+  return text;
+}
+
+const char* MethodSummary(const Snapshot& snapshot) {
+  bool linked = false;
+  bool reflinked = false;
+  for (const auto& file : snapshot.files) {
+    linked |= file.method == StagingMethod::kHardlink;
+    reflinked |= file.method == StagingMethod::kReflink;
+  }
+  return reflinked ? "reflinks" : linked ? "hard links" : "copies";
+}
+
+}  // namespace
+
+std::string StateDirectory(const std::string& checkpoint_dir) { return checkpoint_dir + "/.bt-checkpoint"; }
+
+class CheckpointAgent::Impl {
+ public:
+  explicit Impl(AgentOptions options)
+      : options_(std::move(options)),
+        state_dir_(StateDirectory(options_.checkpoint_dir)),
+        staging_root_(state_dir_ + "/staging"),
+        journal_((MakeDirectories(staging_root_), state_dir_ + "/journal.jsonl")) {
+    journal_.SetScope(options_.job_id, options_.destination.uri);
+    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wake_fd_ < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
+    StartUploader();
+    Resume();
+    watcher_ = std::make_unique<TreeWatcher>(options_.checkpoint_dir, options_.settings.watch, options_.settings.marker);
+    if (watcher_->polling()) {
+      spdlog::info("checkpoints: scanning {} every {} s ({})", options_.checkpoint_dir, options_.settings.poll_interval_s,
+                   watcher_->polling_reason());
+    }
+    spdlog::info("checkpoints: watching {} ({}), uploading to {} as {}/rank-{}/", options_.checkpoint_dir,
+                 watcher_->polling() ? "polling" : "inotify", options_.destination.uri, options_.job_id,
+                 options_.node_rank);
+    thread_ = std::thread([this] { Run(); });
+  }
+
+  ~Impl() {
+    if (thread_.joinable()) Drain(false, Clock::now());
+    if (wake_fd_ >= 0) close(wake_fd_);
+  }
+
+  DrainResult Drain(bool training_succeeded, Clock::time_point deadline) {
+    {
+      std::lock_guard lock(mutex_);
+      drain_deadline_ = deadline;
+      training_succeeded_ = training_succeeded;
+      training_ended_ns_ = WallNanos();
+    }
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t ignored = write(wake_fd_, &one, sizeof one);
+    if (thread_.joinable()) thread_.join();
+    return result_;
+  }
+
+ private:
+  enum class Stage { kQueued, kUploaded, kCommitted };
+  struct Version {
+    uint64_t seq = 0;
+    std::string name;
+    std::string snapshot_path;
+    std::string staging_dir;
+    Stage stage = Stage::kQueued;
+    uint64_t bytes_total = 0;
+    uint64_t bytes_done = 0;
+    std::string last_error;
+    Clock::time_point queued_at;
+    Clock::time_point last_progress_log;
+    Clock::time_point last_retry_log;
+  };
+
+  bool is_leader() const { return options_.node_rank == 0; }
+
+  void StartUploader() {
+    UploaderConfig config{options_.destination.uri, options_.job_id, options_.node_rank};
+    uploader_ = std::make_unique<UploaderProcess>(options_.uploader_binary, config, options_.uploader_environ);
+    uploader_started_ = Clock::now();
+  }
+
+  // What a killed launcher left: snapshots still to upload, uploads still to commit, and
+  // staging directories that no record needs any more.
+  void Resume() {
+    std::set<std::string> keep;
+    for (const JournalEntry& entry : journal_.Unfinished()) {
+      const Snapshot& snapshot = *entry.snapshot;
+      if (entry.state == HandoffState::kSnapshotted && access(snapshot.staging_dir.c_str(), F_OK) != 0) {
+        journal_.Record(entry.seq, entry.name, HandoffState::kAbandoned, "its staging directory is gone");
+        continue;
+      }
+      Version version;
+      version.seq = entry.seq;
+      version.name = entry.name;
+      version.staging_dir = snapshot.staging_dir;
+      version.snapshot_path = snapshot.staging_dir + ".snapshot.json";
+      version.bytes_total = snapshot.total_bytes;
+      version.stage = entry.state == HandoffState::kSnapshotted ? Stage::kQueued : Stage::kUploaded;
+      version.queued_at = Clock::now();
+      handled_[entry.name] = snapshot.fingerprint;
+      keep.insert(std::to_string(entry.seq));
+      if (version.stage == Stage::kQueued) {
+        WriteSnapshotFile(snapshot, version.snapshot_path);
+        uploader_->Upload(version.snapshot_path);
+      }
+      spdlog::info("checkpoints: resuming {} from the journal ({})", entry.name, HandoffStateName(entry.state));
+      versions_[entry.seq] = std::move(version);
+    }
+    RemoveStaleStaging(keep);
+  }
+
+  void RemoveStaleStaging(const std::set<std::string>& keep) {
+    DIR* dir = opendir(staging_root_.c_str());
+    if (dir == nullptr) return;
+    std::vector<std::string> stale;
+    while (dirent* entry = readdir(dir)) {
+      std::string name = entry->d_name;
+      if (name == "." || name == "..") continue;
+      std::string seq = name.substr(0, name.find('.'));
+      if (!keep.contains(seq)) stale.push_back(staging_root_ + "/" + name);
+    }
+    closedir(dir);
+    for (const auto& path : stale) RemoveTree(path);
+  }
+
+  void Run() {
+    bool draining = false;
+    bool declarations_closed = false;
+    auto last_evaluation = Clock::time_point{};
+    auto evaluation_gap = kMinEvaluationGap;
+    auto next_board = Clock::now();
+    auto last_drain_log = Clock::now();
+    bool want_evaluation = true;
+    while (true) {
+      auto now = Clock::now();
+      auto scan_every = Millis(watcher_->polling() ? options_.settings.poll_interval_s : options_.settings.scan_interval_s);
+      auto next = std::min(last_evaluation + scan_every, options_.board ? next_board : Clock::time_point::max());
+      if (want_evaluation) next = std::min(next, last_evaluation + evaluation_gap);
+      if (draining) next = std::min(next, now + kBoardInterval);
+      int timeout = int(std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count()));
+      pollfd fds[3] = {{wake_fd_, POLLIN, 0}, {uploader_ ? uploader_->fd() : -1, POLLIN, 0}, {watcher_->fd(), POLLIN, 0}};
+      poll(fds, 3, timeout);
+      if (fds[0].revents & POLLIN) {
+        uint64_t count;
+        [[maybe_unused]] ssize_t ignored = read(wake_fd_, &count, sizeof count);
+      }
+      if (!draining && DrainRequested()) {
+        draining = true;
+        want_evaluation = true;
+        last_evaluation = {};
+        spdlog::info("checkpoints: the training has ended; committing what is complete (drain deadline in {} s)",
+                     std::chrono::duration_cast<std::chrono::seconds>(drain_deadline_ - Clock::now()).count());
+      }
+      if ((fds[2].revents & POLLIN) && watcher_->ReadEvents()) want_evaluation = true;
+      if (fds[1].revents & (POLLIN | POLLHUP)) HandleUploaderEvents();
+      now = Clock::now();
+      bool scan_due = now >= last_evaluation + scan_every;
+      if (scan_due || (want_evaluation && now >= last_evaluation + evaluation_gap)) {
+        Evaluate(draining);
+        auto took = Clock::now() - now;
+        evaluation_gap = std::max<std::chrono::milliseconds>(kMinEvaluationGap,
+                                                              std::chrono::duration_cast<std::chrono::milliseconds>(2 * took));
+        last_evaluation = Clock::now();
+        want_evaluation = false;
+      }
+      if (options_.board && Clock::now() >= next_board) {
+        if (draining && is_leader() && !declarations_closed) {
+          declarations_closed = true;
+          BoardCall([&] { options_.board->CloseDeclarations(); });
+        }
+        if (SyncBoard()) want_evaluation = true;
+        next_board = Clock::now() + kBoardInterval;
+      }
+      if (!options_.board) CommitLocally();
+      if (!uploader_) RestartUploaderIfDue();
+      if (!draining) continue;
+      if (Settled(declarations_closed)) break;
+      if (Clock::now() >= drain_deadline_) break;
+      if (Clock::now() - last_drain_log >= kProgressLogEvery) {
+        LogDrainProgress();
+        last_drain_log = Clock::now();
+      }
+    }
+    result_ = Summarize();
+    if (uploader_) uploader_->Stop(kUploaderStopWaitMs);
+  }
+
+  bool DrainRequested() {
+    std::lock_guard lock(mutex_);
+    return training_ended_ns_.has_value();
+  }
+
+  // One pass over the tree: every candidate whose current version has not been handed off
+  // yet is judged, and handed off when complete.
+  void Evaluate(bool draining) {
+    const std::string& root = options_.checkpoint_dir;
+    DirectoryTree tree = ScanTree(root, options_.settings.marker);
+    WarnAboutSymlinks(tree);
+    std::vector<Candidate> candidates = FindCandidates(tree, root, options_.settings.marker);
+    std::optional<std::set<std::string>> writers;
+    JudgeContext context;
+    context.now_ns = WallNanos();
+    context.quiet_period_ns = int64_t(options_.settings.quiet_period_s * 1e9);
+    if (draining) {
+      std::lock_guard lock(mutex_);
+      context.training_ended_ns = training_ended_ns_;
+      context.training_succeeded = training_succeeded_;
+    }
+    std::set<std::string> present;
+    for (const Candidate& candidate : candidates) {
+      present.insert(candidate.name);
+      const std::string fingerprint = Fingerprint(candidate);
+      auto handled = handled_.find(candidate.name);
+      if (handled != handled_.end() && handled->second == fingerprint) continue;
+      if (journal_.Reached(candidate.name, fingerprint, HandoffState::kSnapshotted)) {
+        handled_[candidate.name] = fingerprint;
+        continue;
+      }
+      context.declared_by_leader = declared_.contains(candidate.name);
+      if (!candidate.marked && !context.declared_by_leader && candidate.layout != Layout::kQuiet) {
+        if (draining) NoteIncomplete(candidate.name, "waiting for " + candidate.waiting_for);
+        continue;
+      }
+      if (!writers) writers = OpenWriters(root);
+      Verdict verdict = Judge(candidate, root, *writers, context);
+      if (!verdict.complete) {
+        if (draining) NoteIncomplete(candidate.name, verdict.reason);
+        continue;
+      }
+      Handoff(candidate, verdict, fingerprint);
+    }
+    for (const std::string& name : declared_) {
+      if (present.contains(name) || reported_.contains(name)) {
+        absent_since_.erase(name);
+        continue;
+      }
+      auto [it, inserted] = absent_since_.emplace(name, Clock::now());
+      if (Clock::now() - it->second >= kAbsentPartGrace || draining) {
+        spdlog::info("checkpoints: node 0 committed {}; this node holds no part of it", name);
+        ReportPart(name);
+      }
+    }
+  }
+
+  void NoteIncomplete(const std::string& name, const std::string& reason) {
+    if (!incomplete_noted_.insert(name).second) return;
+    spdlog::warn("checkpoints: {} is not complete and will not be uploaded: {}", name, reason);
+  }
+
+  void WarnAboutSymlinks(const DirectoryTree& tree) {
+    for (const std::string& link : tree.symlinks) {
+      if (!warned_symlinks_.insert(link).second) continue;
+      spdlog::warn("checkpoints: {} is a symbolic link; links are not followed and not uploaded "
+                   "(write checkpoints as real files inside {})", link, options_.checkpoint_dir);
+    }
+    for (const std::string& problem : tree.unreadable) {
+      if (warned_symlinks_.insert(problem).second) spdlog::warn("checkpoints: cannot list {}", problem);
+    }
+  }
+
+  void Handoff(const Candidate& candidate, const Verdict& verdict, const std::string& fingerprint) {
+    const auto started = Clock::now();
+    const uint64_t seq = journal_.NextSeq();
+    const std::string staging = staging_root_ + "/" + std::to_string(seq);
+    Snapshot snapshot;
+    try {
+      journal_.Record(seq, candidate.name, HandoffState::kComplete, verdict.reason);
+      snapshot = TakeSnapshot(options_.checkpoint_dir, candidate, staging, seq);
+    } catch (const SnapshotChanged& changed) {
+      journal_.Record(seq, candidate.name, HandoffState::kAbandoned, changed.what());
+      spdlog::debug("checkpoints: {} changed while it was snapshotted ({}); waiting until it is stable", candidate.name,
+                    changed.what());
+      return;
+    } catch (const std::runtime_error& error) {
+      spdlog::error("checkpoints: cannot snapshot {}: {}", candidate.name, error.what());
+      handled_[candidate.name] = fingerprint;  // do not retry an I/O failure in a tight loop
+      return;
+    }
+    journal_.Record(seq, candidate.name, HandoffState::kSnapshotted, "", snapshot);
+    Version version;
+    version.seq = seq;
+    version.name = candidate.name;
+    version.staging_dir = staging;
+    version.snapshot_path = staging + ".snapshot.json";
+    version.bytes_total = snapshot.total_bytes;
+    version.queued_at = Clock::now();
+    WriteSnapshotFile(snapshot, version.snapshot_path);
+    if (uploader_) uploader_->Upload(version.snapshot_path);
+    versions_[seq] = version;
+    handled_[candidate.name] = fingerprint;
+    incomplete_noted_.erase(candidate.name);
+    if (options_.on_handoff) options_.on_handoff(candidate.name);
+    spdlog::info("checkpoints: {} is complete ({}, {}): {} files, {}; snapshotted as {} in {:.1f} ms and queued",
+                 candidate.name, LayoutName(candidate.layout), verdict.reason, snapshot.files.size(),
+                 Bytes(snapshot.total_bytes), MethodSummary(snapshot),
+                 std::chrono::duration<double, std::milli>(Clock::now() - started).count());
+    if (options_.board && is_leader()) BoardCall([&] { options_.board->Declare(candidate.name); });
+  }
+
+  static void WriteSnapshotFile(const Snapshot& snapshot, const std::string& path) {
+    std::ofstream file(path, std::ios::trunc);
+    file << snapshot.ToJson().dump();
+    if (!file) throw std::runtime_error("cannot write " + path);
+  }
+
+  void HandleUploaderEvents() {
+    bool exited = false;
+    for (const UploaderEvent& event : uploader_->ReadEvents(exited)) OnEvent(event);
+    if (!exited) return;
+    spdlog::error("checkpoints: the uploader process exited unexpectedly; restarting it");
+    uploader_.reset();
+    uploader_exited_ = Clock::now();
+  }
+
+  void RestartUploaderIfDue() {
+    if (Clock::now() - uploader_exited_ < kUploaderRestartGap) return;
+    try {
+      StartUploader();
+    } catch (const std::runtime_error& error) {
+      spdlog::error("checkpoints: {}", error.what());
+      uploader_exited_ = Clock::now();
+      return;
+    }
+    for (auto& [seq, version] : versions_) {
+      if (version.stage == Stage::kQueued) uploader_->Upload(version.snapshot_path);
+    }
+  }
+
+  Version* Find(uint64_t seq) {
+    auto it = versions_.find(seq);
+    return it == versions_.end() ? nullptr : &it->second;
+  }
+
+  void OnEvent(const UploaderEvent& event) {
+    using Kind = UploaderEvent::Kind;
+    if (event.kind == Kind::kLatestPublished) return OnLatestPublished(event.name);
+    Version* version = Find(event.seq);
+    if (version == nullptr) return;
+    switch (event.kind) {
+      case Kind::kProgress: return OnProgress(*version, event);
+      case Kind::kRetrying: return OnRetrying(*version, event);
+      case Kind::kModified: return OnModified(*version, event);
+      case Kind::kUploaded: return OnUploaded(*version);
+      case Kind::kLatestPublished: return;
+    }
+  }
+
+  void OnProgress(Version& version, const UploaderEvent& event) {
+    version.bytes_done = event.bytes_done;
+    if (Clock::now() - version.last_progress_log < kProgressLogEvery) return;
+    version.last_progress_log = Clock::now();
+    double seconds = std::chrono::duration<double>(Clock::now() - version.queued_at).count();
+    spdlog::info("checkpoints: uploading {}: {} of {} ({}/s)", version.name, Bytes(event.bytes_done),
+                 Bytes(event.bytes_total), Bytes(uint64_t(double(event.bytes_done) / std::max(seconds, 1e-3))));
+  }
+
+  void OnRetrying(Version& version, const UploaderEvent& event) {
+    version.last_error = event.message;
+    if (event.attempt > 1 && Clock::now() - version.last_retry_log < kRetryLogEvery) return;
+    version.last_retry_log = Clock::now();
+    spdlog::warn("checkpoints: cannot upload {} to {} (attempt {}): {}; retrying in {:.0f} s", version.name,
+                 options_.destination.uri, event.attempt, event.message, event.retry_in_s);
+  }
+
+  // The training rewrote a file of a checkpoint it had finished: that version is not what
+  // the manifest would describe. Drop it and judge the checkpoint again from scratch.
+  void OnModified(Version& version, const UploaderEvent& event) {
+    spdlog::warn("checkpoints: {} was modified after it was declared complete ({} changed); this version is not "
+                 "uploaded as committed, the checkpoint is judged again", version.name, event.message);
+    journal_.Record(version.seq, version.name, HandoffState::kAbandoned, "modified after completion: " + event.message);
+    RemoveStaging(version);
+    handled_.erase(version.name);
+    versions_.erase(version.seq);
+  }
+
+  void OnUploaded(Version& version) {
+    version.stage = Stage::kUploaded;
+    version.bytes_done = version.bytes_total;
+    journal_.Record(version.seq, version.name, HandoffState::kUploaded);
+    double seconds = std::chrono::duration<double>(Clock::now() - version.queued_at).count();
+    spdlog::info("checkpoints: uploaded {} ({} in {:.1f} s)", version.name, Bytes(version.bytes_total), seconds);
+    RemoveStaging(version);
+    if (options_.board) ReportPart(version.name);
+  }
+
+  void RemoveStaging(const Version& version) {
+    RemoveTree(version.staging_dir);
+    unlink(version.snapshot_path.c_str());
+  }
+
+  void ReportPart(const std::string& name) {
+    if (!reported_.insert(name).second) return;
+    BoardCall([&] { options_.board->ReportPart(name); });
+  }
+
+  // Single node: uploaded is committed once `latest` names it (or a newer one).
+  void CommitLocally() {
+    for (auto& [seq, version] : versions_) {
+      if (version.stage == Stage::kUploaded && !publishing_.contains(seq)) Commit(version);
+    }
+  }
+
+  void Commit(Version& version) {
+    if (version.seq < published_seq_ || (!options_.board && !options_.publish_latest)) {  // a newer checkpoint is already `latest`
+      MarkCommitted(version);
+      return;
+    }
+    publishing_.insert(version.seq);
+    if (uploader_) uploader_->PublishLatest(version.name);
+  }
+
+  void OnLatestPublished(const std::string& name) {
+    for (auto& [seq, version] : versions_) {
+      if (version.name != name || !publishing_.contains(seq)) continue;
+      publishing_.erase(seq);
+      published_seq_ = std::max(published_seq_, seq);
+      MarkCommitted(version);
+      spdlog::info("checkpoints: committed {}: {}/{}/latest names it", name, options_.destination.uri, options_.job_id);
+    }
+  }
+
+  void MarkCommitted(Version& version) {
+    if (version.stage == Stage::kCommitted) return;
+    version.stage = Stage::kCommitted;
+    journal_.Record(version.seq, version.name, HandoffState::kCommitted);
+    if (options_.board && is_leader()) BoardCall([&] { options_.board->MarkCommitted(version.name); });
+  }
+
+  // Returns whether new names were declared (a follower then judges them).
+  bool SyncBoard() {
+    bool new_names = false;
+    BoardCall([&] {
+      if (!is_leader()) {
+        for (const std::string& name : options_.board->DeclaredSince(declarations_seen_)) {
+          ++declarations_seen_;
+          declared_.insert(name);
+          declared_order_.push_back(name);
+          new_names = true;
+        }
+      }
+      for (auto& [seq, version] : versions_) {
+        if (version.stage != Stage::kUploaded) continue;
+        if (is_leader()) {
+          if (!publishing_.contains(seq) && options_.board->MissingParts(version.name).empty()) Commit(version);
+        } else if (!declared_.contains(version.name) || options_.board->IsCommitted(version.name)) {
+          version.stage = Stage::kCommitted;  // node 0 publishes; a name it never declared is this node's own
+          journal_.Record(version.seq, version.name, HandoffState::kCommitted);
+        }
+      }
+    });
+    return new_names;
+  }
+
+  template <typename Call>
+  void BoardCall(Call call) {
+    if (board_error_) return;
+    try {
+      call();
+    } catch (const std::exception& error) {
+      board_error_ = error.what();
+      spdlog::error("checkpoints: the cross-node commit cannot reach the rendezvous store ({}); uploads go on, but "
+                    "`latest` cannot be agreed on", error.what());
+    }
+  }
+
+  bool Settled(bool declarations_closed) {
+    for (const auto& [seq, version] : versions_) {
+      if (version.stage != Stage::kCommitted) return false;
+    }
+    if (!options_.board || board_error_) return true;
+    if (is_leader()) return declarations_closed;
+    // A follower: node 0 has said no more names are coming, and each of them is answered.
+    bool closed = false;
+    BoardCall([&] { closed = options_.board->DeclarationsClosed(); });
+    if (board_error_) return true;
+    if (!closed) return false;
+    return std::all_of(declared_.begin(), declared_.end(), [&](const std::string& name) { return reported_.contains(name); });
+  }
+
+  void LogDrainProgress() {
+    uint64_t left = 0;
+    size_t pending = 0;
+    for (const auto& [seq, version] : versions_) {
+      if (version.stage == Stage::kCommitted) continue;
+      ++pending;
+      left += version.bytes_total - std::min(version.bytes_done, version.bytes_total);
+    }
+    spdlog::info("checkpoints: draining: {} checkpoint(s) not committed yet, {} left to upload, {} s before the "
+                 "deadline", pending, Bytes(left),
+                 std::chrono::duration_cast<std::chrono::seconds>(drain_deadline_ - Clock::now()).count());
+  }
+
+  // Whether the newest complete checkpoint reached the destination and `latest`: on a
+  // follower, node 0's newest declaration; else this node's newest handoff.
+  DrainResult Summarize() {
+    std::string target;
+    if (options_.board && !is_leader() && !declared_order_.empty()) {
+      target = declared_order_.back();
+    } else if (!versions_.empty()) {
+      target = versions_.rbegin()->second.name;
+    }
+    if (target.empty()) return {true, "no complete checkpoint to commit"};
+    const Version* newest = nullptr;
+    for (const auto& [seq, version] : versions_) {
+      if (version.name == target) newest = &version;
+    }
+    if (newest == nullptr) {
+      if (reported_.contains(target)) return {true, "this node holds no part of checkpoint " + target};
+      return {false, "checkpoint " + target + " (complete on node 0) was not uploaded from this node: its part here "
+                     "never became complete"};
+    }
+    const Version& version = *newest;
+    if (version.stage == Stage::kCommitted) {
+      return {true, "checkpoint " + version.name + " committed to " + options_.destination.uri};
+    }
+    std::string reason;
+    if (version.stage == Stage::kQueued) {
+      reason = version.last_error.empty()
+                   ? "upload not finished (" + Bytes(version.bytes_done) + " of " + Bytes(version.bytes_total) + ")"
+                   : options_.destination.uri + " unavailable: " + version.last_error;
+    } else if (board_error_) {
+      reason = "uploaded, but the cross-node commit failed: " + *board_error_;
+    } else if (options_.board && is_leader()) {
+      std::vector<int> missing;
+      BoardCall([&] { missing = options_.board->MissingParts(version.name); });
+      std::string ranks;
+      for (int rank : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(rank);
+      reason = missing.empty() ? "`latest` could not be written" : "node(s) " + ranks + " did not upload their parts";
+    } else {
+      reason = options_.board ? "uploaded, but node 0 has not committed it" : "`latest` could not be written";
+    }
+    return {false, "checkpoint " + version.name + " was not committed before the drain deadline: " + reason};
+  }
+
+  AgentOptions options_;
+  std::string state_dir_;
+  std::string staging_root_;
+  HandoffJournal journal_;
+  std::unique_ptr<TreeWatcher> watcher_;
+  std::unique_ptr<UploaderProcess> uploader_;
+  Clock::time_point uploader_started_;
+  Clock::time_point uploader_exited_;
+  std::map<std::string, std::string> handled_;  // name → fingerprint of the version handed off
+  std::map<uint64_t, Version> versions_;
+  std::set<uint64_t> publishing_;
+  uint64_t published_seq_ = 0;
+  std::set<std::string> declared_;
+  std::vector<std::string> declared_order_;
+  size_t declarations_seen_ = 0;
+  std::map<std::string, Clock::time_point> absent_since_;
+  std::set<std::string> reported_;
+  std::set<std::string> incomplete_noted_;
+  std::set<std::string> warned_symlinks_;
+  std::optional<std::string> board_error_;
+  int wake_fd_ = -1;
+  std::mutex mutex_;
+  Clock::time_point drain_deadline_ = Clock::time_point::max();
+  bool training_succeeded_ = false;
+  std::optional<int64_t> training_ended_ns_;
+  std::thread thread_;
+  DrainResult result_;
+};
+
+CheckpointAgent::CheckpointAgent(AgentOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+CheckpointAgent::~CheckpointAgent() = default;
+
+DrainResult CheckpointAgent::Drain(bool training_succeeded, std::chrono::steady_clock::time_point deadline) {
+  return impl_->Drain(training_succeeded, deadline);
+}
+
+}  // namespace bt::checkpoint

@@ -1,0 +1,77 @@
+// The checkpoint agent: from before the first start command until the drain ends it watches
+// BT_CHECKPOINT_DIR, decides when a checkpoint is complete, snapshots it, records it in the
+// journal and hands it to the uploader process; with other nodes it takes part in the
+// cross-node commit, and node 0 publishes `latest`. It runs on its own thread of the
+// launcher, outside the training's process group, so a SIGKILLed training cannot stop it.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "checkpoint/destination.h"
+#include "env/job_config.h"
+
+namespace bt::checkpoint {
+
+// The cross-node part of a commit, over the rendezvous store (launcher/). Markers are rank-0
+// files on node-local disks: node 0 declares a name complete; every node then uploads its
+// part of that name (or says it has none); node 0 publishes `latest` once all have.
+class CommitBoard {
+ public:
+  virtual ~CommitBoard() = default;
+  virtual void Declare(const std::string& name) = 0;                          // node 0
+  virtual std::vector<std::string> DeclaredSince(size_t first) = 0;           // names declared[first...]
+  virtual void ReportPart(const std::string& name) = 0;                       // every node, once per name
+  virtual std::vector<int> MissingParts(const std::string& name) = 0;         // ranks not reported yet
+  virtual void MarkCommitted(const std::string& name) = 0;                    // node 0, after `latest`
+  virtual bool IsCommitted(const std::string& name) = 0;
+  virtual void CloseDeclarations() = 0;                                       // node 0's drain
+  virtual bool DeclarationsClosed() = 0;
+};
+
+struct AgentOptions {
+  std::string checkpoint_dir;
+  env::CheckpointSettings settings;
+  std::string job_id;
+  int node_rank = 0;
+  int node_count = 1;
+  DestinationSpec destination;
+  std::vector<std::string> uploader_environ;
+  std::string uploader_binary;        // bt-launch itself (its `upload-worker` subcommand)
+  CommitBoard* board = nullptr;       // null: this node commits on its own
+  bool publish_latest = true;         // without a board: whether this node writes `latest`
+  // Called on the agent's thread when a checkpoint has been snapshotted and queued.
+  std::function<void(const std::string& name)> on_handoff;
+};
+
+struct DrainResult {
+  bool committed = true;  // the last complete checkpoint is committed (or there was none)
+  std::string message;    // one line: what was committed, or what was not and why
+};
+
+class CheckpointAgent {
+ public:
+  // Creates the staging area and journal, starts the uploader and the watcher thread, and
+  // resumes what the journal says is unfinished. Throws std::runtime_error.
+  explicit CheckpointAgent(AgentOptions options);
+  ~CheckpointAgent();
+  CheckpointAgent(const CheckpointAgent&) = delete;
+  CheckpointAgent& operator=(const CheckpointAgent&) = delete;
+
+  // The training has ended (`succeeded`: every command exited 0). Commits what is complete
+  // and waits until it is uploaded and committed, or until `deadline`.
+  DrainResult Drain(bool training_succeeded, std::chrono::steady_clock::time_point deadline);
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// `<checkpoint_dir>/.bt-checkpoint`: the journal and the staging area.
+std::string StateDirectory(const std::string& checkpoint_dir);
+
+}  // namespace bt::checkpoint

@@ -1,0 +1,481 @@
+#include "checkpoint/destination.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/subprocess.h"
+#include "checkpoint/tree.h"
+
+namespace bt::checkpoint {
+namespace {
+
+constexpr const char* kRcloneRemote = "btdest";
+constexpr std::chrono::milliseconds kSpoolAckPoll{200};
+
+[[noreturn]] void Fail(const std::string& what) { throw DestinationError(what + ": " + std::strerror(errno)); }
+
+void SyncDirectory(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  fsync(fd);
+  close(fd);
+}
+
+// Temporary name in the same directory, fsync, rename: readers see the old file or the new
+// one, never a part.
+void WriteFileAtomically(const std::string& path, const std::string& text) {
+  const std::string directory = ParentOf(path);
+  try {
+    MakeDirectories(directory);
+  } catch (const std::runtime_error& error) {
+    throw DestinationError(error.what());
+  }
+  const std::string temporary = directory + "/.bt-upload-" + std::to_string(getpid()) + "-" + BaseName(path);
+  int fd = open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) Fail("cannot create " + temporary);
+  for (size_t written = 0; written < text.size();) {
+    ssize_t n = write(fd, text.data() + written, text.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      close(fd);
+      unlink(temporary.c_str());
+      Fail("cannot write " + temporary);
+    }
+    written += size_t(n);
+  }
+  if (fsync(fd) != 0 || close(fd) != 0) {
+    unlink(temporary.c_str());
+    Fail("cannot write " + temporary);
+  }
+  if (rename(temporary.c_str(), path.c_str()) != 0) {
+    unlink(temporary.c_str());
+    Fail("cannot rename " + temporary + " to " + path);
+  }
+  SyncDirectory(directory);
+}
+
+// Copies one file under a temporary name, syncs it, renames it into place.
+void PutFileAtomically(const std::string& from, const std::string& to) {
+  const std::string directory = ParentOf(to);
+  const std::string temporary = directory + "/.bt-upload-" + std::to_string(getpid()) + "-" + BaseName(to);
+  try {
+    MakeDirectories(directory);
+    CopyFile(from, temporary);
+  } catch (const std::runtime_error& error) {
+    unlink(temporary.c_str());
+    throw DestinationError(error.what());
+  }
+  int fd = open(temporary.c_str(), O_WRONLY | O_CLOEXEC);
+  bool synced = fd >= 0 && fdatasync(fd) == 0;
+  if (fd >= 0) close(fd);
+  if (!synced) {
+    unlink(temporary.c_str());
+    Fail("cannot sync " + temporary);
+  }
+  if (rename(temporary.c_str(), to.c_str()) != 0) {
+    unlink(temporary.c_str());
+    Fail("cannot rename " + temporary + " to " + to);
+  }
+}
+
+std::optional<std::string> ReadWholeFile(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) {
+    if (errno == ENOENT || errno == ENOTDIR) return std::nullopt;
+    Fail("cannot read " + path);
+  }
+  std::ostringstream buffer;
+  buffer << file.rdbuf();
+  return buffer.str();
+}
+
+class FileDestination final : public Destination {
+ public:
+  explicit FileDestination(DestinationSpec spec) : spec_(std::move(spec)) {}
+  std::string Describe() const override { return spec_.uri; }
+
+  void Upload(const Snapshot& snapshot, const Manifest& manifest, const std::string& rank_dir,
+              const Progress& progress) override {
+    const std::string directory = JoinPath(Root(rank_dir), manifest.base());
+    uint64_t done = 0;
+    for (const SnapshotFile& file : snapshot.files) {
+      PutFileAtomically(snapshot.staging_dir + "/" + file.path, directory + "/" + file.path);
+      done += file.size;
+      progress(done, snapshot.total_bytes);
+    }
+    WriteFileAtomically(Root(rank_dir) + "/" + ManifestName(manifest.name), manifest.ToJson().dump(2) + "\n");
+  }
+
+  void PublishLatest(const std::string& job_id, const std::string& name) override {
+    WriteFileAtomically(Root(job_id) + "/latest", name + "\n");
+  }
+
+  std::optional<std::string> ReadText(const std::string& path) override { return ReadWholeFile(Root(path)); }
+
+  void Download(const std::string& remote_dir, const std::vector<std::string>& files, const std::string& local_dir) override {
+    for (const std::string& file : files) {
+      const std::string target = local_dir + "/" + file;
+      try {
+        MakeDirectories(ParentOf(target));
+        CopyFile(Root(remote_dir) + "/" + file, target);
+      } catch (const std::runtime_error& error) {
+        throw DestinationError(error.what());
+      }
+    }
+  }
+
+  std::vector<std::string> List(const std::string& remote_dir, const std::string& suffix) override {
+    std::vector<std::string> found;
+    const std::filesystem::path base = Root(remote_dir);
+    std::error_code error;
+    for (auto it = std::filesystem::recursive_directory_iterator(base, error);
+         !error && it != std::filesystem::recursive_directory_iterator(); it.increment(error)) {
+      const std::string path = it->path().lexically_relative(base).string();
+      if (it->is_regular_file() && path.size() > suffix.size() &&
+          path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        found.push_back(path);
+      }
+    }
+    std::sort(found.begin(), found.end());
+    return found;
+  }
+
+ private:
+  std::string Root(const std::string& relative) const { return JoinPath(spec_.location, relative); }
+  DestinationSpec spec_;
+};
+
+std::string DescribeRcloneFailure(const ProcessResult& result, const std::string& last_error) {
+  if (!result.spawn_error.empty()) return result.spawn_error + " (install rclone: apt-get install rclone)";
+  std::string text = "rclone exited " + std::to_string(result.exit_code) + " (" + DescribeRcloneExit(result.exit_code) + ")";
+  if (!last_error.empty()) text += ": " + last_error;
+  return text;
+}
+
+class RcloneDestination final : public Destination {
+ public:
+  explicit RcloneDestination(DestinationSpec spec) : spec_(std::move(spec)) {}
+  std::string Describe() const override { return spec_.uri; }
+
+  void Upload(const Snapshot& snapshot, const Manifest& manifest, const std::string& rank_dir,
+              const Progress& progress) override {
+    const std::string list_path = snapshot.staging_dir + ".files";
+    std::string list;
+    for (const SnapshotFile& file : snapshot.files) list += file.path + "\n";
+    WriteFileAtomically(list_path, list);
+    std::string last_error;
+    ProcessResult result = Rclone(
+        {"copy", "--files-from-raw", list_path, "--no-traverse", snapshot.staging_dir,
+         Remote(JoinPath(rank_dir, manifest.base()))},
+        [&](const nlohmann::json& line) {
+          if (line.contains("stats")) {
+            const auto& stats = line["stats"];
+            progress(stats.value("bytes", uint64_t(0)), snapshot.total_bytes);
+          }
+        },
+        last_error);
+    unlink(list_path.c_str());
+    if (result.exit_code != 0) throw DestinationError(DescribeRcloneFailure(result, last_error));
+    progress(snapshot.total_bytes, snapshot.total_bytes);
+    PutText(JoinPath(rank_dir, ManifestName(manifest.name)), manifest.ToJson().dump(2) + "\n");
+  }
+
+  void PublishLatest(const std::string& job_id, const std::string& name) override {
+    PutText(job_id + "/latest", name + "\n");
+  }
+
+  std::optional<std::string> ReadText(const std::string& path) override {
+    std::string last_error;
+    ProcessResult result = Rclone({"cat", Remote(path)}, nullptr, last_error);
+    if (result.exit_code == 0) return result.output;
+    if (IsNotFound(result, last_error)) return std::nullopt;
+    throw DestinationError(DescribeRcloneFailure(result, last_error));
+  }
+
+  void Download(const std::string& remote_dir, const std::vector<std::string>& files, const std::string& local_dir) override {
+    char list_path[] = "/tmp/bt-launch-files.XXXXXX";
+    int fd = mkstemp(list_path);
+    if (fd < 0) Fail("cannot create a file list in /tmp");
+    close(fd);
+    std::string list;
+    for (const auto& file : files) list += file + "\n";
+    WriteFileAtomically(list_path, list);
+    std::string last_error;
+    ProcessResult result =
+        Rclone({"copy", "--files-from-raw", list_path, "--no-traverse", Remote(remote_dir), local_dir}, nullptr, last_error);
+    unlink(list_path);
+    if (result.exit_code != 0) throw DestinationError(DescribeRcloneFailure(result, last_error));
+  }
+
+  std::vector<std::string> List(const std::string& remote_dir, const std::string& suffix) override {
+    std::string last_error;
+    ProcessResult result =
+        Rclone({"lsf", "-R", "--files-only", "--include", "*" + suffix, Remote(remote_dir)}, nullptr, last_error);
+    if (result.exit_code != 0) {
+      if (IsNotFound(result, last_error)) return {};
+      throw DestinationError(DescribeRcloneFailure(result, last_error));
+    }
+    std::vector<std::string> found;
+    std::istringstream lines(result.output);
+    for (std::string line; std::getline(lines, line);) {
+      if (!line.empty()) found.push_back(line);
+    }
+    std::sort(found.begin(), found.end());
+    return found;
+  }
+
+ private:
+  std::string Remote(const std::string& path) const {
+    return std::string(kRcloneRemote) + ":" + JoinPath(spec_.location, path);
+  }
+
+  static bool IsNotFound(const ProcessResult& result, const std::string& last_error) {
+    return result.exit_code == 3 || result.exit_code == 4 || last_error.find("not found") != std::string::npos ||
+           last_error.find("doesn't exist") != std::string::npos;
+  }
+
+  void PutText(const std::string& path, const std::string& text) {
+    char temporary[] = "/tmp/bt-launch-put.XXXXXX";
+    int fd = mkstemp(temporary);
+    if (fd < 0) Fail("cannot create a temporary file in /tmp");
+    close(fd);
+    WriteFileAtomically(temporary, text);
+    std::string last_error;
+    ProcessResult result = Rclone({"copyto", temporary, Remote(path)}, nullptr, last_error);
+    unlink(temporary);
+    if (result.exit_code != 0) throw DestinationError(DescribeRcloneFailure(result, last_error));
+  }
+
+  // One rclone run: JSON logs on stderr, the last error kept for the message.
+  ProcessResult Rclone(std::vector<std::string> arguments, const std::function<void(const nlohmann::json&)>& on_line,
+                       std::string& last_error) {
+    std::vector<std::string> argv = {"rclone",         "--use-json-log", "--log-level",       "NOTICE",
+                                     "--stats",        "2s",             "--stats-log-level", "NOTICE",
+                                     "--retries",      "1",              "--low-level-retries", "3",
+                                     "--contimeout",   "10s",            "--timeout",         "60s",
+                                     "--s3-disable-checksum", "--s3-upload-concurrency", "8", "--s3-chunk-size", "16M"};
+    argv.insert(argv.begin() + 1, arguments.begin(), arguments.end());
+    return RunProcess(argv, spec_.rclone_environ, [&](const std::string& text) {
+      nlohmann::json line = nlohmann::json::parse(text, nullptr, false);
+      if (line.is_discarded()) {
+        if (!text.empty()) last_error = text;
+        return;
+      }
+      if (line.value("level", "") == "error") last_error = line.value("msg", text);
+      if (on_line) on_line(line);
+    });
+  }
+
+  DestinationSpec spec_;
+};
+
+// One record per checkpoint for a sidecar (docs/CHECKPOINTS.md): written atomically as
+// <dir>/<record>.json, acknowledged by the sidecar writing <dir>/<record>.json.ack.
+class SpoolDestination final : public Destination {
+ public:
+  explicit SpoolDestination(DestinationSpec spec) : spec_(std::move(spec)) {}
+  std::string Describe() const override { return spec_.uri; }
+
+  void Upload(const Snapshot& snapshot, const Manifest& manifest, const std::string& rank_dir,
+              const Progress& progress) override {
+    nlohmann::json record = {{"type", "checkpoint"},
+                             {"job_id", manifest.job_id},
+                             {"node_rank", manifest.node_rank},
+                             {"name", manifest.name},
+                             {"local_dir", snapshot.staging_dir},
+                             {"remote_dir", JoinPath(rank_dir, manifest.base())},
+                             {"manifest_path", JoinPath(rank_dir, ManifestName(manifest.name))},
+                             {"manifest", manifest.ToJson()}};
+    const std::string stem = manifest.job_id + "--rank-" + std::to_string(manifest.node_rank) + "--" +
+                             std::to_string(snapshot.seq);
+    HandOff(stem, record);
+    progress(snapshot.total_bytes, snapshot.total_bytes);
+  }
+
+  void PublishLatest(const std::string& job_id, const std::string& name) override {
+    HandOff(job_id + "--latest--" + std::to_string(++latest_count_),
+            {{"type", "latest"}, {"job_id", job_id}, {"name", name}, {"remote_path", job_id + "/latest"}});
+  }
+
+  std::optional<std::string> ReadText(const std::string&) override { throw WriteOnly(); }
+  void Download(const std::string&, const std::vector<std::string>&, const std::string&) override { throw WriteOnly(); }
+  std::vector<std::string> List(const std::string&, const std::string&) override { throw WriteOnly(); }
+
+ private:
+  DestinationError WriteOnly() const {
+    return DestinationError(spec_.uri + " is a spool: bt-launch hands checkpoints to a sidecar there and cannot read "
+                                        "them back; load from where the sidecar uploads them");
+  }
+
+  // Blocks until the sidecar acknowledges; an ack carrying {"error": ...} is a failed upload.
+  void HandOff(const std::string& stem, const nlohmann::json& record) {
+    const std::string path = spec_.location + "/" + stem + ".json";
+    const std::string ack = path + ".ack";
+    unlink(ack.c_str());
+    WriteFileAtomically(path, record.dump(2) + "\n");
+    while (true) {
+      if (auto answer = ReadWholeFile(ack)) {
+        nlohmann::json value = nlohmann::json::parse(*answer, nullptr, false);
+        if (value.is_object() && value.contains("error")) {
+          unlink(ack.c_str());
+          throw DestinationError("the spool's uploader failed " + stem + ": " + value["error"].dump());
+        }
+        return;
+      }
+      std::this_thread::sleep_for(kSpoolAckPoll);
+    }
+  }
+
+  DestinationSpec spec_;
+  int latest_count_ = 0;
+};
+
+void Put(std::vector<std::string>& environ, const std::string& key, const std::string& value) {
+  environ.push_back(std::string("RCLONE_CONFIG_BTDEST_") + key + "=" + value);
+}
+
+std::string Lookup(const std::map<std::string, std::string>& variables, const std::string& name) {
+  auto it = variables.find(name);
+  return it == variables.end() ? "" : it->second;
+}
+
+}  // namespace
+
+DestinationSpec ParseDestination(const std::string& uri, const std::string& origin) {
+  const auto separator = uri.find("://");
+  if (separator == std::string::npos) {
+    throw DestinationError(origin + ": expected a URI such as file:///path, s3://bucket/prefix or spool:///path, got \"" + uri + "\"");
+  }
+  DestinationSpec spec;
+  spec.uri = uri;
+  spec.scheme = uri.substr(0, separator);
+  spec.location = uri.substr(separator + 3);
+  while (spec.location.size() > 1 && spec.location.back() == '/') spec.location.pop_back();
+  const bool local = spec.scheme == "file" || spec.scheme == "spool";
+  const bool remote = spec.scheme == "s3" || spec.scheme == "gs" || spec.scheme == "r2" || spec.scheme == "azure";
+  if (!local && !remote) {
+    throw DestinationError(origin + ": unsupported scheme \"" + spec.scheme + "\" (expected file, s3, gs, r2, azure or spool)");
+  }
+  if (local && (spec.location.empty() || spec.location.front() != '/')) {
+    throw DestinationError(origin + ": expected " + spec.scheme + ":///absolute/path, got \"" + uri + "\"");
+  }
+  if (remote && (spec.location.empty() || spec.location.front() == '/')) {
+    throw DestinationError(origin + ": expected " + spec.scheme + "://bucket[/prefix], got \"" + uri + "\"");
+  }
+  return spec;
+}
+
+std::unique_ptr<Destination> OpenDestination(const DestinationSpec& spec) {
+  if (spec.scheme == "file") return std::make_unique<FileDestination>(spec);
+  if (spec.scheme == "spool") return std::make_unique<SpoolDestination>(spec);
+  return std::make_unique<RcloneDestination>(spec);
+}
+
+std::vector<std::string> RcloneEnvironment(const std::string& scheme, const std::optional<std::string>& secret_json,
+                                           const std::string& secret_name,
+                                           const std::map<std::string, std::string>& inherited) {
+  std::vector<std::string> environ;
+  for (const char* name : {"PATH", "HOME", "TMPDIR", "TZ"}) {
+    std::string value = Lookup(inherited, name);
+    if (!value.empty()) environ.push_back(std::string(name) + "=" + value);
+  }
+  if (Lookup(inherited, "PATH").empty()) environ.push_back("PATH=/usr/local/bin:/usr/bin:/bin");
+  nlohmann::json secret = nlohmann::json::object();
+  if (secret_json) {
+    secret = nlohmann::json::parse(*secret_json, nullptr, false);
+    if (!secret.is_object()) {
+      throw DestinationError("secret \"" + secret_name + "\": expected a JSON object of credentials (its value is not shown)");
+    }
+  }
+  auto secret_field = [&](const char* key) -> std::string {
+    if (!secret.contains(key)) return "";
+    if (!secret[key].is_string()) {
+      throw DestinationError("secret \"" + secret_name + "\": field " + key + " must be a string (its value is not shown)");
+    }
+    return secret[key].get<std::string>();
+  };
+  if (scheme == "s3" || scheme == "r2") {
+    Put(environ, "TYPE", "s3");
+    std::string key_id = secret_json ? secret_field("aws_access_key_id") : Lookup(inherited, "AWS_ACCESS_KEY_ID");
+    std::string key = secret_json ? secret_field("aws_secret_access_key") : Lookup(inherited, "AWS_SECRET_ACCESS_KEY");
+    std::string region = secret_json ? secret_field("aws_region") : Lookup(inherited, "AWS_REGION");
+    if (region.empty()) region = Lookup(inherited, "AWS_DEFAULT_REGION");
+    std::string token = secret_json ? secret_field("aws_session_token") : Lookup(inherited, "AWS_SESSION_TOKEN");
+    if (secret_json && (key_id.empty() || key.empty())) {
+      throw DestinationError("secret \"" + secret_name + "\": expected aws_access_key_id and aws_secret_access_key");
+    }
+    std::string endpoint = Lookup(inherited, "AWS_ENDPOINT_URL_S3");
+    if (endpoint.empty()) endpoint = Lookup(inherited, "AWS_ENDPOINT_URL");
+    if (secret_json && !secret_field("endpoint_url").empty()) endpoint = secret_field("endpoint_url");
+    Put(environ, "PROVIDER", scheme == "r2" ? "Cloudflare" : endpoint.empty() ? "AWS" : "Other");
+    if (!key_id.empty()) {
+      Put(environ, "ACCESS_KEY_ID", key_id);
+      Put(environ, "SECRET_ACCESS_KEY", key);
+      if (!token.empty()) Put(environ, "SESSION_TOKEN", token);
+    } else {  // instance profile or web identity (IRSA): let rclone's SDK find them
+      Put(environ, "ENV_AUTH", "true");
+      for (const char* name : {"AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "AWS_ROLE_SESSION_NAME",
+                               "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                               "AWS_CONTAINER_AUTHORIZATION_TOKEN"}) {
+        std::string value = Lookup(inherited, name);
+        if (!value.empty()) environ.push_back(std::string(name) + "=" + value);
+      }
+    }
+    if (!region.empty()) Put(environ, "REGION", region);
+    if (!endpoint.empty()) Put(environ, "ENDPOINT", endpoint);
+    Put(environ, "NO_CHECK_BUCKET", "true");
+  } else if (scheme == "gs") {
+    Put(environ, "TYPE", "google cloud storage");
+    Put(environ, "BUCKET_POLICY_ONLY", "true");
+    if (secret_json) {
+      Put(environ, "SERVICE_ACCOUNT_CREDENTIALS", secret.dump());
+    } else if (!Lookup(inherited, "GOOGLE_APPLICATION_CREDENTIALS").empty()) {
+      Put(environ, "SERVICE_ACCOUNT_FILE", Lookup(inherited, "GOOGLE_APPLICATION_CREDENTIALS"));
+    } else {
+      Put(environ, "ENV_AUTH", "true");
+    }
+  } else if (scheme == "azure") {
+    Put(environ, "TYPE", "azureblob");
+    std::string account = secret_json ? secret_field("account_name") : Lookup(inherited, "AZURE_STORAGE_ACCOUNT");
+    std::string key = secret_json ? secret_field("account_key") : Lookup(inherited, "AZURE_STORAGE_KEY");
+    if (!account.empty()) Put(environ, "ACCOUNT", account);
+    if (!key.empty()) {
+      Put(environ, "KEY", key);
+    } else {
+      Put(environ, "ENV_AUTH", "true");
+    }
+  }
+  return environ;
+}
+
+std::string DescribeRcloneExit(int exit_code) {
+  switch (exit_code) {
+    case 0: return "success";
+    case 1: return "uncategorised error";
+    case 2: return "syntax or usage error";
+    case 3: return "directory not found";
+    case 4: return "file not found";
+    case 5: return "temporary error";
+    case 6: return "less serious error, such as a source file changing during the copy";
+    case 7: return "fatal error, such as bad credentials or a suspended account";
+    case 8: return "transfer limit reached";
+    case 9: return "nothing transferred";
+    case 10: return "duration limit reached";
+    case 127: return "rclone could not be run";
+  }
+  return exit_code > 128 ? "killed by a signal" : "unknown exit code";
+}
+
+}  // namespace bt::checkpoint

@@ -1,0 +1,75 @@
+// Where committed checkpoints go, one interface with three backends:
+//   file://DIR   written by bt-launch itself (copy under a temporary name, then rename);
+//   s3:// gs:// r2:// azure://   through rclone, with credentials in its environment only;
+//   spool://DIR  a handoff record per checkpoint for an external uploader, which acks it.
+// Layout under the destination: <job_id>/rank-<r>/<checkpoint>/<files>, the manifest beside
+// the checkpoint (<job_id>/rank-<r>/<checkpoint>.bt-manifest.json), and <job_id>/latest.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "checkpoint/manifest.h"
+#include "checkpoint/snapshot.h"
+
+namespace bt::checkpoint {
+
+class DestinationError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct DestinationSpec {
+  std::string uri;     // as configured; Describe() never shows credentials (there are none in it)
+  std::string scheme;  // file, s3, gs, r2, azure, spool
+  std::string location;  // after "scheme://": a directory, or bucket[/prefix]
+  std::vector<std::string> rclone_environ;  // the whole environment rclone runs with
+};
+
+// Parses a destination URI. Throws DestinationError naming `origin` (the config field or
+// variable it came from).
+DestinationSpec ParseDestination(const std::string& uri, const std::string& origin);
+
+// Called with bytes done and bytes in all.
+using Progress = std::function<void(uint64_t done, uint64_t total)>;
+
+class Destination {
+ public:
+  virtual ~Destination() = default;
+  virtual std::string Describe() const = 0;
+
+  // Data files first (read from snapshot.staging_dir), then the manifest. `rank_dir` is
+  // "<job_id>/rank-<r>". Throws DestinationError.
+  virtual void Upload(const Snapshot& snapshot, const Manifest& manifest, const std::string& rank_dir,
+                      const Progress& progress) = 0;
+  // <job_id>/latest := name, after every node's part of it is uploaded.
+  virtual void PublishLatest(const std::string& job_id, const std::string& name) = 0;
+
+  // Reading back (loading a checkpoint, `bt-launch checkpoints`). nullopt when absent.
+  virtual std::optional<std::string> ReadText(const std::string& path) = 0;
+  virtual void Download(const std::string& remote_dir, const std::vector<std::string>& files,
+                        const std::string& local_dir) = 0;
+  // Paths under `remote_dir` (relative to it) that end with `suffix`, recursively.
+  virtual std::vector<std::string> List(const std::string& remote_dir, const std::string& suffix) = 0;
+};
+
+std::unique_ptr<Destination> OpenDestination(const DestinationSpec& spec);
+
+// The environment rclone runs with for `scheme`: PATH and HOME, and the credentials as an
+// on-the-fly remote named "btdest" (RCLONE_CONFIG_BTDEST_*). `secret_json` is the content
+// of the auth secret, if one is configured; else the standard variables of `inherited`
+// (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL[_S3], ...).
+// Throws DestinationError naming `secret_name`, never the value.
+std::vector<std::string> RcloneEnvironment(const std::string& scheme, const std::optional<std::string>& secret_json,
+                                           const std::string& secret_name,
+                                           const std::map<std::string, std::string>& inherited);
+
+// rclone's documented exit codes, in words.
+std::string DescribeRcloneExit(int exit_code);
+
+}  // namespace bt::checkpoint

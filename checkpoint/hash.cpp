@@ -1,0 +1,84 @@
+#include "checkpoint/hash.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include "checkpoint/xxh3_impl.h"
+
+namespace bt::checkpoint {
+namespace {
+
+constexpr size_t kReadChunk = 4 << 20;
+
+const detail::Xxh3Functions& Implementation() {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return detail::kXxh3Avx2;
+#endif
+  return detail::kXxh3Generic;
+}
+
+std::string ToHex(const uint8_t* bytes, size_t size) {
+  static const char* digits = "0123456789abcdef";
+  std::string hex;
+  for (size_t i = 0; i < size; ++i) {
+    hex += digits[bytes[i] >> 4];
+    hex += digits[bytes[i] & 15];
+  }
+  return hex;
+}
+
+}  // namespace
+
+struct Hasher::State {
+  void* xxh3;
+};
+
+Hasher::Hasher() : state_(new State{Implementation().create()}) {}
+Hasher::~Hasher() { Implementation().destroy(state_->xxh3); }
+void Hasher::Update(const void* data, size_t size) { Implementation().update(state_->xxh3, data, size); }
+
+std::string Hasher::Hex() const {
+  uint8_t digest[16];
+  Implementation().digest(state_->xxh3, digest);
+  return ToHex(digest, sizeof digest);
+}
+
+std::string HashBytes(const void* data, size_t size) {
+  Hasher hasher;
+  hasher.Update(data, size);
+  return hasher.Hex();
+}
+
+FileDigest HashFile(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
+  posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  std::vector<char> buffer(kReadChunk);
+  Hasher hasher;
+  FileDigest digest;
+  while (true) {
+    ssize_t got = read(fd, buffer.data(), buffer.size());
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      int error = errno;
+      close(fd);
+      throw std::runtime_error("cannot read " + path + ": " + std::strerror(error));
+    }
+    if (got == 0) break;
+    hasher.Update(buffer.data(), size_t(got));
+    digest.size += uint64_t(got);
+  }
+  close(fd);
+  digest.xxh3_128 = hasher.Hex();
+  return digest;
+}
+
+const char* HashImplementation() { return &Implementation() == &detail::kXxh3Avx2 ? "avx2" : "sse2"; }
+
+}  // namespace bt::checkpoint

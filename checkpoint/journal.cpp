@@ -1,0 +1,140 @@
+#include "checkpoint/journal.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+
+#include <spdlog/spdlog.h>
+
+namespace bt::checkpoint {
+namespace {
+
+constexpr HandoffState kStates[] = {HandoffState::kComplete, HandoffState::kSnapshotted, HandoffState::kUploaded,
+                                    HandoffState::kCommitted, HandoffState::kAbandoned};
+
+std::optional<HandoffState> StateFromName(const std::string& name) {
+  for (HandoffState state : kStates) {
+    if (name == HandoffStateName(state)) return state;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+const char* HandoffStateName(HandoffState state) {
+  switch (state) {
+    case HandoffState::kComplete: return "complete";
+    case HandoffState::kSnapshotted: return "snapshotted";
+    case HandoffState::kUploaded: return "uploaded";
+    case HandoffState::kCommitted: return "committed";
+    case HandoffState::kAbandoned: return "abandoned";
+  }
+  return "?";
+}
+
+HandoffJournal::HandoffJournal(std::string path) : path_(std::move(path)) {
+  Replay();
+  fd_ = open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw std::runtime_error("cannot open the checkpoint journal " + path_ + ": " + std::strerror(errno));
+}
+
+HandoffJournal::~HandoffJournal() {
+  if (fd_ >= 0) close(fd_);
+}
+
+void HandoffJournal::SetScope(std::string job_id, std::string destination) {
+  job_id_ = std::move(job_id);
+  destination_ = std::move(destination);
+}
+
+void HandoffJournal::Replay() {
+  std::ifstream file(path_);
+  std::string line;
+  size_t number = 0;
+  while (std::getline(file, line)) {
+    ++number;
+    try {
+      auto value = nlohmann::json::parse(line);
+      JournalEntry entry;
+      entry.seq = value.at("seq").get<uint64_t>();
+      entry.job_id = value.at("job_id").get<std::string>();
+      entry.destination = value.at("destination").get<std::string>();
+      entry.name = value.at("name").get<std::string>();
+      auto state = StateFromName(value.at("state").get<std::string>());
+      if (!state) throw std::runtime_error("unknown state");
+      entry.state = *state;
+      entry.detail = value.value("detail", "");
+      auto previous = entries_.find(entry.seq);
+      if (value.contains("snapshot")) {
+        entry.snapshot = Snapshot::FromJson(value["snapshot"]);
+      } else if (previous != entries_.end()) {
+        entry.snapshot = previous->second.snapshot;
+      }
+      next_seq_ = std::max(next_seq_, entry.seq + 1);
+      entries_[entry.seq] = std::move(entry);
+    } catch (const std::exception& error) {
+      spdlog::warn("checkpoint journal {}: line {} is not a record ({}); skipping it", path_, number, error.what());
+    }
+  }
+}
+
+void HandoffJournal::Record(uint64_t seq, const std::string& name, HandoffState state, const std::string& detail,
+                            const std::optional<Snapshot>& snapshot) {
+  nlohmann::json line = {{"seq", seq},
+                         {"job_id", job_id_},
+                         {"destination", destination_},
+                         {"name", name},
+                         {"state", HandoffStateName(state)},
+                         {"at", int64_t(std::time(nullptr))}};
+  if (!detail.empty()) line["detail"] = detail;
+  if (snapshot) line["snapshot"] = snapshot->ToJson();
+  const std::string text = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  for (size_t written = 0; written < text.size();) {
+    ssize_t n = write(fd_, text.data() + written, text.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw std::runtime_error("cannot append to the checkpoint journal " + path_ + ": " + std::strerror(errno));
+    written += size_t(n);
+  }
+  if (fdatasync(fd_) != 0) throw std::runtime_error("cannot sync the checkpoint journal " + path_ + ": " + std::strerror(errno));
+  JournalEntry& entry = entries_[seq];
+  entry.seq = seq;
+  entry.job_id = job_id_;
+  entry.destination = destination_;
+  entry.name = name;
+  entry.state = state;
+  entry.detail = detail;
+  if (snapshot) entry.snapshot = snapshot;
+  next_seq_ = std::max(next_seq_, seq + 1);
+}
+
+std::vector<JournalEntry> HandoffJournal::Entries() const {
+  std::vector<JournalEntry> scoped;
+  for (const auto& [seq, entry] : entries_) {
+    if (entry.job_id == job_id_ && entry.destination == destination_) scoped.push_back(entry);
+  }
+  return scoped;
+}
+
+std::vector<JournalEntry> HandoffJournal::Unfinished() const {
+  std::vector<JournalEntry> unfinished;
+  for (const auto& entry : Entries()) {
+    if ((entry.state == HandoffState::kSnapshotted || entry.state == HandoffState::kUploaded) && entry.snapshot) {
+      unfinished.push_back(entry);
+    }
+  }
+  return unfinished;
+}
+
+bool HandoffJournal::Reached(const std::string& name, const std::string& fingerprint, HandoffState state) const {
+  for (const auto& entry : Entries()) {
+    if (entry.name != name || !entry.snapshot || entry.snapshot->fingerprint != fingerprint) continue;
+    if (entry.state != HandoffState::kAbandoned && int(entry.state) >= int(state)) return true;
+  }
+  return false;
+}
+
+}  // namespace bt::checkpoint

@@ -1,0 +1,64 @@
+// The handoff journal: one JSON line per state change of a checkpoint version, appended and
+// fdatasync'ed in the checkpoint volume (`.bt-checkpoint/journal.jsonl`), so that a launcher
+// restarted on the same volume resumes what was pending and skips what was committed.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "checkpoint/snapshot.h"
+
+namespace bt::checkpoint {
+
+enum class HandoffState { kComplete, kSnapshotted, kUploaded, kCommitted, kAbandoned };
+const char* HandoffStateName(HandoffState state);
+
+struct JournalEntry {
+  uint64_t seq = 0;
+  std::string job_id;
+  std::string destination;
+  std::string name;
+  HandoffState state = HandoffState::kComplete;
+  std::string detail;                // why abandoned, which rule declared it complete
+  std::optional<Snapshot> snapshot;  // from kSnapshotted on
+};
+
+class HandoffJournal {
+ public:
+  // Opens (creating) `path` and replays it. Lines that do not parse (a crash mid-append)
+  // are skipped with a warning naming the line.
+  explicit HandoffJournal(std::string path);
+  ~HandoffJournal();
+  HandoffJournal(const HandoffJournal&) = delete;
+  HandoffJournal& operator=(const HandoffJournal&) = delete;
+
+  // Records a state change; durable when it returns. Throws std::runtime_error on I/O errors.
+  void Record(uint64_t seq, const std::string& name, HandoffState state, const std::string& detail = "",
+              const std::optional<Snapshot>& snapshot = std::nullopt);
+
+  uint64_t NextSeq() const { return next_seq_; }
+  // This job's and destination's versions by their latest state.
+  std::vector<JournalEntry> Entries() const;
+  // Snapshotted or uploaded but not yet committed: what a restarted launcher resumes.
+  std::vector<JournalEntry> Unfinished() const;
+  // The version of `name` with this fingerprint reached at least `state`.
+  bool Reached(const std::string& name, const std::string& fingerprint, HandoffState state) const;
+  const std::string& path() const { return path_; }
+
+  void SetScope(std::string job_id, std::string destination);
+
+ private:
+  void Replay();
+
+  std::string path_;
+  int fd_ = -1;
+  std::string job_id_;
+  std::string destination_;
+  std::map<uint64_t, JournalEntry> entries_;  // by seq, latest state (all scopes)
+  uint64_t next_seq_ = 1;
+};
+
+}  // namespace bt::checkpoint

@@ -1,0 +1,68 @@
+// The snapshot taken the moment a checkpoint is declared complete: its files linked (or
+// reflinked, or copied) into a private staging directory on the same filesystem, so that
+// rotation deleting the checkpoint right after the next save cannot take the upload with it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/layout.h"
+
+namespace bt::checkpoint {
+
+// A file changed or vanished while it was being snapshotted: not complete after all.
+class SnapshotChanged : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class StagingMethod { kReflink, kHardlink, kCopy };
+
+struct SnapshotFile {
+  std::string path;  // relative to the snapshot's base (and to staging_dir)
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  StagingMethod method = StagingMethod::kCopy;
+};
+
+struct Snapshot {
+  uint64_t seq = 0;  // the journal's number for this version of the checkpoint
+  std::string name;
+  std::string layout;
+  bool is_directory = true;
+  std::string staging_dir;  // absolute; files at staging_dir/<path>
+  std::vector<SnapshotFile> files;
+  std::map<std::string, std::string> pointers;
+  uint64_t total_bytes = 0;
+  std::string fingerprint;  // of the source files' identity: a new one means a new version
+
+  nlohmann::json ToJson() const;
+  static Snapshot FromJson(const nlohmann::json& value);  // throws nlohmann::json::exception
+};
+
+// Files up to this size are copied, not linked: frameworks rewrite small files (`latest`,
+// trainer_state.json, tracker files) in place, which a hard link would follow.
+inline constexpr uint64_t kCopyBelowBytes = 64 * 1024;
+
+// Stages `candidate` (files relative to `root`) into `staging_dir`, which must not exist.
+// Throws SnapshotChanged when a file changed meanwhile, std::runtime_error on I/O errors;
+// either way nothing is left in `staging_dir`.
+Snapshot TakeSnapshot(const std::string& root, const Candidate& candidate, const std::string& staging_dir, uint64_t seq);
+
+// Identity of the candidate's files (path, size, mtime, inode): equal fingerprints mean the
+// same version of a checkpoint.
+std::string Fingerprint(const Candidate& candidate);
+
+// Copies `from` to `to` (created, mode 0644), in the kernel where it can. Throws naming both.
+void CopyFile(const std::string& from, const std::string& to);
+
+// mkdir -p; throws naming the path.
+void MakeDirectories(const std::string& path);
+void RemoveTree(const std::string& path);
+
+}  // namespace bt::checkpoint

@@ -1,0 +1,22 @@
+// Runs a helper program (rclone) with an environment built for it, never the launcher's:
+// an inherited AWS_CA_BUNDLE, for one, breaks every S3 call of rclone 1.60.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace bt::checkpoint {
+
+struct ProcessResult {
+  int exit_code = -1;     // 127 when it could not be started, 128+signal when killed
+  std::string output;     // stdout
+  std::string spawn_error;
+};
+
+// Runs `argv` with exactly `environ`, calling `on_stderr_line` for each line it writes to
+// stderr; returns when it has exited.
+ProcessResult RunProcess(const std::vector<std::string>& argv, const std::vector<std::string>& environ,
+                         const std::function<void(const std::string&)>& on_stderr_line);
+
+}  // namespace bt::checkpoint

@@ -1,0 +1,328 @@
+#include "checkpoint/uploader.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/destination.h"
+#include "checkpoint/hash.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/snapshot.h"
+
+namespace bt::checkpoint {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr double kFirstRetryS = 1;
+constexpr double kMaxRetryS = 30;
+constexpr std::chrono::seconds kProgressEvery{1};
+constexpr int kIoPriorityLowestBestEffort = (2 << 13) | 7;  // IOPRIO_CLASS_BE, level 7
+
+const char* KindName(UploaderEvent::Kind kind) {
+  switch (kind) {
+    case UploaderEvent::Kind::kProgress: return "progress";
+    case UploaderEvent::Kind::kUploaded: return "uploaded";
+    case UploaderEvent::Kind::kRetrying: return "retrying";
+    case UploaderEvent::Kind::kModified: return "modified";
+    case UploaderEvent::Kind::kLatestPublished: return "latest";
+  }
+  return "?";
+}
+
+std::optional<UploaderEvent::Kind> KindFromName(const std::string& name) {
+  for (auto kind : {UploaderEvent::Kind::kProgress, UploaderEvent::Kind::kUploaded, UploaderEvent::Kind::kRetrying,
+                    UploaderEvent::Kind::kModified, UploaderEvent::Kind::kLatestPublished}) {
+    if (name == KindName(kind)) return kind;
+  }
+  return std::nullopt;
+}
+
+void Emit(const UploaderEvent& event) {
+  nlohmann::json line = {{"event", KindName(event.kind)}, {"seq", event.seq}, {"name", event.name}};
+  if (!event.message.empty()) line["message"] = event.message;
+  if (event.kind == UploaderEvent::Kind::kProgress) {
+    line["done"] = event.bytes_done;
+    line["total"] = event.bytes_total;
+  }
+  if (event.kind == UploaderEvent::Kind::kRetrying) {
+    line["attempt"] = event.attempt;
+    line["retry_in_s"] = event.retry_in_s;
+  }
+  std::cout << line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
+}
+
+// The staged file is what the manifest describes only while it is as the snapshot saw it:
+// a hard link follows a training that rewrites the file in place.
+std::optional<std::string> ChangedFile(const Snapshot& snapshot) {
+  for (const SnapshotFile& file : snapshot.files) {
+    if (file.method != StagingMethod::kHardlink) continue;
+    struct stat info {};
+    const std::string path = snapshot.staging_dir + "/" + file.path;
+    if (stat(path.c_str(), &info) != 0) return file.path + " (gone from staging)";
+    int64_t mtime = int64_t(info.st_mtim.tv_sec) * 1'000'000'000 + info.st_mtim.tv_nsec;
+    if (uint64_t(info.st_size) != file.size || mtime != file.mtime_ns) return file.path;
+  }
+  return std::nullopt;
+}
+
+Manifest BuildManifest(const Snapshot& snapshot, const UploaderConfig& config) {
+  Manifest manifest;
+  manifest.job_id = config.job_id;
+  manifest.node_rank = config.node_rank;
+  manifest.name = snapshot.name;
+  manifest.layout = snapshot.layout;
+  manifest.is_directory = snapshot.is_directory;
+  manifest.pointers = snapshot.pointers;
+  manifest.created_unix = int64_t(std::time(nullptr));
+  for (const SnapshotFile& file : snapshot.files) {
+    FileDigest digest = HashFile(snapshot.staging_dir + "/" + file.path);
+    manifest.files.push_back(ManifestFile{file.path, digest.size, digest.xxh3_128});
+    manifest.total_bytes += digest.size;
+  }
+  return manifest;
+}
+
+class Worker {
+ public:
+  explicit Worker(const UploaderConfig& config)
+      : config_(config), destination_(OpenDestination(ParseDestination(config.destination_uri, "destination"))) {}
+
+  void Handle(const nlohmann::json& request) {
+    const std::string op = request.at("op").get<std::string>();
+    if (op == "upload") {
+      std::ifstream file(request.at("snapshot").get<std::string>());
+      Upload(Snapshot::FromJson(nlohmann::json::parse(file)));
+    } else if (op == "latest") {
+      PublishLatest(request.at("name").get<std::string>());
+    }
+  }
+
+ private:
+  std::string RankDir() const { return config_.job_id + "/rank-" + std::to_string(config_.node_rank); }
+
+  void Upload(const Snapshot& snapshot) {
+    RetryUntilDone(snapshot.seq, snapshot.name, [&] {
+      if (auto changed = ChangedFile(snapshot)) return Modified(snapshot, *changed);
+      Manifest manifest = BuildManifest(snapshot, config_);
+      if (auto changed = ChangedFile(snapshot)) return Modified(snapshot, *changed);
+      auto last_progress = Clock::now();
+      destination_->Upload(snapshot, manifest, RankDir(), [&](uint64_t done, uint64_t total) {
+        if (Clock::now() - last_progress < kProgressEvery && done < total) return;
+        last_progress = Clock::now();
+        Emit({UploaderEvent::Kind::kProgress, snapshot.seq, snapshot.name, "", done, total});
+      });
+      // Changed during the upload: the destination may hold a mix, which the manifest
+      // does not describe. `latest` never names it; the agent re-stages the new version.
+      if (auto changed = ChangedFile(snapshot)) return Modified(snapshot, *changed);
+      Emit({UploaderEvent::Kind::kUploaded, snapshot.seq, snapshot.name, ""});
+    });
+  }
+
+  void Modified(const Snapshot& snapshot, const std::string& path) {
+    Emit({UploaderEvent::Kind::kModified, snapshot.seq, snapshot.name, path});
+  }
+
+  void PublishLatest(const std::string& name) {
+    RetryUntilDone(0, name, [&] {
+      destination_->PublishLatest(config_.job_id, name);
+      Emit({UploaderEvent::Kind::kLatestPublished, 0, name, ""});
+    });
+  }
+
+  template <typename Step>
+  void RetryUntilDone(uint64_t seq, const std::string& name, Step step) {
+    double delay = kFirstRetryS;
+    for (int attempt = 1;; ++attempt) {
+      try {
+        step();
+        return;
+      } catch (const std::exception& error) {  // DestinationError, or a staged file unreadable
+        UploaderEvent event{UploaderEvent::Kind::kRetrying, seq, name, error.what()};
+        event.attempt = attempt;
+        event.retry_in_s = delay;
+        Emit(event);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(int64_t(delay * 1000)));
+      delay = std::min(delay * 2, kMaxRetryS);
+    }
+  }
+
+  UploaderConfig config_;
+  std::unique_ptr<Destination> destination_;
+};
+
+}  // namespace
+
+std::string CurrentExecutable() {
+  char path[4096];
+  ssize_t length = readlink("/proc/self/exe", path, sizeof path - 1);
+  if (length <= 0) return "bt-launch";
+  path[length] = '\0';
+  return path;
+}
+
+int RunUploadWorker(const UploaderConfig& config, pid_t parent) {
+  // Dies with the launcher (a restarted launcher resumes from the journal instead of racing
+  // an orphaned uploader); ignores the terminal's and the platform's stop signals, which are
+  // the launcher's to act on.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (parent > 0 && getppid() != parent) return 0;
+  for (int signal_number : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2}) ::signal(signal_number, SIG_IGN);
+  setpriority(PRIO_PROCESS, 0, 10);
+  syscall(SYS_ioprio_set, 1 /* IOPRIO_WHO_PROCESS */, 0, kIoPriorityLowestBestEffort);
+  std::unique_ptr<Worker> worker;
+  try {
+    worker = std::make_unique<Worker>(config);
+  } catch (const std::exception& error) {
+    std::cerr << "bt-launch upload-worker: " << error.what() << std::endl;
+    return 65;
+  }
+  for (std::string line; std::getline(std::cin, line);) {
+    try {
+      worker->Handle(nlohmann::json::parse(line));
+    } catch (const std::exception& error) {
+      std::cerr << "bt-launch upload-worker: bad request: " << error.what() << std::endl;
+    }
+  }
+  return 0;
+}
+
+UploaderProcess::UploaderProcess(const std::string& binary, const UploaderConfig& config,
+                                 const std::vector<std::string>& environ) {
+  int requests[2];
+  int events[2];
+  if (pipe2(requests, O_CLOEXEC) != 0 || pipe2(events, O_CLOEXEC) != 0) {
+    throw std::runtime_error(std::string("cannot create the uploader's pipes: ") + std::strerror(errno));
+  }
+  std::vector<std::string> argv = {binary,         "upload-worker", "--destination", config.destination_uri,
+                                   "--job-id",     config.job_id,   "--node-rank",   std::to_string(config.node_rank),
+                                   "--parent-pid", std::to_string(getpid())};
+  std::vector<char*> args;
+  for (auto& arg : argv) args.push_back(arg.data());
+  args.push_back(nullptr);
+  std::vector<char*> envp;
+  for (const auto& entry : environ) envp.push_back(const_cast<char*>(entry.c_str()));
+  envp.push_back(nullptr);
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, requests[0], STDIN_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, events[1], STDOUT_FILENO);
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  sigset_t empty;
+  sigemptyset(&empty);
+  sigset_t all;
+  sigfillset(&all);
+  posix_spawnattr_setsigmask(&attributes, &empty);
+  posix_spawnattr_setsigdefault(&attributes, &all);
+  posix_spawnattr_setpgroup(&attributes, 0);  // its own group: never signalled with the training's
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  int error = posix_spawn(&pid_, binary.c_str(), &actions, &attributes, args.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attributes);
+  close(requests[0]);
+  close(events[1]);
+  requests_fd_ = requests[1];
+  events_fd_ = events[0];
+  if (error != 0) {
+    close(requests_fd_);
+    close(events_fd_);
+    throw std::runtime_error("cannot start the uploader " + binary + ": " + std::strerror(error));
+  }
+  fcntl(events_fd_, F_SETFL, fcntl(events_fd_, F_GETFL) | O_NONBLOCK);
+}
+
+UploaderProcess::~UploaderProcess() { Stop(0); }
+
+void UploaderProcess::Send(const std::string& line) {
+  if (requests_fd_ < 0) return;
+  const std::string text = line + "\n";
+  for (size_t written = 0; written < text.size();) {
+    ssize_t n = write(requests_fd_, text.data() + written, text.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return;  // the worker is gone: its exit shows up on the event pipe
+    written += size_t(n);
+  }
+}
+
+void UploaderProcess::Upload(const std::string& snapshot_path) {
+  Send(nlohmann::json{{"op", "upload"}, {"snapshot", snapshot_path}}.dump());
+}
+
+void UploaderProcess::PublishLatest(const std::string& name) { Send(nlohmann::json{{"op", "latest"}, {"name", name}}.dump()); }
+
+std::vector<UploaderEvent> UploaderProcess::ReadEvents(bool& exited) {
+  exited = false;
+  char chunk[8192];
+  while (events_fd_ >= 0) {
+    ssize_t got = read(events_fd_, chunk, sizeof chunk);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) break;  // EAGAIN: nothing more for now
+    if (got == 0) {
+      exited = true;
+      break;
+    }
+    buffer_.append(chunk, size_t(got));
+  }
+  std::vector<UploaderEvent> events;
+  for (size_t newline; (newline = buffer_.find('\n')) != std::string::npos;) {
+    nlohmann::json line = nlohmann::json::parse(buffer_.substr(0, newline), nullptr, false);
+    buffer_.erase(0, newline + 1);
+    if (!line.is_object() || !line.contains("event")) continue;
+    auto kind = KindFromName(line["event"].get<std::string>());
+    if (!kind) continue;
+    UploaderEvent event{*kind, line.value("seq", uint64_t(0)), line.value("name", ""), line.value("message", "")};
+    event.bytes_done = line.value("done", uint64_t(0));
+    event.bytes_total = line.value("total", uint64_t(0));
+    event.attempt = line.value("attempt", 0);
+    event.retry_in_s = line.value("retry_in_s", 0.0);
+    events.push_back(std::move(event));
+  }
+  return events;
+}
+
+void UploaderProcess::Stop(int wait_ms) {
+  if (requests_fd_ >= 0) {
+    close(requests_fd_);
+    requests_fd_ = -1;
+  }
+  if (pid_ > 0) {
+    auto deadline = Clock::now() + std::chrono::milliseconds(wait_ms);
+    while (waitpid(pid_, nullptr, WNOHANG) == 0) {
+      if (Clock::now() >= deadline) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, nullptr, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    pid_ = -1;
+  }
+  if (events_fd_ >= 0) {
+    close(events_fd_);
+    events_fd_ = -1;
+  }
+}
+
+}  // namespace bt::checkpoint

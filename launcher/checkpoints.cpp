@@ -1,0 +1,342 @@
+#include "launcher/checkpoints.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "checkpoint/hash.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/snapshot.h"
+#include "checkpoint/tree.h"
+#include "checkpoint/uploader.h"
+#include "launcher/exit_codes.h"
+
+namespace bt::launcher {
+namespace {
+
+using checkpoint::DestinationError;
+using checkpoint::Manifest;
+using checkpoint::ManifestError;
+
+constexpr const char* kDefaultDestinationDir = "/var/lib/bt-launch/checkpoints";
+constexpr std::chrono::seconds kStoreGetTimeout{10};
+
+std::string Trim(std::string text) {
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+  return text;
+}
+
+std::string RankDir(const std::string& job_id, int rank) { return job_id + "/rank-" + std::to_string(rank); }
+
+// Files of `manifest` under `local_dir` that differ from it: size, or XXH3-128.
+std::vector<std::string> CompareWithManifest(const Manifest& manifest, const std::string& local_dir) {
+  std::vector<std::string> problems;
+  for (const auto& file : manifest.files) {
+    const std::string path = local_dir + "/" + file.path;
+    try {
+      checkpoint::FileDigest digest = checkpoint::HashFile(path);
+      if (digest.size != file.size) {
+        problems.push_back(file.path + ": " + std::to_string(digest.size) + " bytes, the manifest says " +
+                           std::to_string(file.size));
+      } else if (digest.xxh3_128 != file.xxh3_128) {
+        problems.push_back(file.path + ": XXH3-128 " + digest.xxh3_128 + ", the manifest says " + file.xxh3_128);
+      }
+    } catch (const std::runtime_error& error) {
+      problems.push_back(error.what());
+    }
+  }
+  return problems;
+}
+
+std::vector<std::string> FilePaths(const Manifest& manifest) {
+  std::vector<std::string> paths;
+  for (const auto& file : manifest.files) paths.push_back(file.path);
+  return paths;
+}
+
+std::string IsoTime(int64_t unix_seconds) {
+  time_t time = time_t(unix_seconds);
+  tm utc{};
+  gmtime_r(&time, &utc);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
+}
+
+class StoreCommitBoard final : public checkpoint::CommitBoard {
+ public:
+  StoreCommitBoard(rendezvous::Store& store, int node_count, int node_rank)
+      : store_(store), node_count_(node_count), node_rank_(node_rank) {}
+
+  void Declare(const std::string& name) override {
+    int64_t index = store_.Add("bt/ckpt/declared", 0);
+    store_.Set("bt/ckpt/declared/" + std::to_string(index), name);
+    store_.Add("bt/ckpt/declared", 1);  // after the name: a reader never finds a gap
+  }
+
+  std::vector<std::string> DeclaredSince(size_t first) override {
+    std::vector<std::string> names;
+    const int64_t count = store_.Add("bt/ckpt/declared", 0);
+    for (int64_t index = int64_t(first); index < count; ++index) {
+      names.push_back(store_.Get("bt/ckpt/declared/" + std::to_string(index), kStoreGetTimeout));
+    }
+    return names;
+  }
+
+  void ReportPart(const std::string& name) override {
+    store_.Add(PartKey(name, node_rank_), 1);
+    store_.Add("bt/ckpt/parts/" + name, 1);
+  }
+
+  std::vector<int> MissingParts(const std::string& name) override {
+    if (store_.Add("bt/ckpt/parts/" + name, 0) >= node_count_) return {};
+    std::vector<int> missing;
+    for (int rank = 0; rank < node_count_; ++rank) {
+      if (store_.Add(PartKey(name, rank), 0) == 0) missing.push_back(rank);
+    }
+    return missing;
+  }
+
+  void MarkCommitted(const std::string& name) override { store_.Add("bt/ckpt/committed/" + name, 1); }
+  bool IsCommitted(const std::string& name) override { return store_.Add("bt/ckpt/committed/" + name, 0) > 0; }
+  void CloseDeclarations() override { store_.Add("bt/ckpt/closed", 1); }
+  bool DeclarationsClosed() override { return store_.Add("bt/ckpt/closed", 0) > 0; }
+
+ private:
+  static std::string PartKey(const std::string& name, int rank) {
+    return "bt/ckpt/parts/" + name + "/rank-" + std::to_string(rank);
+  }
+  rendezvous::Store& store_;
+  int node_count_;
+  int node_rank_;
+};
+
+}  // namespace
+
+std::unique_ptr<checkpoint::CommitBoard> MakeStoreCommitBoard(rendezvous::Store& store, int node_count, int node_rank) {
+  return std::make_unique<StoreCommitBoard>(store, node_count, node_rank);
+}
+
+checkpoint::DestinationSpec ResolveCheckpointDestination(const env::JobConfig& config,
+                                                         const env::JobEnvironment& environment,
+                                                         const std::optional<std::string>& root,
+                                                         const std::optional<std::string>& uri_override) {
+  const auto& settings = config.launcher.checkpoint;
+  std::string uri;
+  std::string origin;
+  const auto& variables = environment.variables;
+  auto from_env = variables.find("BT_CHECKPOINT_DESTINATION");
+  if (uri_override) {
+    uri = *uri_override;
+    origin = "--destination";
+  } else if (from_env != variables.end() && !from_env->second.empty()) {
+    uri = from_env->second;
+    origin = "BT_CHECKPOINT_DESTINATION";
+  } else if (settings.destination) {
+    uri = *settings.destination;
+    origin = "launcher.checkpoint.destination";
+  } else {
+    uri = "file://" + env::PathLayout(root, 0).Shared(kDefaultDestinationDir);
+    origin = "the default destination";
+  }
+  try {
+    checkpoint::DestinationSpec spec = checkpoint::ParseDestination(uri, origin);
+    std::optional<std::string> secret;
+    if (settings.auth_secret_name) {
+      secret = env::ReadSecretFile(environment.secrets_dir, *settings.auth_secret_name,
+                                   "launcher.checkpoint.auth_secret_name");
+    }
+    spec.rclone_environ = checkpoint::RcloneEnvironment(spec.scheme, secret, settings.auth_secret_name.value_or(""),
+                                                        environment.variables);
+    return spec;
+  } catch (const DestinationError& error) {
+    throw LaunchFailure(kExitConfig, error.what());
+  } catch (const env::SecretError& error) {
+    throw LaunchFailure(kExitConfig, error.what());
+  }
+}
+
+void LoadCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment,
+                     const checkpoint::DestinationSpec& destination_spec, int node_rank) {
+  const auto& loading = config.runtime.load_checkpoint_config;
+  if (loading.checkpoints.empty()) {
+    throw LaunchFailure(kExitConfig, "runtime.load_checkpoint_config.checkpoints: empty; name the job to load from "
+                                     "({\"typ\": \"baseten_latest_checkpoint\", \"job_id\": ...})");
+  }
+  auto destination = checkpoint::OpenDestination(destination_spec);
+  const std::string rank_dir = environment.variables.at("BT_LOAD_CHECKPOINT_DIR") + "/rank-" + std::to_string(node_rank);
+  for (const env::CheckpointReference& reference : loading.checkpoints) {
+    const std::string where = reference.config_path + ": ";
+    try {
+      std::string name;
+      if (reference.checkpoint_name) {
+        name = *reference.checkpoint_name;
+      } else {
+        auto latest = destination->ReadText(reference.job_id + "/latest");
+        if (!latest) {
+          throw LaunchFailure(kExitIo, where + "job " + reference.job_id + " has no committed checkpoint (no " +
+                                           destination_spec.uri + "/" + reference.job_id + "/latest)");
+        }
+        name = Trim(*latest);
+      }
+      checkpoint::ValidateCheckpointName(name, where + "checkpoint name");
+      const std::string remote_rank = RankDir(reference.job_id, node_rank);
+      const std::string manifest_path = remote_rank + "/" + checkpoint::ManifestName(name);
+      auto text = destination->ReadText(manifest_path);
+      if (!text) {
+        throw LaunchFailure(kExitIo, where + "checkpoint " + name + " of job " + reference.job_id +
+                                         " has no part for node " + std::to_string(node_rank) + " (no " +
+                                         destination_spec.uri + "/" + manifest_path + ")");
+      }
+      Manifest manifest = Manifest::FromJson(*text, destination_spec.uri + "/" + manifest_path);
+      const std::string incoming = rank_dir + "/.bt-loading-" + std::to_string(getpid());
+      checkpoint::RemoveTree(incoming);
+      checkpoint::MakeDirectories(incoming);
+      destination->Download(checkpoint::JoinPath(remote_rank, manifest.base()), FilePaths(manifest), incoming);
+      auto problems = CompareWithManifest(manifest, incoming);
+      if (!problems.empty()) {
+        checkpoint::RemoveTree(incoming);
+        throw LaunchFailure(kExitIo, where + "checkpoint " + name + " of job " + reference.job_id + " is corrupt: " +
+                                         problems.front() + (problems.size() > 1 ? " (and " + std::to_string(problems.size() - 1) + " more)" : ""));
+      }
+      const std::string target = checkpoint::JoinPath(rank_dir, manifest.base());
+      if (manifest.is_directory) checkpoint::RemoveTree(target);
+      for (const auto& file : manifest.files) {
+        const std::string to = target + "/" + file.path;
+        checkpoint::MakeDirectories(checkpoint::ParentOf(to));
+        std::filesystem::rename(incoming + "/" + file.path, to);
+      }
+      checkpoint::RemoveTree(incoming);
+      for (const auto& [path, content] : manifest.pointers) {
+        std::FILE* pointer = std::fopen((rank_dir + "/" + path).c_str(), "w");
+        if (pointer == nullptr) throw std::runtime_error("cannot write " + rank_dir + "/" + path);
+        std::fputs(content.c_str(), pointer);
+        std::fclose(pointer);
+      }
+      spdlog::info("loaded checkpoint {} of job {} ({} files, {} bytes, verified) into {}", name, reference.job_id,
+                   manifest.files.size(), manifest.total_bytes, checkpoint::JoinPath(rank_dir, manifest.name));
+    } catch (const DestinationError& error) {
+      throw LaunchFailure(kExitIo, where + "cannot load from " + destination_spec.uri + ": " + error.what());
+    } catch (const ManifestError& error) {
+      throw LaunchFailure(kExitIo, where + error.what());
+    } catch (const std::filesystem::filesystem_error& error) {
+      throw LaunchFailure(kExitIo, where + error.what());
+    } catch (const LaunchFailure&) {
+      throw;
+    } catch (const std::runtime_error& error) {
+      throw LaunchFailure(kExitIo, where + error.what());
+    }
+  }
+}
+
+CheckpointPhase StartCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment,
+                                 const checkpoint::DestinationSpec& destination, const env::NodeIdentity& identity,
+                                 rendezvous::Store* store) {
+  CheckpointPhase phase;
+  if (!config.runtime.checkpointing_config.enabled) return phase;
+  checkpoint::AgentOptions options;
+  options.checkpoint_dir = environment.variables.at("BT_CHECKPOINT_DIR");
+  options.settings = config.launcher.checkpoint;
+  options.job_id = environment.variables.at("BT_TRAINING_JOB_ID");
+  options.node_rank = identity.rank;
+  options.node_count = identity.count;
+  options.destination = destination;
+  options.uploader_environ = destination.rclone_environ;
+  options.uploader_binary = checkpoint::CurrentExecutable();
+  if (identity.count > 1 && store != nullptr) {
+    phase.board = MakeStoreCommitBoard(*store, identity.count, identity.rank);
+    options.board = phase.board.get();
+  } else if (identity.count > 1) {
+    spdlog::warn("checkpoints: the mpi rendezvous backend has no store during the run, so nodes cannot agree on "
+                 "`latest`: node 0 writes it from its own part only");
+    options.publish_latest = identity.rank == 0;
+  }
+  try {
+    phase.agent = std::make_unique<checkpoint::CheckpointAgent>(std::move(options));
+  } catch (const std::runtime_error& error) {
+    throw LaunchFailure(kExitIo, std::string("cannot start checkpoint handling: ") + error.what());
+  }
+  return phase;
+}
+
+bool DrainCheckpoints(CheckpointPhase& phase, const env::JobConfig& config, const JobOutcome& outcome) {
+  if (!phase.agent) return true;
+  const bool succeeded = outcome.exit_code == 0 && !outcome.stop_reason && !outcome.shutdown_signal;
+  auto deadline = std::chrono::steady_clock::now() +
+                  std::chrono::milliseconds(int64_t(config.launcher.checkpoint.drain_timeout_s * 1000));
+  checkpoint::DrainResult result = phase.agent->Drain(succeeded, deadline);
+  if (result.committed) {
+    spdlog::info("checkpoints: {}", result.message);
+  } else {
+    spdlog::error("checkpoints: {}", result.message);
+  }
+  return result.committed;
+}
+
+int ListCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment, const CliOptions& cli) {
+  const std::string job_id = cli.job_id.value_or(environment.variables.at("BT_TRAINING_JOB_ID"));
+  checkpoint::DestinationSpec spec = ResolveCheckpointDestination(config, environment, cli.root, cli.destination);
+  auto destination = checkpoint::OpenDestination(spec);
+  nlohmann::json rows = nlohmann::json::array();
+  std::optional<std::string> latest;
+  bool all_verified = true;
+  try {
+    if (auto text = destination->ReadText(job_id + "/latest")) latest = Trim(*text);
+    for (const std::string& path : destination->List(job_id, checkpoint::kManifestSuffix)) {
+      auto text = destination->ReadText(job_id + "/" + path);
+      if (!text) continue;
+      Manifest manifest = Manifest::FromJson(*text, spec.uri + "/" + job_id + "/" + path);
+      nlohmann::json row = {{"rank", manifest.node_rank},        {"name", manifest.name},
+                            {"layout", manifest.layout},         {"files", manifest.files.size()},
+                            {"bytes", manifest.total_bytes},     {"committed_at", IsoTime(manifest.created_unix)},
+                            {"latest", latest == manifest.name}};
+      if (cli.verify) {
+        char temporary[] = "/tmp/bt-launch-verify.XXXXXX";
+        if (mkdtemp(temporary) == nullptr) throw std::runtime_error("cannot create a directory in /tmp");
+        const std::string remote = checkpoint::JoinPath(RankDir(job_id, manifest.node_rank), manifest.base());
+        std::vector<std::string> problems;
+        try {
+          destination->Download(remote, FilePaths(manifest), temporary);
+          problems = CompareWithManifest(manifest, temporary);
+        } catch (const DestinationError& error) {
+          problems.push_back(error.what());
+        }
+        checkpoint::RemoveTree(temporary);
+        row["verified"] = problems.empty();
+        row["problems"] = problems;
+        all_verified &= problems.empty();
+      }
+      rows.push_back(row);
+    }
+  } catch (const DestinationError& error) {
+    throw LaunchFailure(kExitIo, "cannot read " + spec.uri + ": " + error.what());
+  } catch (const ManifestError& error) {
+    throw LaunchFailure(kExitIo, error.what());
+  }
+  if (cli.output_format == "json") {
+    nlohmann::json out = {{"job_id", job_id}, {"destination", spec.uri}, {"latest", latest ? nlohmann::json(*latest) : nlohmann::json()},
+                          {"checkpoints", rows}};
+    std::printf("%s\n", out.dump(2).c_str());
+  } else {
+    std::printf("job %s at %s; latest: %s\n", job_id.c_str(), spec.uri.c_str(), latest ? latest->c_str() : "(none)");
+    std::printf("%-5s %-40s %-13s %7s %14s  %-20s%s\n", "rank", "checkpoint", "layout", "files", "bytes", "committed at",
+                cli.verify ? "  verified" : "");
+    for (const auto& row : rows) {
+      std::string verified;
+      if (cli.verify) verified = row["verified"].get<bool>() ? "  ok" : "  MISMATCH: " + row["problems"][0].get<std::string>();
+      std::printf("%-5d %-40s %-13s %7zu %14llu  %-20s%s%s\n", row["rank"].get<int>(), row["name"].get<std::string>().c_str(),
+                  row["layout"].get<std::string>().c_str(), row["files"].get<size_t>(),
+                  static_cast<unsigned long long>(row["bytes"].get<uint64_t>()),
+                  row["committed_at"].get<std::string>().c_str(), row["latest"].get<bool>() ? " *" : "", verified.c_str());
+    }
+  }
+  return all_verified ? 0 : kExitIo;
+}
+
+}  // namespace bt::launcher

@@ -1,0 +1,56 @@
+// The checkpoint phases of a run (DESIGN.md §1): loading checkpoints before the start
+// commands, the agent that watches and hands off while they run, and the drain after.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "checkpoint/agent.h"
+#include "checkpoint/destination.h"
+#include "env/environment.h"
+#include "env/identity.h"
+#include "env/job_config.h"
+#include "launcher/cli.h"
+#include "launcher/supervisor.h"
+#include "rendezvous/store.h"
+
+namespace bt::launcher {
+
+// BT_CHECKPOINT_DESTINATION, else launcher.checkpoint.destination, else a directory
+// beside the job (file://<root>/var/lib/bt-launch/checkpoints). Credentials from the
+// launcher.checkpoint.auth_secret_name secret, else the standard variables, into rclone's
+// environment only. Throws LaunchFailure(65).
+checkpoint::DestinationSpec ResolveCheckpointDestination(const env::JobConfig& config,
+                                                         const env::JobEnvironment& environment,
+                                                         const std::optional<std::string>& root,
+                                                         const std::optional<std::string>& uri_override = std::nullopt);
+
+// Each load_checkpoint_config reference, this node's part, into
+// BT_LOAD_CHECKPOINT_DIR/rank-<r>/, verified against its manifest. Throws LaunchFailure(74).
+void LoadCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment,
+                     const checkpoint::DestinationSpec& destination, int node_rank);
+
+// The agent and the cross-node commit it uses; empty when checkpointing is off.
+struct CheckpointPhase {
+  std::unique_ptr<checkpoint::CommitBoard> board;
+  std::unique_ptr<checkpoint::CheckpointAgent> agent;
+};
+
+// `store` is the rendezvous store (null for one node, or for the mpi backend).
+CheckpointPhase StartCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment,
+                                 const checkpoint::DestinationSpec& destination, const env::NodeIdentity& identity,
+                                 rendezvous::Store* store);
+
+// Commits what is complete within launcher.checkpoint.drain_timeout_s. Returns false (after
+// one error line naming the checkpoint and the reason) when the last complete checkpoint
+// was not committed.
+bool DrainCheckpoints(CheckpointPhase& phase, const env::JobConfig& config, const JobOutcome& outcome);
+
+// `bt-launch checkpoints`: committed checkpoints per rank; --verify re-hashes them.
+int ListCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment, const CliOptions& cli);
+
+// The cross-node commit over the rendezvous store (keys under bt/ckpt/).
+std::unique_ptr<checkpoint::CommitBoard> MakeStoreCommitBoard(rendezvous::Store& store, int node_count, int node_rank);
+
+}  // namespace bt::launcher
