@@ -415,6 +415,7 @@ class CheckpointAgent::Impl {
 
   void OnRetrying(Version& version, const UploaderEvent& event) {
     version.last_error = event.message;
+    last_destination_error_ = event.message;
     if (event.attempt > 1 && Clock::now() - version.last_retry_log < kRetryLogEvery) return;
     version.last_retry_log = Clock::now();
     spdlog::warn("checkpoints: cannot upload {} to {} (attempt {}): {}; retrying in {:.0f} s", version.name,
@@ -574,9 +575,10 @@ class CheckpointAgent::Impl {
     }
     std::string reason;
     if (version.stage == Stage::kQueued) {
-      reason = version.last_error.empty()
+      const std::string& error = version.last_error.empty() ? last_destination_error_ : version.last_error;
+      reason = error.empty()
                    ? "upload not finished (" + Bytes(version.bytes_done) + " of " + Bytes(version.bytes_total) + ")"
-                   : options_.destination.uri + " unavailable: " + version.last_error;
+                   : options_.destination.uri + " unavailable: " + error;
     } else if (board_error_) {
       reason = "uploaded, but the cross-node commit failed: " + *board_error_;
     } else if (options_.board && is_leader()) {
@@ -611,6 +613,7 @@ class CheckpointAgent::Impl {
   std::set<std::string> incomplete_noted_;
   std::set<std::string> warned_symlinks_;
   std::optional<std::string> board_error_;
+  std::string last_destination_error_;
   int wake_fd_ = -1;
   std::mutex mutex_;
   Clock::time_point drain_deadline_ = Clock::time_point::max();

@@ -196,11 +196,19 @@ class RcloneDestination final : public Destination {
     PutText(job_id + "/latest", name + "\n");
   }
 
+  // `rclone cat` and `copyto` of a missing object both exit 0 (an empty "directory"), so
+  // the object is copied to a local file and its absence is the answer.
   std::optional<std::string> ReadText(const std::string& path) override {
+    char temporary[] = "/tmp/bt-launch-get.XXXXXX";
+    int fd = mkstemp(temporary);
+    if (fd < 0) Fail("cannot create a temporary file in /tmp");
+    close(fd);
+    unlink(temporary);
     std::string last_error;
-    ProcessResult result = Rclone({"cat", Remote(path)}, nullptr, last_error);
-    if (result.exit_code == 0) return result.output;
-    if (IsNotFound(result, last_error)) return std::nullopt;
+    ProcessResult result = Rclone({"copyto", Remote(path), temporary}, nullptr, last_error);
+    std::optional<std::string> text = result.exit_code == 0 ? ReadWholeFile(temporary) : std::nullopt;
+    unlink(temporary);
+    if (result.exit_code == 0 || IsNotFound(result, last_error)) return text;
     throw DestinationError(DescribeRcloneFailure(result, last_error));
   }
 

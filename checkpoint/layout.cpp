@@ -78,6 +78,10 @@ class Classifier {
   std::vector<Candidate> Run() {
     Visit("", 0);
     for (auto& candidate : candidates_) Fill(candidate);
+    // A directory holding nothing but ignored files is not a checkpoint (yet).
+    std::erase_if(candidates_, [](const Candidate& candidate) {
+      return (candidate.layout == Layout::kQuiet || candidate.layout == Layout::kMarker) && candidate.files.empty();
+    });
     return std::move(candidates_);
   }
 

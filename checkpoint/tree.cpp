@@ -77,6 +77,7 @@ DirectoryTree ScanTree(const std::string& root, const std::string& marker) {
   close(fd);
   std::sort(tree.files.begin(), tree.files.end(), [](const FileEntry& a, const FileEntry& b) { return a.path < b.path; });
   std::sort(tree.directories.begin(), tree.directories.end());
+  std::sort(tree.symlinks.begin(), tree.symlinks.end());
   return tree;
 }
 

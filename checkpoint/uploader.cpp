@@ -104,8 +104,12 @@ Manifest BuildManifest(const Snapshot& snapshot, const UploaderConfig& config) {
 
 class Worker {
  public:
-  explicit Worker(const UploaderConfig& config)
-      : config_(config), destination_(OpenDestination(ParseDestination(config.destination_uri, "destination"))) {}
+  explicit Worker(const UploaderConfig& config) : config_(config) {
+    DestinationSpec spec = ParseDestination(config.destination_uri, "destination");
+    // The launcher started this process with exactly rclone's environment.
+    for (char** entry = environ; *entry != nullptr; ++entry) spec.rclone_environ.emplace_back(*entry);
+    destination_ = OpenDestination(spec);
+  }
 
   void Handle(const nlohmann::json& request) {
     const std::string op = request.at("op").get<std::string>();

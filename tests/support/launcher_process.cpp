@@ -83,6 +83,15 @@ bool LauncherProcess::WaitForOutput(const std::string& text, std::chrono::millis
   return false;
 }
 
+bool LauncherProcess::WaitForLog(const std::string& text, std::chrono::milliseconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    if (result_.err.find(text) != std::string::npos) return true;
+    if (!Pump(20)) return result_.err.find(text) != std::string::npos;
+  }
+  return false;
+}
+
 void LauncherProcess::Signal(int signal_number) { kill(pid_, signal_number); }
 
 ProcessResult LauncherProcess::Finish() {

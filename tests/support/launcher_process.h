@@ -39,6 +39,8 @@ class LauncherProcess {
   // Reads output until the job's stdout contains `text` (the launcher's own log, on
   // stderr, echoes the command text); false on timeout or exit.
   bool WaitForOutput(const std::string& text, std::chrono::milliseconds timeout);
+  // The same for the launcher's own log (stderr).
+  bool WaitForLog(const std::string& text, std::chrono::milliseconds timeout);
   void Signal(int signal_number);
   ProcessResult Finish();  // waits up to the spec's timeout, then SIGKILLs
 
