@@ -571,7 +571,8 @@ class CheckpointAgent::Impl {
     }
     const Version& version = *newest;
     if (version.stage == Stage::kCommitted) {
-      return {true, "checkpoint " + version.name + " committed to " + options_.destination.uri};
+      const std::string what = options_.board && !is_leader() ? "this node's part of checkpoint " : "checkpoint ";
+      return {true, what + version.name + " committed to " + options_.destination.uri};
     }
     std::string reason;
     if (version.stage == Stage::kQueued) {

@@ -64,6 +64,12 @@ std::vector<pid_t> ChildrenOf(pid_t parent);
 // The whole content of a file ("" when it cannot be read).
 std::string ReadFile(const std::string& path);
 
+// Writes `content` to `path` (creating parent directories).
+void WriteFile(const std::string& path, const std::string& content = "");
+
+// A TCP port that was free a moment ago, for a test's rendezvous.
+uint16_t FreePort();
+
 // A fresh directory under /tmp, removed by the destructor.
 class TempDir {
  public:

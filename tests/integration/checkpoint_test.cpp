@@ -1,0 +1,313 @@
+// Checkpoint handoff through the real binary: trainings written as shell scripts that save
+// the way frameworks do, a file:// destination the test can break and repair, and the
+// launcher killed, stopped and restarted. Every process is bounded and reaped.
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/support/launcher_process.h"
+
+namespace bt::testing {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+constexpr const char* kJob = "ckpt-job";
+
+// A start command that saves checkpoint-N in the Hugging Face Trainer's order.
+std::string HfSave(int step, const std::string& weights_bytes = "200000") {
+  std::string dir = "$BT_CHECKPOINT_DIR/checkpoint-" + std::to_string(step);
+  return "mkdir -p " + dir + " && head -c " + weights_bytes + " /dev/urandom > " + dir + "/model.safetensors.bin && echo '{}' > " +
+         dir + "/config.json && echo '{\"global_step\": " + std::to_string(step) + "}' > " + dir + "/trainer_state.json";
+}
+
+class CheckpointJob : public ::testing::Test {
+ protected:
+  std::string Remote() const { return dir_.path() + "/remote"; }
+  std::string RankDir(int rank = 0) const { return Remote() + "/" + kJob + "/rank-" + std::to_string(rank); }
+  std::string CheckpointDir(int rank = 0) const { return dir_.path() + "/root/node-" + std::to_string(rank) + "/mnt/ckpts"; }
+
+  std::string Config(const std::vector<std::string>& commands, const std::string& destination = "",
+                     double drain_timeout_s = 30, const std::string& extra_runtime = "") {
+    nlohmann::json config = {
+        {"runtime", {{"start_commands", commands}, {"checkpointing_config", {{"enabled", true}}}}},
+        {"launcher",
+         {{"job_id", kJob},
+          {"grace_period_s", 5},
+          {"checkpoint",
+           {{"destination", destination.empty() ? "file://" + Remote() : destination},
+            {"drain_timeout_s", drain_timeout_s},
+            {"scan_interval_s", 0.5},
+            {"quiet_period_s", 2}}}}}};
+    if (!extra_runtime.empty()) config["runtime"].update(nlohmann::json::parse(extra_runtime));
+    return dir_.Write("job-" + std::to_string(++configs_) + ".json", config.dump());
+  }
+
+  LaunchSpec Run(const std::string& config, std::chrono::milliseconds timeout = 60s) {
+    return {{"run", "--config", config, "--root", dir_.path() + "/root"}, {}, {"BT_JOB_CONFIG"}, std::nullopt, timeout};
+  }
+
+  std::string Latest() const { return ReadFile(Remote() + "/" + kJob + "/latest"); }
+
+  ProcessResult Checkpoints(bool verify) {
+    LaunchSpec spec{{"checkpoints", "--config", dir_.path() + "/job-1.json", "--root", dir_.path() + "/root", "--format", "json"}};
+    if (verify) spec.args.push_back("--verify");
+    return RunLauncher(spec);
+  }
+
+  TempDir dir_;
+  int configs_ = 0;
+};
+
+TEST_F(CheckpointJob, CommitsEveryCheckpointEvenWhenRotationDeletesItRightAway) {
+  // save_total_limit=1: the Trainer deletes the older checkpoint right after the next save
+  // (a save takes a moment: the sleeps stand for the training steps in between).
+  std::string config = Config({HfSave(1) + " && sleep 0.3 && " + HfSave(2) + " && rm -rf $BT_CHECKPOINT_DIR/checkpoint-1 && sleep 0.3 && " +
+                               HfSave(3) + " && rm -rf $BT_CHECKPOINT_DIR/checkpoint-2"});
+  ProcessResult result = RunLauncher(Run(config));
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(Latest(), "checkpoint-3\n");
+  for (int step = 1; step <= 3; ++step) {
+    const std::string name = "checkpoint-" + std::to_string(step);
+    EXPECT_EQ(fs::file_size(RankDir() + "/" + name + "/model.safetensors.bin"), 200000u) << name;
+    EXPECT_TRUE(fs::exists(RankDir() + "/" + name + ".bt-manifest.json")) << name;
+  }
+  ProcessResult listing = Checkpoints(true);
+  ASSERT_EQ(listing.exit_code, 0) << listing.err;
+  auto json = nlohmann::json::parse(listing.out);
+  EXPECT_EQ(json["latest"], "checkpoint-3");
+  ASSERT_EQ(json["checkpoints"].size(), 3u);
+  for (const auto& row : json["checkpoints"]) EXPECT_TRUE(row["verified"].get<bool>()) << row.dump();
+  EXPECT_TRUE(fs::is_empty(CheckpointDir() + "/.bt-checkpoint/staging")) << "staging is emptied after the upload";
+}
+
+TEST_F(CheckpointJob, TrainingKilledMidSaveLeavesThePreviousCheckpointCommitted) {
+  std::string partial = "mkdir -p $BT_CHECKPOINT_DIR/checkpoint-2 $BT_CHECKPOINT_DIR/export && "
+                        "head -c 100000 /dev/urandom > $BT_CHECKPOINT_DIR/checkpoint-2/model.safetensors.bin && "
+                        "head -c 1000 /dev/urandom > $BT_CHECKPOINT_DIR/export/weights.bin && "
+                        "printf 'PK\\003\\004' > $BT_CHECKPOINT_DIR/model.pt && head -c 5000 /dev/urandom >> $BT_CHECKPOINT_DIR/model.pt";
+  std::string config = Config({HfSave(1) + " && sleep 1 && " + partial + " && kill -KILL $$"});
+  ProcessResult result = RunLauncher(Run(config));
+  EXPECT_EQ(result.exit_code, 137) << result.err;
+  EXPECT_EQ(Latest(), "checkpoint-1\n");
+  EXPECT_FALSE(fs::exists(RankDir() + "/checkpoint-2")) << "a checkpoint without trainer_state.json was uploaded";
+  EXPECT_FALSE(fs::exists(RankDir() + "/export")) << "a directory written as the training died was uploaded";
+  EXPECT_FALSE(fs::exists(RankDir() + "/model.pt"));
+  EXPECT_NE(result.err.find("checkpoint-2 is not complete and will not be uploaded"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("checkpoint checkpoint-1 committed"), std::string::npos) << result.err;
+}
+
+TEST_F(CheckpointJob, DestinationDownForAWhileIsRetriedAndCommitted) {
+  // A regular file where the destination's directory should be: every upload fails until
+  // the training removes it.
+  const std::string blocker = dir_.path() + "/blocker";
+  WriteFile(blocker);
+  std::string config = Config({HfSave(1) + " && sleep 3 && rm " + blocker + " && sleep 1"}, "file://" + blocker + "/remote");
+  ProcessResult result = RunLauncher(Run(config));
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.err.find("cannot upload checkpoint-1 to file://" + blocker + "/remote (attempt 1)"), std::string::npos)
+      << result.err;
+  EXPECT_EQ(ReadFile(blocker + "/remote/" + kJob + "/latest"), "checkpoint-1\n");
+}
+
+TEST_F(CheckpointJob, DestinationGoneForGoodExits74NamingTheCheckpoint) {
+  const std::string blocker = dir_.path() + "/blocker";
+  WriteFile(blocker);
+  std::string config = Config({HfSave(1)}, "file://" + blocker + "/remote", 3);
+  ProcessResult result = RunLauncher(Run(config));
+  EXPECT_EQ(result.exit_code, 74) << result.err;
+  EXPECT_NE(result.err.find("checkpoint checkpoint-1 was not committed before the drain deadline: file://" + blocker +
+                            "/remote unavailable"),
+            std::string::npos)
+      << result.err;
+  EXPECT_LT(result.elapsed, 20s);
+}
+
+TEST_F(CheckpointJob, LauncherKilledAndRestartedResumesFromTheJournal) {
+  // Run 1 commits checkpoint-1, then the destination breaks, checkpoint-2 is saved and
+  // rotated away, and the launcher is SIGKILLed before it could upload it.
+  const std::string parked = Remote() + ".away";
+  std::string wait_commit = "while [ ! -s " + Remote() + "/" + kJob + "/latest ]; do sleep 0.1; done";
+  std::string break_remote = "mv " + Remote() + " " + parked + " && touch " + Remote();
+  std::string config = Config({HfSave(1) + " && " + wait_commit + " && " + break_remote + " && " + HfSave(2) +
+                               " && sleep 0.3 && rm -rf $BT_CHECKPOINT_DIR/checkpoint-2 && echo $$ > " + dir_.path() + "/training.pid && sleep 60"});
+  {
+    LauncherProcess first(Run(config));
+    ASSERT_TRUE(first.WaitForLog("checkpoint-2 is complete", 30s));
+    ASSERT_TRUE(first.WaitForLog("cannot upload checkpoint-2", 30s));
+    first.Signal(SIGKILL);
+    ProcessResult killed = first.Finish();
+    EXPECT_EQ(killed.exit_code, 137);
+    kill(-std::stoi(ReadFile(dir_.path() + "/training.pid")), SIGKILL);  // its own group: the launcher was its only killer
+  }
+  const auto first_upload = fs::last_write_time(parked + "/" + kJob + "/rank-0/checkpoint-1.bt-manifest.json");
+  fs::remove(Remote());
+  fs::rename(parked, Remote());
+  std::string restart = Config({"true"});
+  ProcessResult result = RunLauncher(Run(restart));
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.err.find("resuming checkpoint-2 from the journal (snapshotted)"), std::string::npos) << result.err;
+  EXPECT_EQ(Latest(), "checkpoint-2\n");
+  EXPECT_EQ(fs::file_size(RankDir() + "/checkpoint-2/model.safetensors.bin"), 200000u);
+  EXPECT_EQ(result.err.find("checkpoint-1 is complete"), std::string::npos) << "checkpoint-1 was handed off again";
+  EXPECT_EQ(fs::last_write_time(RankDir() + "/checkpoint-1.bt-manifest.json"), first_upload) << "checkpoint-1 re-uploaded";
+}
+
+TEST_F(CheckpointJob, FileModifiedAfterCompletionIsNotUploadedAsTheCommittedVersion) {
+  // The destination is down while the training rewrites a weights file in place after
+  // declaring the checkpoint done: the staged hard link follows the rewrite.
+  const std::string blocker = dir_.path() + "/blocker";
+  WriteFile(blocker);
+  std::string file = "$BT_CHECKPOINT_DIR/checkpoint-1/model.safetensors.bin";
+  std::string config = Config({HfSave(1) + " && sleep 1.5 && head -c 1000 /dev/urandom >> " + file + " && rm " + blocker +
+                               " && sleep 3"},
+                              "file://" + blocker + "/remote");
+  ProcessResult result = RunLauncher(Run(config));
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.err.find("checkpoint-1 was modified after it was declared complete"), std::string::npos) << result.err;
+  const std::string remote = blocker + "/remote/" + kJob + "/rank-0";
+  EXPECT_EQ(fs::file_size(remote + "/checkpoint-1/model.safetensors.bin"), 201000u) << "the committed version is the final one";
+  auto manifest = nlohmann::json::parse(ReadFile(remote + "/checkpoint-1.bt-manifest.json"));
+  for (const auto& entry : manifest["files"]) {
+    EXPECT_EQ(fs::file_size(remote + "/checkpoint-1/" + entry["path"].get<std::string>()), entry["size"].get<uint64_t>());
+  }
+}
+
+TEST_F(CheckpointJob, SigtermDuringAOneGibUploadDrainsItWithinTheDeadline) {
+  std::string save = "mkdir -p $BT_CHECKPOINT_DIR/checkpoint-1 && dd if=/dev/zero of=$BT_CHECKPOINT_DIR/checkpoint-1/model.bin "
+                     "bs=1M count=1024 status=none && echo '{}' > $BT_CHECKPOINT_DIR/checkpoint-1/trainer_state.json";
+  std::string config = Config({save + " && sleep 60"}, "", 60);
+  LauncherProcess launcher(Run(config, 120s));
+  ASSERT_TRUE(launcher.WaitForLog("checkpoint-1 is complete", 60s));
+  launcher.Signal(SIGTERM);
+  auto stopped = std::chrono::steady_clock::now();
+  ProcessResult result = launcher.Finish();
+  EXPECT_EQ(result.exit_code, 143) << result.err;
+  EXPECT_LT(std::chrono::steady_clock::now() - stopped, 65s);
+  EXPECT_EQ(Latest(), "checkpoint-1\n");
+  EXPECT_EQ(fs::file_size(RankDir() + "/checkpoint-1/model.bin"), 1024u << 20);
+}
+
+TEST_F(CheckpointJob, TenThousandSmallFilesInOneCheckpoint) {
+  std::string save = "mkdir -p $BT_CHECKPOINT_DIR/checkpoint-1/shards && cd $BT_CHECKPOINT_DIR/checkpoint-1/shards && "
+                     "i=0; while [ $i -lt 10000 ]; do echo $i > part-$i; i=$((i+1)); done && "
+                     "echo '{}' > ../trainer_state.json";
+  ProcessResult result = RunLauncher(Run(Config({save}), 120s));
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  auto manifest = nlohmann::json::parse(ReadFile(RankDir() + "/checkpoint-1.bt-manifest.json"));
+  EXPECT_EQ(manifest["files"].size(), 10001u);
+  EXPECT_EQ(ReadFile(RankDir() + "/checkpoint-1/shards/part-9999"), "9999\n");
+  EXPECT_EQ(Latest(), "checkpoint-1\n");
+}
+
+TEST_F(CheckpointJob, SymlinksAreNotFollowedOutOfTheVolume) {
+  std::string links = "ln -s /etc/passwd $BT_CHECKPOINT_DIR/checkpoint-1/passwd && ln -s /etc $BT_CHECKPOINT_DIR/checkpoint-9";
+  ProcessResult result = RunLauncher(Run(Config({HfSave(1) + " && " + links})));
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_TRUE(fs::exists(RankDir() + "/checkpoint-1/config.json"));
+  EXPECT_FALSE(fs::exists(RankDir() + "/checkpoint-1/passwd"));
+  EXPECT_FALSE(fs::exists(RankDir() + "/checkpoint-9"));
+  EXPECT_NE(result.err.find("checkpoint-1/passwd is a symbolic link; links are not followed"), std::string::npos) << result.err;
+}
+
+TEST_F(CheckpointJob, SpoolDestinationWaitsForTheSidecarsAck) {
+  const std::string spool = dir_.path() + "/spool";
+  fs::create_directories(spool);
+  std::thread sidecar([&] {  // acknowledges every record it finds, for up to 30 s
+    for (int round = 0; round < 300; ++round) {
+      for (const auto& entry : fs::directory_iterator(spool)) {
+        std::string path = entry.path().string();
+        if (path.ends_with(".json") && !fs::exists(path + ".ack")) WriteFile(path + ".ack", "{}");
+      }
+      if (fs::exists(spool + "/" + kJob + "--latest--1.json.ack")) return;
+      std::this_thread::sleep_for(100ms);
+    }
+  });
+  ProcessResult result = RunLauncher(Run(Config({HfSave(1)}, "spool://" + spool)));
+  sidecar.join();
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  auto record = nlohmann::json::parse(ReadFile(spool + "/" + kJob + "--rank-0--1.json"));
+  EXPECT_EQ(record["name"], "checkpoint-1");
+  EXPECT_EQ(record["remote_dir"], std::string(kJob) + "/rank-0/checkpoint-1");
+  EXPECT_EQ(nlohmann::json::parse(ReadFile(spool + "/" + kJob + "--latest--1.json"))["name"], "checkpoint-1");
+}
+
+TEST_F(CheckpointJob, ALaterJobLoadsTheLatestCheckpointByteIdentical) {
+  std::string deepspeed = "mkdir -p $BT_CHECKPOINT_DIR/global_step7 && head -c 300000 /dev/urandom > "
+                          "$BT_CHECKPOINT_DIR/global_step7/mp_rank_00_model_states.bin && echo global_step7 > $BT_CHECKPOINT_DIR/latest";
+  ProcessResult first = RunLauncher(Run(Config({deepspeed})));
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  ASSERT_EQ(Latest(), "global_step7\n");
+  nlohmann::json load = {{"load_checkpoint_config",
+                          {{"enabled", true}, {"checkpoints", {{{"typ", "baseten_latest_checkpoint"}, {"job_id", kJob}}}}}}};
+  std::string check = "cmp $BT_LOAD_CHECKPOINT_DIR/rank-0/global_step7/mp_rank_00_model_states.bin " + CheckpointDir() +
+                      "/global_step7/mp_rank_00_model_states.bin && cat $BT_LOAD_CHECKPOINT_DIR/rank-0/latest";
+  nlohmann::json second_config = nlohmann::json::parse(ReadFile(Config({check}, "", 30, load.dump())));
+  second_config["launcher"]["job_id"] = "second-job";
+  std::string second_path = dir_.Write("second.json", second_config.dump());
+  ProcessResult second = RunLauncher(Run(second_path));
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_NE(second.out.find("global_step7"), std::string::npos) << "DeepSpeed's latest is written beside the tag";
+  EXPECT_NE(second.err.find("loaded checkpoint global_step7 of job ckpt-job"), std::string::npos) << second.err;
+
+  // The same load from a corrupted upload fails the node, naming the file.
+  const std::string remote_file = RankDir() + "/global_step7/mp_rank_00_model_states.bin";
+  std::string bytes = ReadFile(remote_file);
+  bytes[1000] ^= 1;
+  WriteFile(remote_file, bytes);
+  ProcessResult corrupt = RunLauncher(Run(second_path));
+  EXPECT_EQ(corrupt.exit_code, 74) << corrupt.err;
+  EXPECT_NE(corrupt.err.find("is corrupt: mp_rank_00_model_states.bin: XXH3-128"), std::string::npos) << corrupt.err;
+
+  second_config["runtime"]["load_checkpoint_config"]["checkpoints"][0] = {
+      {"typ", "baseten_named_checkpoint"}, {"job_id", kJob}, {"checkpoint_name", "global_step99"}};
+  ProcessResult missing = RunLauncher(Run(dir_.Write("missing.json", second_config.dump())));
+  EXPECT_EQ(missing.exit_code, 74) << missing.err;
+  EXPECT_NE(missing.err.find("runtime.load_checkpoint_config.checkpoints[0]: checkpoint global_step99 of job ckpt-job has "
+                             "no part for node 0"),
+            std::string::npos)
+      << missing.err;
+}
+
+// Two nodes on loopback with node-local checkpoint disks: node 0 writes the marker, node 1
+// only its shard, later. `latest` must wait for node 1's part.
+TEST_F(CheckpointJob, TwoNodesCommitLatestOnlyAfterEveryPartIsUploaded) {
+  const std::string node0 = HfSave(1) + " && echo r0 > $BT_CHECKPOINT_DIR/checkpoint-1/rng_state_0.pth && sleep 3";
+  const std::string node1 = "sleep 1.5 && mkdir -p $BT_CHECKPOINT_DIR/checkpoint-1 && head -c 150000 /dev/urandom > "
+                            "$BT_CHECKPOINT_DIR/checkpoint-1/rng_state_1.pth && mkdir -p $BT_CHECKPOINT_DIR/checkpoint-2 && "
+                            "echo x > $BT_CHECKPOINT_DIR/checkpoint-2/partial.bin && sleep 1.5";
+  nlohmann::json config = nlohmann::json::parse(ReadFile(Config({"if [ $BT_NODE_RANK = 0 ]; then " + node0 + "; else " + node1 + "; fi"})));
+  config["compute"] = {{"node_count", 2}};
+  config["launcher"]["rendezvous"] = {{"port", FreePort()}, {"join_timeout_s", 20}, {"heartbeat_interval_s", 0.2},
+                                      {"heartbeat_timeout_s", 3}};
+  const std::string path = dir_.Write("two-nodes.json", config.dump());
+  std::vector<std::unique_ptr<LauncherProcess>> nodes;
+  for (int rank = 0; rank < 2; ++rank) {
+    LaunchSpec spec = Run(path);
+    spec.args.insert(spec.args.end(), {"--node-rank", std::to_string(rank), "--node-count", "2", "--leader-addr", "127.0.0.1"});
+    spec.set_env["BT_RENDEZVOUS_TOKEN"] = "checkpoint-test";
+    nodes.push_back(std::make_unique<LauncherProcess>(spec));
+  }
+  ProcessResult leader = nodes[0]->Finish();
+  ProcessResult follower = nodes[1]->Finish();
+  ASSERT_EQ(leader.exit_code, 0) << leader.err;
+  ASSERT_EQ(follower.exit_code, 0) << follower.err;
+  EXPECT_EQ(Latest(), "checkpoint-1\n");
+  EXPECT_TRUE(fs::exists(RankDir(0) + "/checkpoint-1/trainer_state.json"));
+  EXPECT_EQ(fs::file_size(RankDir(1) + "/checkpoint-1/rng_state_1.pth"), 150000u);
+  EXPECT_FALSE(fs::exists(RankDir(1) + "/checkpoint-2")) << "node 1's own unmarked directory is not node 0's checkpoint";
+  EXPECT_GE(fs::last_write_time(Remote() + "/" + kJob + "/latest"),
+            fs::last_write_time(RankDir(1) + "/checkpoint-1.bt-manifest.json"));
+  EXPECT_NE(follower.err.find("this node's part of checkpoint checkpoint-1 committed"), std::string::npos) << follower.err;
+}
+
+}  // namespace
+}  // namespace bt::testing
