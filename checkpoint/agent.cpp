@@ -32,7 +32,7 @@ using Clock = std::chrono::steady_clock;
 // (there is no barrier after a DeepSpeed or HF save): a name absent this long has no part here.
 constexpr std::chrono::seconds kAbsentPartGrace{2};
 constexpr std::chrono::milliseconds kBoardInterval{250};
-constexpr std::chrono::milliseconds kMinEvaluationGap{20};
+constexpr std::chrono::milliseconds kMinEvaluationGap{5};
 constexpr std::chrono::seconds kProgressLogEvery{5};
 constexpr std::chrono::seconds kRetryLogEvery{30};
 constexpr std::chrono::seconds kUploaderRestartGap{5};
@@ -135,7 +135,6 @@ class CheckpointAgent::Impl {
   void StartUploader() {
     UploaderConfig config{options_.destination.uri, options_.job_id, options_.node_rank};
     uploader_ = std::make_unique<UploaderProcess>(options_.uploader_binary, config, options_.uploader_environ);
-    uploader_started_ = Clock::now();
   }
 
   // What a killed launcher left: snapshots still to upload, uploads still to commit, and
@@ -323,10 +322,8 @@ class CheckpointAgent::Impl {
     const std::string staging = staging_root_ + "/" + std::to_string(seq);
     Snapshot snapshot;
     try {
-      journal_.Record(seq, candidate.name, HandoffState::kComplete, verdict.reason);
       snapshot = TakeSnapshot(options_.checkpoint_dir, candidate, staging, seq);
     } catch (const SnapshotChanged& changed) {
-      journal_.Record(seq, candidate.name, HandoffState::kAbandoned, changed.what());
       spdlog::debug("checkpoints: {} changed while it was snapshotted ({}); waiting until it is stable", candidate.name,
                     changed.what());
       return;
@@ -335,7 +332,9 @@ class CheckpointAgent::Impl {
       handled_[candidate.name] = fingerprint;  // do not retry an I/O failure in a tight loop
       return;
     }
-    journal_.Record(seq, candidate.name, HandoffState::kSnapshotted, "", snapshot);
+    // One durable record for "complete" and "snapshotted": a crash between the two leaves
+    // nothing to resume anyway, the checkpoint is judged again from the directory.
+    journal_.Record(seq, candidate.name, HandoffState::kSnapshotted, verdict.reason, snapshot);
     Version version;
     version.seq = seq;
     version.name = candidate.name;
@@ -600,7 +599,6 @@ class CheckpointAgent::Impl {
   HandoffJournal journal_;
   std::unique_ptr<TreeWatcher> watcher_;
   std::unique_ptr<UploaderProcess> uploader_;
-  Clock::time_point uploader_started_;
   Clock::time_point uploader_exited_;
   std::map<std::string, std::string> handled_;  // name → fingerprint of the version handed off
   std::map<uint64_t, Version> versions_;

@@ -66,29 +66,54 @@ void WriteFileAtomically(const std::string& path, const std::string& text) {
   SyncDirectory(directory);
 }
 
-// Copies one file under a temporary name, syncs it, renames it into place.
-void PutFileAtomically(const std::string& from, const std::string& to) {
-  const std::string directory = ParentOf(to);
-  const std::string temporary = directory + "/.bt-upload-" + std::to_string(getpid()) + "-" + BaseName(to);
-  try {
-    MakeDirectories(directory);
-    CopyFile(from, temporary);
-  } catch (const std::runtime_error& error) {
-    unlink(temporary.c_str());
-    throw DestinationError(error.what());
+// Copies one file under a temporary name and starts its writeback at once, so the disk
+// writes it while the next file is copied; Finish() then waits for the data and renames.
+class AtomicFileBatch {
+ public:
+  ~AtomicFileBatch() {
+    for (const auto& pending : pending_) {
+      if (pending.fd >= 0) close(pending.fd);
+      unlink(pending.temporary.c_str());
+    }
   }
-  int fd = open(temporary.c_str(), O_WRONLY | O_CLOEXEC);
-  bool synced = fd >= 0 && fdatasync(fd) == 0;
-  if (fd >= 0) close(fd);
-  if (!synced) {
-    unlink(temporary.c_str());
-    Fail("cannot sync " + temporary);
+
+  void Add(const std::string& from, const std::string& to) {
+    const std::string directory = ParentOf(to);
+    Pending pending{directory + "/.bt-upload-" + std::to_string(getpid()) + "-" + BaseName(to), to, -1};
+    try {
+      MakeDirectories(directory);
+      CopyFile(from, pending.temporary);
+    } catch (const std::runtime_error& error) {
+      unlink(pending.temporary.c_str());
+      throw DestinationError(error.what());
+    }
+    pending.fd = open(pending.temporary.c_str(), O_WRONLY | O_CLOEXEC);
+    if (pending.fd < 0) Fail("cannot open " + pending.temporary);
+    sync_file_range(pending.fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+    pending_.push_back(std::move(pending));
   }
-  if (rename(temporary.c_str(), to.c_str()) != 0) {
-    unlink(temporary.c_str());
-    Fail("cannot rename " + temporary + " to " + to);
+
+  void Finish() {
+    for (auto& pending : pending_) {
+      bool synced = fdatasync(pending.fd) == 0;
+      close(pending.fd);
+      pending.fd = -1;
+      if (!synced) Fail("cannot sync " + pending.temporary);
+    }
+    for (const auto& pending : pending_) {
+      if (rename(pending.temporary.c_str(), pending.target.c_str()) != 0) Fail("cannot rename " + pending.temporary + " to " + pending.target);
+    }
+    pending_.clear();
   }
-}
+
+ private:
+  struct Pending {
+    std::string temporary;
+    std::string target;
+    int fd;
+  };
+  std::vector<Pending> pending_;
+};
 
 std::optional<std::string> ReadWholeFile(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
@@ -110,11 +135,13 @@ class FileDestination final : public Destination {
               const Progress& progress) override {
     const std::string directory = JoinPath(Root(rank_dir), manifest.base());
     uint64_t done = 0;
+    AtomicFileBatch batch;
     for (const SnapshotFile& file : snapshot.files) {
-      PutFileAtomically(snapshot.staging_dir + "/" + file.path, directory + "/" + file.path);
+      batch.Add(snapshot.staging_dir + "/" + file.path, directory + "/" + file.path);
       done += file.size;
       progress(done, snapshot.total_bytes);
     }
+    batch.Finish();
     WriteFileAtomically(Root(rank_dir) + "/" + ManifestName(manifest.name), manifest.ToJson().dump(2) + "\n");
   }
 

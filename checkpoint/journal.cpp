@@ -13,8 +13,8 @@
 namespace bt::checkpoint {
 namespace {
 
-constexpr HandoffState kStates[] = {HandoffState::kComplete, HandoffState::kSnapshotted, HandoffState::kUploaded,
-                                    HandoffState::kCommitted, HandoffState::kAbandoned};
+constexpr HandoffState kStates[] = {HandoffState::kSnapshotted, HandoffState::kUploaded, HandoffState::kCommitted,
+                                    HandoffState::kAbandoned};
 
 std::optional<HandoffState> StateFromName(const std::string& name) {
   for (HandoffState state : kStates) {
@@ -27,7 +27,6 @@ std::optional<HandoffState> StateFromName(const std::string& name) {
 
 const char* HandoffStateName(HandoffState state) {
   switch (state) {
-    case HandoffState::kComplete: return "complete";
     case HandoffState::kSnapshotted: return "snapshotted";
     case HandoffState::kUploaded: return "uploaded";
     case HandoffState::kCommitted: return "committed";

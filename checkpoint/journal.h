@@ -13,7 +13,9 @@
 
 namespace bt::checkpoint {
 
-enum class HandoffState { kComplete, kSnapshotted, kUploaded, kCommitted, kAbandoned };
+// A version is recorded once it is complete and snapshotted (one record: the rule that
+// declared it complete is its detail), then uploaded, then committed; or abandoned.
+enum class HandoffState { kSnapshotted, kUploaded, kCommitted, kAbandoned };
 const char* HandoffStateName(HandoffState state);
 
 struct JournalEntry {
@@ -21,9 +23,9 @@ struct JournalEntry {
   std::string job_id;
   std::string destination;
   std::string name;
-  HandoffState state = HandoffState::kComplete;
+  HandoffState state = HandoffState::kSnapshotted;
   std::string detail;                // why abandoned, which rule declared it complete
-  std::optional<Snapshot> snapshot;  // from kSnapshotted on
+  std::optional<Snapshot> snapshot;
 };
 
 class HandoffJournal {

@@ -1,7 +1,8 @@
 #!/bin/sh
 # A stand-in for a training script, written the way cookbook scripts map the launcher's
 # environment onto torchrun. Each node "trains" for a few steps and writes a checkpoint
-# directory per step, atomically (write to a staging dir, then rename).
+# directory per step in the Hugging Face Trainer's layout (trainer_state.json last),
+# atomically (write to a hidden staging dir, then rename); bt-launch uploads each one.
 set -eu
 : "${BT_NODE_RANK:?}" "${BT_GROUP_SIZE:?}" "${BT_LEADER_ADDR:?}" "${BT_CHECKPOINT_DIR:?}"
 echo "node $BT_NODE_RANK/$BT_GROUP_SIZE: would run torchrun --nnodes=$NNODES --nproc-per-node=$NPROC_PER_NODE" \
@@ -13,6 +14,7 @@ while [ "$step" -le "$steps" ]; do
   staging="$BT_CHECKPOINT_DIR/.staging-$step"
   mkdir -p "$staging"
   echo "{\"step\": $step, \"node_rank\": $BT_NODE_RANK}" > "$staging/config.json"
+  echo "{\"global_step\": $step}" > "$staging/trainer_state.json"
   mv "$staging" "$BT_CHECKPOINT_DIR/checkpoint-$step"
   echo "node $BT_NODE_RANK: step $step/$steps, checkpoint-$step written"
   step=$((step + 1))

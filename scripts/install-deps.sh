@@ -6,11 +6,15 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config
   libcxxopts-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libgtest-dev
-  libssl-dev
+  libssl-dev libxxhash-dev
   openmpi-bin libopenmpi-dev
   clang libclang-rt-14-dev
   tini hyperfine iproute2 procps python3
+  rclone
 )
+# s3rver (the S3 API server of the checkpoint tests) comes from npm: Debian's npm unless
+# the machine already has one.
+command -v npm >/dev/null || packages+=(npm)
 
 missing=()
 for package in "${packages[@]}"; do

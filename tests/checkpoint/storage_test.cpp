@@ -130,8 +130,7 @@ TEST(Journal, ResumesUnfinishedAndSkipsACorruptTail) {
   {
     HandoffJournal journal(path);
     journal.SetScope("job", "file:///x");
-    journal.Record(1, "checkpoint-1", HandoffState::kComplete, "marker present");
-    journal.Record(1, "checkpoint-1", HandoffState::kSnapshotted, "", snapshot);
+    journal.Record(1, "checkpoint-1", HandoffState::kSnapshotted, "marker present", snapshot);
     snapshot.seq = 2;
     snapshot.name = "checkpoint-2";
     snapshot.fingerprint = "fp2";
