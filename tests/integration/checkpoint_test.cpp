@@ -89,6 +89,31 @@ TEST_F(CheckpointJob, CommitsEveryCheckpointEvenWhenRotationDeletesItRightAway) 
   EXPECT_TRUE(fs::is_empty(CheckpointDir() + "/.bt-checkpoint/staging")) << "staging is emptied after the upload";
 }
 
+TEST_F(CheckpointJob, PollingFindsCheckpointsWithoutInotify) {
+  // What NFS and FUSE volumes get: no events, only the periodic scan.
+  nlohmann::json config = nlohmann::json::parse(ReadFile(Config({HfSave(1) + " && sleep 1.5 && " + HfSave(2)})));
+  config["launcher"]["checkpoint"]["watch"] = "poll";
+  config["launcher"]["checkpoint"]["poll_interval_s"] = 0.5;
+  ProcessResult result = RunLauncher(Run(dir_.Write("poll.json", config.dump())));
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.err.find("(polling)"), std::string::npos) << result.err;
+  EXPECT_TRUE(fs::exists(RankDir() + "/checkpoint-1.bt-manifest.json"));
+  EXPECT_EQ(Latest(), "checkpoint-2\n");
+}
+
+TEST_F(CheckpointJob, CheckpointSavedOnSigtermIsCommitted) {
+  // Megatron's exit_signal_handler, Lightning's SIGTERM notifier: save, then exit.
+  std::string training = "save_on_stop() { " + HfSave(2) + "; }; trap 'save_on_stop; exit 0' TERM; " + HfSave(1) +
+                         "; sleep 60 & wait";
+  LauncherProcess launcher(Run(Config({training})));
+  ASSERT_TRUE(launcher.WaitForLog("checkpoint-1 is complete", 30s));
+  launcher.Signal(SIGTERM);
+  ProcessResult result = launcher.Finish();
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(Latest(), "checkpoint-2\n");
+  EXPECT_TRUE(fs::exists(RankDir() + "/checkpoint-2/trainer_state.json"));
+}
+
 TEST_F(CheckpointJob, TrainingKilledMidSaveLeavesThePreviousCheckpointCommitted) {
   std::string partial = "mkdir -p $BT_CHECKPOINT_DIR/checkpoint-2 $BT_CHECKPOINT_DIR/export && "
                         "head -c 100000 /dev/urandom > $BT_CHECKPOINT_DIR/checkpoint-2/model.safetensors.bin && "
