@@ -461,9 +461,29 @@ CheckpointSettings ReadCheckpointSettings(const json& value, const std::string& 
   return settings;
 }
 
+WeightsSettings ReadWeightsSettings(const json& value, const std::string& path) {
+  StrictObject object(value, path, {"timeout_s", "mode"});
+  WeightsSettings settings;
+  if (const json* v = object.Find("timeout_s")) settings.timeout_s = ReadSeconds(*v, object.PathOf("timeout_s"), 0);
+  if (const json* v = object.Find("mode")) {
+    std::string mode = ReadEnum(*v, object.PathOf("mode"), {"auto", "stage", "wait"});
+    settings.mode = mode == "stage" ? WeightsMode::kStage : mode == "wait" ? WeightsMode::kWait : WeightsMode::kAuto;
+  }
+  return settings;
+}
+
+CacheSeedSettings ReadCacheSeedSettings(const json& value, const std::string& path) {
+  StrictObject object(value, path, {"seed_commands", "seed_key", "lease_s"});
+  CacheSeedSettings settings;
+  if (const json* v = object.Find("seed_commands")) settings.seed_commands = ReadStringList(*v, object.PathOf("seed_commands"), true);
+  if (const json* v = object.Find("seed_key")) settings.seed_key = ReadString(*v, object.PathOf("seed_key"));
+  if (const json* v = object.Find("lease_s")) settings.lease_s = ReadSeconds(*v, object.PathOf("lease_s"), 0);
+  return settings;
+}
+
 LauncherSettings ReadLauncherSettings(const json& value, const std::string& path) {
   StrictObject object(value, path, {"job_id", "project_id", "project_name", "grace_period_s", "master_port", "rendezvous",
-                                             "checkpoint"});
+                                             "checkpoint", "weights", "cache"});
   LauncherSettings launcher;
   if (const json* v = object.Find("job_id")) launcher.job_id = ReadNonEmptyString(*v, object.PathOf("job_id"));
   if (const json* v = object.Find("project_id")) launcher.project_id = ReadNonEmptyString(*v, object.PathOf("project_id"));
@@ -477,6 +497,8 @@ LauncherSettings ReadLauncherSettings(const json& value, const std::string& path
   if (const json* v = object.Find("master_port")) launcher.master_port = ReadPort(*v, object.PathOf("master_port"));
   if (const json* v = object.Find("rendezvous")) launcher.rendezvous = ReadRendezvousSettings(*v, object.PathOf("rendezvous"));
   if (const json* v = object.Find("checkpoint")) launcher.checkpoint = ReadCheckpointSettings(*v, object.PathOf("checkpoint"));
+  if (const json* v = object.Find("weights")) launcher.weights = ReadWeightsSettings(*v, object.PathOf("weights"));
+  if (const json* v = object.Find("cache")) launcher.cache = ReadCacheSeedSettings(*v, object.PathOf("cache"));
   return launcher;
 }
 

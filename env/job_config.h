@@ -111,6 +111,23 @@ struct CheckpointSettings {
   WatchMode watch = WatchMode::kAuto;
 };
 
+enum class WeightsMode { kAuto, kStage, kWait };
+
+// launcher.weights: how weights[] mounts are made complete before the first command.
+struct WeightsSettings {
+  double timeout_s = 1800;
+  // auto: stage file:// and object-store sources when the mount is absent or empty, wait for
+  // anything else (a platform delivering it); stage / wait force one or the other.
+  WeightsMode mode = WeightsMode::kAuto;
+};
+
+// launcher.cache: commands that fill the project cache once, on node 0.
+struct CacheSeedSettings {
+  std::vector<std::string> seed_commands;
+  std::optional<std::string> seed_key;  // changes the key: forces a re-seed
+  double lease_s = 60;
+};
+
 struct LauncherSettings {
   std::optional<std::string> job_id;
   std::optional<std::string> project_id;
@@ -119,6 +136,8 @@ struct LauncherSettings {
   uint16_t master_port = 29500;
   RendezvousSettings rendezvous;
   CheckpointSettings checkpoint;
+  WeightsSettings weights;
+  CacheSeedSettings cache;
 };
 
 struct JobConfig {

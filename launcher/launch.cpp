@@ -8,13 +8,16 @@
 
 #include "env/environment.h"
 #include "checkpoint/uploader.h"
+#include "launcher/cache_seed.h"
 #include "launcher/checkpoints.h"
 #include "launcher/exit_codes.h"
 #include "launcher/log.h"
 #include "launcher/peers.h"
+#include "launcher/ready.h"
 #include "launcher/signals.h"
 #include "launcher/supervisor.h"
 #include "launcher/timeline.h"
+#include "launcher/weights.h"
 
 namespace bt::launcher {
 namespace {
@@ -90,6 +93,34 @@ void LogTimeline(Timeline& timeline) {
   spdlog::info("timeline: {}", timeline.Render());
 }
 
+// After the rendezvous, before the first command: weights and loaded checkpoints, the
+// ready barrier (its deadline is the weights deadline), then the cache seed.
+void PrepareNode(const PreparedJob& job, const std::optional<checkpoint::DestinationSpec>& destination,
+                 Peers* peers, SignalRouter& signals, Timeline& timeline) {
+  const auto ready_deadline = std::chrono::steady_clock::now() +
+                              std::chrono::milliseconds(int64_t(job.config.launcher.weights.timeout_s * 1000));
+  NodePhase phase(peers, job.identity.rank);
+  if (!job.config.weights.empty()) {
+    timeline.Begin("weights");
+    phase.Publish("preparing weights");
+    PrepareWeights(job.config, job.environment,
+                   {[&](const std::string& line) { phase.Publish(line); }, [&] { CheckStop(peers, signals); }});
+  }
+  if (job.config.runtime.load_checkpoint_config.enabled) {
+    timeline.Begin("load checkpoints");
+    phase.Publish("loading checkpoints");
+    LoadCheckpoints(job.config, job.environment, *destination, job.identity.rank);
+  }
+  if (peers) {
+    timeline.Begin("ready");
+    WaitUntilAllReady(*peers, job.identity, ready_deadline, signals);
+  }
+  if (job.config.runtime.cache_config.enabled && !job.config.launcher.cache.seed_commands.empty()) {
+    timeline.Begin("cache seed");
+    SeedCache(job.config, job.environment, job.identity, peers, signals);
+  }
+}
+
 bool UsesCheckpoints(const env::JobConfig& config) {
   return config.runtime.checkpointing_config.enabled || config.runtime.load_checkpoint_config.enabled;
 }
@@ -109,9 +140,17 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
     timeline.Begin("rendezvous");
     peers = JoinPeers(job.config, job.identity, job.job_id(), signals);
   }
-  if (job.config.runtime.load_checkpoint_config.enabled) {
-    timeline.Begin("load checkpoints");
-    LoadCheckpoints(job.config, job.environment, *destination, job.identity.rank);
+  try {
+    PrepareNode(job, destination, peers.get(), signals, timeline);
+  } catch (const LaunchFailure& failure) {
+    // The others are waiting in the ready barrier or for the seed: tell them now.
+    if (peers) {
+      JobOutcome outcome;
+      outcome.exit_code = failure.code();
+      outcome.launcher_failure = failure.what();
+      peers->Report(outcome);
+    }
+    throw;
   }
   CheckpointPhase checkpoints;
   if (destination) checkpoints = StartCheckpoints(job.config, job.environment, *destination, job.identity, peers ? peers->store() : nullptr);

@@ -34,6 +34,7 @@ std::string LoopbackHint(const env::NodeIdentity& identity) {
 }
 
 std::string DescribeExit(const JobOutcome& outcome) {
+  if (outcome.launcher_failure) return "bt-launch failed (exit code " + std::to_string(outcome.exit_code) + "): " + *outcome.launcher_failure;
   if (outcome.stop_reason) return "stopped because " + *outcome.stop_reason;
   if (outcome.exit_code > 128 && outcome.exit_code < 128 + NSIG) {
     return std::string("killed by signal ") + sigabbrev_np(outcome.exit_code - 128) + " (exit code " +

@@ -86,7 +86,7 @@ Supervisor::Supervisor(SignalRouter& signals, std::chrono::milliseconds grace_pe
 }
 
 JobOutcome Supervisor::Run(const std::vector<Command>& commands, const std::vector<std::string>& environ,
-                           const std::string& working_dir, StopRequests* stop) {
+                           const std::string& working_dir, StopRequests* stop, const std::string& label) {
   JobOutcome outcome;
   for (size_t index = 0; index < commands.size(); ++index) {
     DrainSignalsBetweenCommands(outcome);
@@ -97,13 +97,13 @@ JobOutcome Supervisor::Run(const std::vector<Command>& commands, const std::vect
         break;
       }
     }
-    spdlog::info("start command {}/{}: {}", index + 1, commands.size(), Describe(commands[index]));
+    spdlog::info("{} {}/{}: {}", label, index + 1, commands.size(), Describe(commands[index]));
     int code = RunOne(commands[index], environ, working_dir, stop, outcome);
     outcome.commands_run = index + 1;
     outcome.exit_code = code;
     if (code != 0) {
       outcome.failed_command = index;
-      if (!shutting_down_) spdlog::error("start command {} exited with code {}: {}", index + 1, code, Describe(commands[index]));
+      if (!shutting_down_) spdlog::error("{} {} exited with code {}: {}", label, index + 1, code, Describe(commands[index]));
       break;
     }
   }

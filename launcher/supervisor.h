@@ -34,15 +34,17 @@ struct JobOutcome {
   std::optional<size_t> failed_command;  // index of the first failing command
   std::optional<int> shutdown_signal;    // the signal that ended the job early
   std::optional<std::string> stop_reason;  // set when a StopRequests ended the job
+  std::optional<std::string> launcher_failure;  // the launcher itself failed before the commands (weights, seed)
 };
 
 class Supervisor {
  public:
   Supervisor(SignalRouter& signals, std::chrono::milliseconds grace_period);
 
-  // Runs `commands` in order and stops at the first that fails or at a shutdown.
+  // Runs `commands` in order and stops at the first that fails or at a shutdown. `label`
+  // names them in the log ("start command 2/3: ...").
   JobOutcome Run(const std::vector<Command>& commands, const std::vector<std::string>& environ,
-                 const std::string& working_dir, StopRequests* stop);
+                 const std::string& working_dir, StopRequests* stop, const std::string& label = "start command");
 
  private:
   int RunOne(const Command& command, const std::vector<std::string>& environ, const std::string& working_dir,

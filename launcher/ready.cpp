@@ -1,0 +1,88 @@
+#include "launcher/ready.h"
+
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "launcher/exit_codes.h"
+
+namespace bt::launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr std::chrono::seconds kPublishEvery{1};
+constexpr std::chrono::seconds kWaitLogEvery{10};
+constexpr std::chrono::milliseconds kReadyPoll{200};
+constexpr std::chrono::seconds kPhaseReadTimeout{2};
+
+std::string PhaseKey(int rank) { return "bt/phase/" + std::to_string(rank); }
+
+// "node 3 (host-3) staging /models/base: 12.1 of 40.0 GiB" for every node not ready yet.
+std::string DescribeNotReady(Peers& peers, const env::NodeIdentity& identity) {
+  rendezvous::Store* store = peers.store();
+  std::vector<rendezvous::NodeInfo> roster = peers.Roster();
+  std::string text;
+  for (int rank = 0; rank < identity.count; ++rank) {
+    std::string phase = "(no phase published)";
+    try {
+      phase = store->Get(PhaseKey(rank), kPhaseReadTimeout);
+    } catch (const std::exception&) {
+    }
+    if (phase == "ready") continue;
+    std::string host = rank < int(roster.size()) ? roster[size_t(rank)].host : "?";
+    text += (text.empty() ? "" : "; ") + std::string("node ") + std::to_string(rank) + " (" + host + ") " + phase;
+  }
+  return text;
+}
+
+}  // namespace
+
+NodePhase::NodePhase(Peers* peers, int rank) : store_(peers ? peers->store() : nullptr), rank_(rank) {}
+
+void NodePhase::Publish(const std::string& phase) {
+  if (store_ == nullptr) return;
+  if (phase != "ready" && Clock::now() - last_ < kPublishEvery) return;
+  last_ = Clock::now();
+  try {
+    store_->Set(PhaseKey(rank_), phase);
+  } catch (const std::exception& error) {
+    spdlog::debug("cannot publish this node's phase: {}", error.what());
+  }
+}
+
+void CheckStop(Peers* peers, SignalRouter& signals) {
+  while (auto signal_number = signals.Take()) {
+    if (StartsShutdown(*signal_number)) {
+      throw LaunchFailure(128 + *signal_number, std::string("stopped by ") + strsignal(*signal_number) + " before the start commands");
+    }
+  }
+  if (peers == nullptr) return;
+  if (auto reason = peers->TakeStop()) throw LaunchFailure(kExitUnavailable, "stopping: " + *reason);
+}
+
+void WaitUntilAllReady(Peers& peers, const env::NodeIdentity& identity, Clock::time_point deadline, SignalRouter& signals) {
+  rendezvous::Store* store = peers.store();
+  if (store == nullptr) return;  // the mpi backend: ranks start together under mpirun
+  NodePhase(&peers, identity.rank).Publish("ready");
+  try {
+    store->Add("bt/ready", 1);
+    auto last_log = Clock::now();
+    while (store->Add("bt/ready", 0) < identity.count) {
+      CheckStop(&peers, signals);
+      if (Clock::now() >= deadline) {
+        throw LaunchFailure(kExitUnavailable, "nodes not ready by the weights deadline (launcher.weights.timeout_s): " +
+                                                  DescribeNotReady(peers, identity));
+      }
+      if (Clock::now() - last_log >= kWaitLogEvery) {
+        spdlog::info("waiting for every node to be ready: {}", DescribeNotReady(peers, identity));
+        last_log = Clock::now();
+      }
+      std::this_thread::sleep_for(kReadyPoll);
+    }
+  } catch (const rendezvous::StoreError& error) {
+    throw LaunchFailure(kExitUnavailable, std::string("ready barrier: ") + error.what());
+  }
+  spdlog::info("all {} nodes are ready", identity.count);
+}
+
+}  // namespace bt::launcher

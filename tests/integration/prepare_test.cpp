@@ -1,0 +1,273 @@
+// Before the first command: weights staged or waited for, the ready barrier across nodes,
+// and the project cache seeded exactly once across concurrent jobs. Real bt-launch
+// processes, each bounded; every process a test starts is gone when it ends.
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/support/launcher_process.h"
+
+namespace bt::testing {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+size_t CountLines(const std::string& path) {
+  std::ifstream file(path);
+  size_t lines = 0;
+  for (std::string line; std::getline(file, line);) ++lines;
+  return lines;
+}
+
+class Prepare : public ::testing::Test {
+ protected:
+  std::string Mount() const { return dir_.path() + "/models/base"; }
+
+  json Config(const std::vector<std::string>& commands) {
+    return {{"runtime", {{"start_commands", commands}}}, {"launcher", {{"grace_period_s", 3}}}};
+  }
+
+  std::string Save(const json& config) { return dir_.Write("job-" + std::to_string(++configs_) + ".json", config.dump()); }
+
+  // The project cache is shared by every job of the project, as the platform mounts it.
+  LaunchSpec Run(const std::string& config, const std::string& root = "root") {
+    return {{"run", "--config", config, "--root", dir_.path() + "/" + root},
+            {{"BT_PROJECT_CACHE_DIR", Cache()}},
+            {"BT_JOB_CONFIG"},
+            std::nullopt,
+            60s};
+  }
+
+  LaunchSpec Node(const std::string& config, int rank, int count, uint16_t port, const std::string& root) {
+    LaunchSpec spec = Run(config, root);
+    spec.set_env.insert({{"BT_NODE_RANK", std::to_string(rank)}, {"BT_GROUP_SIZE", std::to_string(count)},
+                         {"BT_LEADER_ADDR", "127.0.0.1"}, {"BT_RENDEZVOUS_TOKEN", "prepare-test"},
+                         {"BT_RENDEZVOUS_PORT", std::to_string(port)}});
+    return spec;
+  }
+
+  json WithWeights(json config, const json& weights, const json& settings = json::object()) {
+    config["weights"] = json::array({weights});
+    if (!settings.empty()) config["launcher"]["weights"] = settings;
+    return config;
+  }
+
+  json WithSeed(json config, const std::vector<std::string>& seed, double lease_s = 60) {
+    config["runtime"]["cache_config"] = {{"enabled", true}};
+    config["launcher"]["cache"] = {{"seed_commands", seed}, {"lease_s", lease_s}};
+    return config;
+  }
+
+  std::string Cache() const { return dir_.path() + "/project-cache"; }
+
+  TempDir dir_;
+  int configs_ = 0;
+};
+
+TEST_F(Prepare, FileSourceIsStagedWithPatternsByHardLinksOnceAndLeftAloneAfter) {
+  WriteFile(dir_.path() + "/src/config.json", "{}");
+  WriteFile(dir_.path() + "/src/weights/model.safetensors", std::string(100000, 'w'));
+  WriteFile(dir_.path() + "/src/original/consolidated.pth", "big");
+  WriteFile(dir_.path() + "/src/notes.txt", "skip");
+  json weights = {{"source", "file://" + dir_.path() + "/src"}, {"mount_location", Mount()},
+                  {"allow_patterns", {"*.json", "weights/", "*.pth", "missing-*"}}, {"ignore_patterns", {"original/"}}};
+  std::string config = Save(WithWeights(Config({"test -f " + Mount() + "/weights/model.safetensors && echo saw-weights"}), weights));
+  ProcessResult first = RunLauncher(Run(config));
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_NE(first.out.find("saw-weights"), std::string::npos);
+  EXPECT_TRUE(fs::exists(Mount() + "/.complete"));
+  EXPECT_TRUE(fs::exists(Mount() + "/config.json"));
+  EXPECT_FALSE(fs::exists(Mount() + "/notes.txt"));
+  EXPECT_FALSE(fs::exists(Mount() + "/original"));
+  struct stat source {};
+  struct stat staged {};
+  stat((dir_.path() + "/src/weights/model.safetensors").c_str(), &source);
+  stat((Mount() + "/weights/model.safetensors").c_str(), &staged);
+  EXPECT_EQ(source.st_ino, staged.st_ino) << "same filesystem: a hard link, not a copy";
+  EXPECT_NE(first.err.find("allow pattern \"missing-*\" matches nothing in file://"), std::string::npos) << first.err;
+
+  ProcessResult second = RunLauncher(Run(config));
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_EQ(second.err.find("staging"), std::string::npos) << "a complete mount is not staged again:\n" << second.err;
+}
+
+TEST_F(Prepare, CrashedStagingIsCleanedAndRedone) {
+  WriteFile(dir_.path() + "/src/model.bin", "weights");
+  WriteFile(dir_.path() + "/models/.base.bt-staging-99999/model.bin", "half");  // what a SIGKILL leaves
+  json weights = {{"source", "file://" + dir_.path() + "/src"}, {"mount_location", Mount()}};
+  ProcessResult result = RunLauncher(Run(Save(WithWeights(Config({"true"}), weights))));
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.err.find("left by a staging that did not finish"), std::string::npos) << result.err;
+  EXPECT_FALSE(fs::exists(dir_.path() + "/models/.base.bt-staging-99999"));
+  EXPECT_EQ(ReadFile(Mount() + "/model.bin"), "weights");
+}
+
+TEST_F(Prepare, StagingKilledMidwayIsRedoneByTheNextRun) {
+  // On another filesystem than the mount, so every byte is copied and staging takes a while.
+  TempDir shm_parent;  // only for its unique name
+  const std::string source = "/dev/shm/" + fs::path(shm_parent.path()).filename().string();
+  for (int i = 0; i < 16; ++i) WriteFile(source + "/shard-" + std::to_string(i), std::string(64 << 20, char('a' + i)));
+  json weights = {{"source", "file://" + source}, {"mount_location", Mount()}};
+  std::string config = Save(WithWeights(Config({"true"}), weights));
+  {
+    LauncherProcess first(Run(config));
+    ASSERT_TRUE(first.WaitForLog("weights: staging file://", 30s));
+    std::this_thread::sleep_for(100ms);
+    first.Signal(SIGKILL);
+    EXPECT_EQ(first.Finish().exit_code, 137);
+  }
+  EXPECT_FALSE(fs::exists(Mount() + "/.complete")) << "killed after staging had finished: the test proves nothing";
+  ProcessResult second = RunLauncher(Run(config));
+  fs::remove_all(source);
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_NE(second.err.find("left by a staging that did not finish"), std::string::npos) << second.err;
+  EXPECT_EQ(fs::file_size(Mount() + "/shard-15"), 64u << 20);
+  EXPECT_TRUE(fs::exists(Mount() + "/.complete"));
+}
+
+TEST_F(Prepare, MissingFileSourceExits65NamingIt) {
+  json weights = {{"source", "file://" + dir_.path() + "/nowhere"}, {"mount_location", Mount()}};
+  ProcessResult result = RunLauncher(Run(Save(WithWeights(Config({"true"}), weights))));
+  EXPECT_EQ(result.exit_code, 65) << result.err;
+  EXPECT_NE(result.err.find("weights[0].source: file://" + dir_.path() + "/nowhere does not exist"), std::string::npos)
+      << result.err;
+}
+
+TEST_F(Prepare, SecretThatIsNotJsonExits65WithoutItsValue) {
+  WriteFile(dir_.path() + "/root/secrets/s3-weights", "AKIA-NOT-JSON-TOPSECRET");
+  json weights = {{"source", "s3://bucket/models/base"}, {"mount_location", Mount()}, {"auth_secret_name", "s3-weights"}};
+  ProcessResult result = RunLauncher(Run(Save(WithWeights(Config({"true"}), weights))));
+  EXPECT_EQ(result.exit_code, 65) << result.err;
+  EXPECT_NE(result.err.find("weights[0].auth_secret_name: secret \"s3-weights\": expected a JSON object"), std::string::npos)
+      << result.err;
+  EXPECT_EQ(result.err.find("TOPSECRET"), std::string::npos);
+}
+
+TEST_F(Prepare, PlatformMountThatNeverCompletesExits74NamingWhatIsMissing) {
+  WriteFile(Mount() + "/config.json", "{}");
+  WriteFile(Mount() + "/.tmp8f3a.safetensors", "downloading");
+  json weights = {{"source", "hf://meta-llama/Llama-3.1-8B"}, {"mount_location", Mount()}};
+  ProcessResult result = RunLauncher(Run(Save(WithWeights(Config({"echo must-not-run"}), weights, {{"timeout_s", 2}}))));
+  EXPECT_EQ(result.exit_code, 74) << result.err;
+  EXPECT_EQ(result.out.find("must-not-run"), std::string::npos);
+  EXPECT_NE(result.err.find("weights not complete after launcher.weights.timeout_s: " + Mount() +
+                            " (from hf://meta-llama/Llama-3.1-8B): .complete missing, 1 .tmp file(s) left (.tmp8f3a.safetensors)"),
+            std::string::npos)
+      << result.err;
+  EXPECT_NE(result.err.find("not downloaded by bt-launch"), std::string::npos) << result.err;
+  EXPECT_LT(result.elapsed, 10s);
+}
+
+TEST_F(Prepare, PlatformMountCompletingWhileWaitingLetsTheJobStart) {
+  WriteFile(Mount() + "/config.json", "{}");
+  json weights = {{"source", "hf://org/model"}, {"mount_location", Mount()}};
+  LauncherProcess launcher(Run(Save(WithWeights(Config({"echo started"}), weights, {{"timeout_s", 30}}))));
+  ASSERT_TRUE(launcher.WaitForLog("waiting for the platform to mount it", 10s));
+  std::this_thread::sleep_for(1s);
+  EXPECT_FALSE(launcher.WaitForOutput("started", 100ms)) << "started before the mount was complete";
+  WriteFile(Mount() + "/.complete");
+  ProcessResult result = launcher.Finish();
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("started"), std::string::npos);
+}
+
+TEST_F(Prepare, ReadyBarrierNamesTheNodeStillPreparing) {
+  const uint16_t port = FreePort();
+  WriteFile(dir_.path() + "/ready-mount/.complete");
+  WriteFile(Mount() + "/shard-1", std::string(5000, 'x'));  // node 1's mount: delivered in part, never completed
+  json node0 = WithWeights(Config({"true"}), {{"source", "hf://org/a"}, {"mount_location", dir_.path() + "/ready-mount"}},
+                           {{"timeout_s", 3}});
+  json node1 = WithWeights(Config({"true"}), {{"source", "hf://org/b"}, {"mount_location", Mount()}}, {{"timeout_s", 30}});
+  for (json* config : {&node0, &node1}) (*config)["compute"] = {{"node_count", 2}};
+  LauncherProcess leader(Node(Save(node0), 0, 2, port, "root"));
+  LauncherProcess follower(Node(Save(node1), 1, 2, port, "root"));
+  ProcessResult first = leader.Finish();
+  ProcessResult second = follower.Finish();
+  EXPECT_EQ(first.exit_code, 69) << first.err;
+  EXPECT_NE(first.err.find("nodes not ready by the weights deadline (launcher.weights.timeout_s): node 1 ("), std::string::npos)
+      << first.err;
+  EXPECT_NE(first.err.find("waiting for " + Mount() + ": 1 files"), std::string::npos) << first.err;
+  EXPECT_NE(second.exit_code, 0) << second.err;
+  EXPECT_LT(second.elapsed, 25s) << "node 1 waited for its own deadline instead of stopping with node 0";
+}
+
+TEST_F(Prepare, ThreeConcurrentTwoNodeJobsSeedTheSharedCacheExactlyOnce) {
+  const std::string seed = "echo $BT_TRAINING_JOB_ID >> $BT_PROJECT_CACHE_DIR/seeded-by && sleep 1 && "
+                           "echo rows > $BT_PROJECT_CACHE_DIR/dataset.txt";
+  std::vector<std::unique_ptr<LauncherProcess>> nodes;
+  for (int job = 0; job < 3; ++job) {
+    json config = WithSeed(Config({"cat $BT_PROJECT_CACHE_DIR/dataset.txt"}), {seed});
+    config["compute"] = {{"node_count", 2}};
+    config["launcher"]["job_id"] = "job-" + std::to_string(job);
+    const std::string path = Save(config);
+    const uint16_t port = FreePort();
+    for (int rank = 0; rank < 2; ++rank) {
+      nodes.push_back(std::make_unique<LauncherProcess>(Node(path, rank, 2, port, "root-" + std::to_string(job))));
+    }
+  }
+  for (auto& node : nodes) {
+    ProcessResult result = node->Finish();
+    EXPECT_EQ(result.exit_code, 0) << result.err;
+    EXPECT_NE(result.out.find("rows"), std::string::npos) << "a node started before the seed was there:\n" << result.err;
+  }
+  EXPECT_EQ(CountLines(Cache() + "/seeded-by"), 1u) << ReadFile(Cache() + "/seeded-by");
+}
+
+TEST_F(Prepare, LeaderKilledDuringTheSeedLosesItsLeaseAndTheNextJobSeeds) {
+  const std::string seed = "echo run >> $BT_PROJECT_CACHE_DIR/runs && if [ ! -f $BT_PROJECT_CACHE_DIR/hang-once ]; then "
+                           "touch $BT_PROJECT_CACHE_DIR/hang-once && echo $$ > " + dir_.path() + "/seed.pid && sleep 60; fi && "
+                           "echo rows > $BT_PROJECT_CACHE_DIR/dataset.txt";
+  const std::string config = Save(WithSeed(Config({"cat $BT_PROJECT_CACHE_DIR/dataset.txt"}), {seed}, 2));
+  {
+    LauncherProcess first(Run(config, "root-a"));
+    ASSERT_TRUE(first.WaitForLog("cache seed command 1/1", 20s));
+    while (!fs::exists(dir_.path() + "/seed.pid")) std::this_thread::sleep_for(20ms);
+    first.Signal(SIGKILL);
+    EXPECT_EQ(first.Finish().exit_code, 137);
+    kill(-std::stoi(ReadFile(dir_.path() + "/seed.pid")), SIGKILL);  // the seed's own process group
+  }
+  ProcessResult second = RunLauncher(Run(config, "root-b"));
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_NE(second.err.find("taking it over"), std::string::npos) << second.err;
+  EXPECT_NE(second.out.find("rows"), std::string::npos);
+  EXPECT_EQ(CountLines(Cache() + "/runs"), 2u);
+  size_t markers = 0;
+  for (const auto& entry : fs::directory_iterator(Cache() + "/.bt-seed")) markers += entry.path().extension() == ".done";
+  EXPECT_EQ(markers, 1u);
+  ProcessResult third = RunLauncher(Run(config, "root-c"));
+  ASSERT_EQ(third.exit_code, 0) << third.err;
+  EXPECT_NE(third.err.find("cache seed: already done"), std::string::npos) << third.err;
+  EXPECT_EQ(CountLines(Cache() + "/runs"), 2u) << "a seeded key ran again";
+}
+
+TEST_F(Prepare, FailedSeedFailsEveryNodeAndLeavesNoMarker) {
+  json config = WithSeed(Config({"echo must-not-run"}), {"echo preparing", "exit 3"});
+  config["compute"] = {{"node_count", 2}};
+  const std::string path = Save(config);
+  const uint16_t port = FreePort();
+  LauncherProcess leader(Node(path, 0, 2, port, "root"));
+  LauncherProcess follower(Node(path, 1, 2, port, "root"));
+  ProcessResult first = leader.Finish();
+  ProcessResult second = follower.Finish();
+  EXPECT_EQ(first.exit_code, 3) << first.err;
+  EXPECT_NE(first.err.find("cache seed command 2 exited with code 3: exit 3"), std::string::npos) << first.err;
+  EXPECT_EQ(second.exit_code, 69) << second.err;
+  EXPECT_NE(second.err.find("cache seed command 2 exited with code 3"), std::string::npos) << second.err;
+  EXPECT_EQ(first.out.find("must-not-run") + second.out.find("must-not-run"), 2 * std::string::npos);
+  for (const auto& entry : fs::directory_iterator(Cache() + "/.bt-seed")) {
+    EXPECT_NE(entry.path().extension(), ".done") << entry.path();
+    EXPECT_NE(entry.path().extension(), ".lease") << "the lease was not released";
+  }
+}
+
+}  // namespace
+}  // namespace bt::testing
