@@ -218,7 +218,8 @@ void WaitForLeader(Peers& peers, SignalRouter& signals) {
       return;
     } catch (const rendezvous::StoreTimeout&) {
     } catch (const rendezvous::StoreError& error) {
-      throw LaunchFailure(kExitUnavailable, std::string("cache seed: lost the leader: ") + error.what());
+      CheckStop(&peers, signals);
+      throw LaunchFailure(kExitUnavailable, std::string("cache seed: leader (node 0) lost: ") + error.what());
     }
     if (Clock::now() - last_log >= kWaitLogEvery) {
       spdlog::info("cache seed: still waiting for node 0 to seed the project cache");

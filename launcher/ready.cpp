@@ -80,7 +80,8 @@ void WaitUntilAllReady(Peers& peers, const env::NodeIdentity& identity, Clock::t
       std::this_thread::sleep_for(kReadyPoll);
     }
   } catch (const rendezvous::StoreError& error) {
-    throw LaunchFailure(kExitUnavailable, std::string("ready barrier: ") + error.what());
+    CheckStop(&peers, signals);  // the client's verdict names the leader's loss or a failed node
+    throw LaunchFailure(kExitUnavailable, std::string("ready barrier: leader (node 0) lost: ") + error.what());
   }
   spdlog::info("all {} nodes are ready", identity.count);
 }

@@ -79,6 +79,24 @@ wait "$launcher" || fail "job with the server down exited $?"
 grep -q "cannot upload checkpoint-5 to s3://ckpt/runs (attempt 1)" "$work/out" || fail "the outage was not reported"
 grep -q "committed checkpoint-5" "$work/out" || fail "not committed after the server came back"
 
+echo "== weights staged from s3:// through rclone, with allow_patterns"
+mkdir -p "$work/model/weights"
+echo '{}' > "$work/model/config.json"
+head -c 2000000 /dev/urandom > "$work/model/weights/shard-1.safetensors"
+echo skip > "$work/model/extra.bin"
+env -i PATH="$PATH" HOME="$work" RCLONE_CONFIG_SEED_TYPE=s3 RCLONE_CONFIG_SEED_PROVIDER=Other \
+  RCLONE_CONFIG_SEED_ACCESS_KEY_ID=S3RVER RCLONE_CONFIG_SEED_SECRET_ACCESS_KEY=S3RVER \
+  RCLONE_CONFIG_SEED_ENDPOINT="$AWS_ENDPOINT_URL" timeout 60 rclone copy "$work/model" seed:ckpt/models/base 2>/dev/null ||
+  fail "could not put the model into s3rver"
+cat > "$work/weights.json" <<JSON
+{"weights": [{"source": "s3://ckpt/models/base", "mount_location": "$work/mounts/base", "auth_secret_name": "s3-ckpt",
+              "allow_patterns": ["*.json", "weights/"]}],
+ "runtime": {"start_commands": ["cmp $work/mounts/base/weights/shard-1.safetensors $work/model/weights/shard-1.safetensors && test ! -e $work/mounts/base/extra.bin && test -f $work/mounts/base/.complete"]}}
+JSON
+timeout 120 "$BIN" run --config "$work/weights.json" --root "$work/root" >"$work/out" 2>&1 || fail "weights job exited $?"
+grep -q "weights: staged s3://ckpt/models/base into $work/mounts/base (2 files" "$work/out" || fail "not staged"
+grep -q S3RVER "$work/out" && fail "a credential reached the log"
+
 echo "== a malformed secret: 65, its value never printed"
 echo 'not-json-SECRETVALUE' > "$work/root/secrets/s3-ckpt"
 set +e
