@@ -201,11 +201,14 @@ TEST_F(Prepare, ReadyBarrierNamesTheNodeStillPreparing) {
 }
 
 TEST_F(Prepare, ThreeConcurrentTwoNodeJobsSeedTheSharedCacheExactlyOnce) {
+  // All six nodes share this host, so they also share one weights mount: staged once.
+  WriteFile(dir_.path() + "/src/model.bin", "weights");
+  const json weights = {{"source", "file://" + dir_.path() + "/src"}, {"mount_location", Mount()}};
   const std::string seed = "echo $BT_TRAINING_JOB_ID >> $BT_PROJECT_CACHE_DIR/seeded-by && sleep 1 && "
                            "echo rows > $BT_PROJECT_CACHE_DIR/dataset.txt";
   std::vector<std::unique_ptr<LauncherProcess>> nodes;
   for (int job = 0; job < 3; ++job) {
-    json config = WithSeed(Config({"cat $BT_PROJECT_CACHE_DIR/dataset.txt"}), {seed});
+    json config = WithWeights(WithSeed(Config({"cat $BT_PROJECT_CACHE_DIR/dataset.txt " + Mount() + "/model.bin"}), {seed}), weights);
     config["compute"] = {{"node_count", 2}};
     config["launcher"]["job_id"] = "job-" + std::to_string(job);
     const std::string path = Save(config);
@@ -214,12 +217,16 @@ TEST_F(Prepare, ThreeConcurrentTwoNodeJobsSeedTheSharedCacheExactlyOnce) {
       nodes.push_back(std::make_unique<LauncherProcess>(Node(path, rank, 2, port, "root-" + std::to_string(job))));
     }
   }
+  size_t staged = 0;
   for (auto& node : nodes) {
     ProcessResult result = node->Finish();
     EXPECT_EQ(result.exit_code, 0) << result.err;
     EXPECT_NE(result.out.find("rows"), std::string::npos) << "a node started before the seed was there:\n" << result.err;
+    EXPECT_NE(result.out.find("weights"), std::string::npos) << "a node started before the weights were there";
+    staged += result.err.find("weights: staged file://") != std::string::npos;
   }
   EXPECT_EQ(CountLines(Cache() + "/seeded-by"), 1u) << ReadFile(Cache() + "/seeded-by");
+  EXPECT_EQ(staged, 1u) << "the shared mount was staged by more than one node";
 }
 
 TEST_F(Prepare, LeaderKilledDuringTheSeedLosesItsLeaseAndTheNextJobSeeds) {
@@ -247,6 +254,12 @@ TEST_F(Prepare, LeaderKilledDuringTheSeedLosesItsLeaseAndTheNextJobSeeds) {
   ASSERT_EQ(third.exit_code, 0) << third.err;
   EXPECT_NE(third.err.find("cache seed: already done"), std::string::npos) << third.err;
   EXPECT_EQ(CountLines(Cache() + "/runs"), 2u) << "a seeded key ran again";
+
+  json reseed = WithSeed(Config({"true"}), {seed}, 2);
+  reseed["launcher"]["cache"]["seed_key"] = "dataset-v2";  // another key: the old marker does not count
+  ProcessResult fourth = RunLauncher(Run(Save(reseed), "root-d"));
+  ASSERT_EQ(fourth.exit_code, 0) << fourth.err;
+  EXPECT_EQ(CountLines(Cache() + "/runs"), 3u);
 }
 
 TEST_F(Prepare, FailedSeedFailsEveryNodeAndLeavesNoMarker) {
