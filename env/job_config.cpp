@@ -181,7 +181,10 @@ Accelerator ReadAccelerator(const json& value, const std::string& path) {
 Compute ReadCompute(const json& value, const std::string& path) {
   StrictObject object(value, path, {"node_count", "cpu_count", "memory", "accelerator", "availability_model"});
   Compute compute;
-  if (const json* v = object.Find("node_count")) compute.node_count = int(ReadInt(*v, object.PathOf("node_count"), 1, 1 << 20));
+  if (const json* v = object.Find("node_count")) {
+    compute.node_count = int(ReadInt(*v, object.PathOf("node_count"), 1, 1 << 20));
+    compute.node_count_given = true;
+  }
   if (const json* v = object.Find("cpu_count")) compute.cpu_count = int(ReadInt(*v, object.PathOf("cpu_count"), 1, 1 << 16));
   if (const json* v = object.Find("memory")) compute.memory = ReadNonEmptyString(*v, object.PathOf("memory"));
   if (const json* v = object.Find("accelerator")) compute.accelerator = ReadAccelerator(*v, object.PathOf("accelerator"));

@@ -36,6 +36,7 @@ struct Accelerator {
 
 struct Compute {
   int node_count = 1;
+  bool node_count_given = false;  // written in the config: then the identity must agree with it
   int cpu_count = 1;
   std::string memory = "2Gi";
   std::optional<Accelerator> accelerator;

@@ -42,7 +42,7 @@ env::JobConfig LoadConfig(const CliOptions& cli, bool require_start_command) {
 env::NodeIdentity ResolveNode(const CliOptions& cli, const env::JobConfig& config) {
   try {
     std::optional<int> config_node_count;
-    if (!config.is_embedded_default) config_node_count = config.compute.node_count;
+    if (config.compute.node_count_given) config_node_count = config.compute.node_count;
     env::NodeIdentity identity = env::ResolveIdentity(cli.identity, env::ProcessEnvLookup(), config_node_count);
     log::SetNodeRank(identity.rank);
     spdlog::info("identity: {}", identity.Describe());
@@ -69,7 +69,7 @@ PreparedJob Prepare(const CliOptions& cli, bool require_start_command, Timeline&
   PreparedJob job;
   job.config = LoadConfig(cli, require_start_command);
   job.identity = ResolveNode(cli, job.config);
-  if (job.config.is_embedded_default) job.config.compute.node_count = job.identity.count;
+  if (!job.config.compute.node_count_given) job.config.compute.node_count = job.identity.count;
   timeline.Begin("environment");
   job.environment = BuildEnvironment(cli, job.config, job.identity);
   return job;

@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake pkg-config
+  build-essential cmake ninja-build pkg-config
   libcxxopts-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libgtest-dev
   libssl-dev libxxhash-dev
   openmpi-bin libopenmpi-dev

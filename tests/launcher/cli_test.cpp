@@ -54,6 +54,22 @@ TEST(Cli, ConfigFromBtJobConfigInline) {
   EXPECT_EQ(nlohmann::json::parse(result.out)["BT_TRAINING_JOB_NAME"], "from-env");
 }
 
+TEST(Cli, OmittedNodeCountTakesTheIdentitysAndAnExplicitOneIsChecked) {
+  TempDir dir;
+  std::string config = dir.Write("job.json", R"({"runtime": {"start_commands": ["true"]}})");
+  std::vector<std::string> identity = {"--node-rank", "1", "--node-count", "3", "--leader-addr", "node-0"};
+  LaunchSpec spec{{"env", "--config", config, "--root", dir.path(), "--format", "json"}};
+  spec.args.insert(spec.args.end(), identity.begin(), identity.end());
+  ProcessResult result = RunLauncher(spec);
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(nlohmann::json::parse(result.out)["BT_GROUP_SIZE"], "3");
+
+  spec.args[2] = dir.Write("explicit.json", R"({"compute": {"node_count": 2}, "runtime": {"start_commands": ["true"]}})");
+  result = RunLauncher(spec);
+  EXPECT_EQ(result.exit_code, 65);
+  EXPECT_NE(result.err.find("disagrees with compute.node_count 2"), std::string::npos) << result.err;
+}
+
 TEST(Cli, BadIdentityExits65) {
   TempDir dir;
   ProcessResult result = RunLauncher({{"run", "--root", dir.path(), "--node-rank", "3", "--node-count", "2", "--", "true"}});
