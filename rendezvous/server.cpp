@@ -277,7 +277,9 @@ class StoreServer::Loop {
       try {
         Message message;
         while (!connection.dead && connection.decoder.Next(message)) Dispatch(connection, message);
-      } catch (const FrameError& error) {
+      } catch (const std::exception& error) {
+        // FrameError, or a well-formed frame whose fields are not what its op needs (a
+        // missing `info`, a wrong type): that one connection goes, never the leader.
         spdlog::warn("rendezvous: dropping connection from {}: bad frame: {}", connection.peer, error.what());
         return Kill(connection, std::string("bad frame: ") + error.what());
       }
@@ -389,7 +391,12 @@ class StoreServer::Loop {
   }
 
   void OnJoin(Connection& connection, const Message& message) {
-    NodeInfo info = NodeInfo::FromJson(message.at("info"));
+    if (connection.rank >= 0) {
+      throw FrameError("this connection already joined as rank " + std::to_string(connection.rank));
+    }
+    auto info_field = message.find("info");
+    if (info_field == message.end()) throw FrameError("join without info");
+    NodeInfo info = NodeInfo::FromJson(*info_field);
     const int64_t count = IntField(message, "count");
     info.seen_from = connection.peer;
     info.joined_after_s = std::chrono::duration<double>(Clock::now() - start_).count();
@@ -437,7 +444,8 @@ class StoreServer::Loop {
   // Everyone is here: publish the roster under a key (for whoever wants it) and send each
   // node a fixed-size notice, so the broadcast costs O(nodes), not O(nodes^2).
   void Complete() {
-    values_["bt/roster"] = RosterToJson(roster()).dump();
+    // Hosts are bytes from the nodes, not always UTF-8: replace what is not, never throw.
+    values_["bt/roster"] = RosterToJson(roster()).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     WakeWaiters("bt/roster");
     spdlog::info("rendezvous complete: {} nodes joined in {:.3f} s", options_.node_count,
                  std::chrono::duration<double>(Clock::now() - start_).count());
@@ -535,10 +543,20 @@ class StoreServer::Loop {
       const int rank = it->second->rank;
       const bool goodbye = it->second->said_goodbye;
       const std::string why = it->second->dead_reason;
+      DropWaitersOf(fd);
       epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
       close(fd);
       connections_.erase(it);
       OnNodeGone(rank, goodbye, why);
+    }
+  }
+
+  // Its parked get/wait requests go with it: a later connection that reuses the fd number
+  // must not be answered, or charged, for them.
+  void DropWaitersOf(int fd) {
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      std::erase_if(it->second, [fd](const Waiter& waiter) { return waiter.fd == fd; });
+      it = it->second.empty() ? waiters_.erase(it) : std::next(it);
     }
   }
 

@@ -103,6 +103,14 @@ class RawPeer {
     return false;
   }
   const Message& hello() const { return *hello_; }
+  // Proves the token as a real node would; returns whether the server welcomed it.
+  bool Authenticate(const std::string& token = kToken) {
+    Send(EncodeFrame({{"op", "auth"},
+                      {"proof", BytesValue(ProveToken(token, BytesField(hello(), "nonce"), "client"))},
+                      {"nonce", BytesValue(RandomNonce())}}));
+    auto answer = ReadMessage();
+    return answer && StringField(*answer, "op") == "welcome";
+  }
 
  private:
   int fd_ = -1;
@@ -162,6 +170,58 @@ TEST(Server, RandomFramesAreRejectedAndOthersKeepWorking) {
     client->Set("round", std::to_string(round));
   }
   EXPECT_EQ(client->Get("round", 1s), "49");
+}
+
+// Frames that are well formed but not what their op needs, from a peer that knows the token
+// (with the token derived from the job id, anyone who knows the id): the connection goes,
+// the leader stays.
+TEST(Server, MalformedJoinsFromAnAuthenticatedPeerCloseOnlyThatConnection) {
+  StoreServer server(Options(2));
+  {
+    RawPeer peer(server.port());
+    ASSERT_TRUE(peer.Authenticate());
+    peer.Send(EncodeFrame({{"op", "join"}, {"id", 1}, {"count", 2}}));  // no info
+    EXPECT_TRUE(peer.ClosedByServer());
+  }
+  {
+    RawPeer peer(server.port());  // one connection claiming two ranks, then gone
+    ASSERT_TRUE(peer.Authenticate());
+    peer.Send(EncodeFrame({{"op", "join"}, {"id", 1}, {"count", 2}, {"info", Node(0).ToJson()}}));
+    peer.Send(EncodeFrame({{"op", "join"}, {"id", 2}, {"count", 2}, {"info", Node(1).ToJson()}}));
+    EXPECT_TRUE(peer.ClosedByServer());
+  }
+  // The leader still serves, and both ranks are free again for real nodes.
+  auto clients = JoinAll(server, 2);
+  for (auto& client : clients) EXPECT_TRUE(NextEvent(*client, PeerEvent::Kind::kComplete));
+  EXPECT_EQ(server.verdict().kind, ServerVerdict::Kind::kPending);
+}
+
+TEST(Server, RosterWithAHostThatIsNotUtf8IsPublished) {
+  StoreServer server(Options(2));
+  auto first = Connect(server);
+  first->Join(Node(0, "bad\xff\xfehost"), 2);
+  auto second = Connect(server);
+  second->Join(Node(1), 2);
+  EXPECT_TRUE(NextEvent(*second, PeerEvent::Kind::kComplete));
+  auto roster = RosterFromJson(nlohmann::json::parse(second->Get("bt/roster", 1s)));
+  ASSERT_EQ(roster.size(), 2u);
+  EXPECT_EQ(roster[1].host, "host1");
+}
+
+TEST(Server, WaitsOfAClosedConnectionDoNotFollowItsFdNumber) {
+  StoreServer server(Options(1));
+  {
+    RawPeer peer(server.port());
+    ASSERT_TRUE(peer.Authenticate());
+    for (int id = 1; id <= 50; ++id) peer.Send(EncodeFrame({{"op", "wait"}, {"id", id}, {"key", "later"}}));
+    std::this_thread::sleep_for(100ms);  // parked on the server
+  }
+  std::this_thread::sleep_for(100ms);
+  auto client = Connect(server);  // likely the same fd number on the server
+  client->Set("later", "x");      // must not answer (or un-count) the dead connection's waits
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(client->Get("later", 1s), "x");
+  client->Set("still", "connected");
+  EXPECT_EQ(client->Get("still", 1s), "connected");
 }
 
 TEST(Server, TimedOutWaitsExpireInsteadOfPilingUp) {
