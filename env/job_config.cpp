@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string_view>
@@ -103,6 +104,12 @@ double ReadSeconds(const json& value, const std::string& path, double min_exclus
   if (!value.is_number()) Fail(path, expectation, value);
   double seconds = value.get<double>();
   if (!(seconds > min_exclusive) || seconds > 1e7) throw ConfigError(path, expectation + ", got " + value.dump());
+  return seconds;
+}
+
+double ReadMilliseconds(const json& value, const std::string& path) {
+  double seconds = ReadSeconds(value, path, 0);
+  if (seconds < 0.001) throw ConfigError(path, "expected at least 0.001 s (1 ms), got " + value.dump());
   return seconds;
 }
 
@@ -422,8 +429,13 @@ RendezvousSettings ReadRendezvousSettings(const json& value, const std::string& 
   RendezvousSettings settings;
   if (const json* v = object.Find("port")) settings.port = ReadPort(*v, object.PathOf("port"));
   if (const json* v = object.Find("join_timeout_s")) settings.join_timeout_s = int(ReadInt(*v, object.PathOf("join_timeout_s"), 1, 7 * 86400));
-  if (const json* v = object.Find("heartbeat_interval_s")) settings.heartbeat_interval_s = ReadSeconds(*v, object.PathOf("heartbeat_interval_s"), 0);
-  if (const json* v = object.Find("heartbeat_timeout_s")) settings.heartbeat_timeout_s = ReadSeconds(*v, object.PathOf("heartbeat_timeout_s"), 0);
+  // Heartbeats are kept in whole milliseconds: anything shorter would become 0 ms.
+  if (const json* v = object.Find("heartbeat_interval_s")) {
+    settings.heartbeat_interval_s = ReadMilliseconds(*v, object.PathOf("heartbeat_interval_s"));
+  }
+  if (const json* v = object.Find("heartbeat_timeout_s")) {
+    settings.heartbeat_timeout_s = ReadMilliseconds(*v, object.PathOf("heartbeat_timeout_s"));
+  }
   if (settings.heartbeat_timeout_s < 2 * settings.heartbeat_interval_s) {
     throw ConfigError(object.PathOf("heartbeat_timeout_s"), "expected at least twice heartbeat_interval_s (" +
                                                                 std::to_string(settings.heartbeat_interval_s) + " s)");
@@ -505,6 +517,46 @@ LauncherSettings ReadLauncherSettings(const json& value, const std::string& path
   return launcher;
 }
 
+// nlohmann keeps the last of two equal keys without a word; a strict config must not.
+// The callback sees the parse as events: a stack of the keys seen per open object.
+json::parser_callback_t DuplicateKeyCheck() {
+  struct Frame {
+    bool is_object;
+    std::string name;  // this container's place in its parent: "runtime", "weights[]"
+    std::set<std::string> keys;
+    std::string last_key;
+  };
+  auto stack = std::make_shared<std::vector<Frame>>();
+  auto path_of = [stack](const std::string& key) {
+    std::string path;
+    for (const Frame& frame : *stack) path += frame.name;
+    return path.empty() ? key : path + "." + key;
+  };
+  return [stack, path_of](int, json::parse_event_t event, json& parsed) {
+    auto child_name = [&]() -> std::string {
+      if (stack->empty()) return "";
+      const Frame& parent = stack->back();
+      if (!parent.is_object) return "[]";
+      return (stack->size() > 1 ? "." : "") + parent.last_key;
+    };
+    switch (event) {
+      case json::parse_event_t::object_start: stack->push_back({true, child_name(), {}, ""}); break;
+      case json::parse_event_t::array_start: stack->push_back({false, child_name(), {}, ""}); break;
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end: stack->pop_back(); break;
+      case json::parse_event_t::key: {
+        Frame& frame = stack->back();
+        const std::string key = parsed.get<std::string>();
+        if (!frame.keys.insert(key).second) throw ConfigError(path_of(key), "duplicate key (the JSON has it twice)");
+        frame.last_key = key;
+        break;
+      }
+      case json::parse_event_t::value: break;
+    }
+    return true;
+  };
+}
+
 std::string Fnv1aHex(const std::string& text) {
   uint64_t hash = 1469598103934665603ULL;
   for (unsigned char c : text) hash = (hash ^ c) * 1099511628211ULL;
@@ -521,7 +573,7 @@ ConfigError::ConfigError(std::string path, const std::string& expectation)
 JobConfig ParseJobConfig(const std::string& json_text, bool require_start_command) {
   json document;
   try {
-    document = json::parse(json_text);
+    document = json::parse(json_text, DuplicateKeyCheck());
   } catch (const json::parse_error& error) {
     throw ConfigError("(document)", std::string("expected valid JSON: ") + error.what());
   }

@@ -57,7 +57,12 @@ env::JobEnvironment BuildEnvironment(const CliOptions& cli, const env::JobConfig
   try {
     env::PathLayout paths(cli.root, identity.rank);
     env::JobEnvironment environment = env::BuildJobEnvironment(config, identity, paths, env::CurrentEnviron());
-    for (const auto& name : environment.secret_variables) log::RegisterSecret(environment.variables.at(name));
+    for (const auto& name : environment.secret_variables) {
+      if (!log::RegisterSecret(environment.variables.at(name))) {
+        spdlog::warn("secret variable {} is shorter than {} bytes: it is not redacted from the logs (too short to mask "
+                     "safely); use a longer secret", name, log::kMinRedactedBytes);
+      }
+    }
     return environment;
   } catch (const env::SecretError& error) {
     throw LaunchFailure(kExitConfig, error.what());

@@ -90,10 +90,11 @@ void Init(Format format, spdlog::level::level_enum level) {
 
 void SetNodeRank(int rank) { g_node_rank.store(rank, std::memory_order_relaxed); }
 
-void RegisterSecret(const std::string& value) {
-  if (value.size() < 4) return;
+bool RegisterSecret(const std::string& value) {
+  if (value.size() < kMinRedactedBytes) return false;
   std::lock_guard lock(g_secrets_mutex);
   g_secrets.push_back(value);
+  return true;
 }
 
 Format ParseFormat(const std::string& text) {

@@ -18,8 +18,10 @@ void SetNodeRank(int rank);
 Format ParseFormat(const std::string& text);  // throws std::invalid_argument
 
 // Every later log line has `value` replaced by "<secret>", whatever put it there (a start
-// command that embeds a token, an error that quotes a value). Values under 4 bytes are
-// not registered: masking "1" everywhere would hide more than it protects.
-void RegisterSecret(const std::string& value);
+// command that embeds a token, an error that quotes a value). The rule: values of at least
+// kMinRedactedBytes are redacted; shorter ones are not (masking "1" everywhere would hide
+// more than it protects) and RegisterSecret returns false so the caller can warn.
+inline constexpr size_t kMinRedactedBytes = 4;
+bool RegisterSecret(const std::string& value);
 
 }  // namespace bt::log

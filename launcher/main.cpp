@@ -8,6 +8,7 @@
 #include "launcher/exit_codes.h"
 #include "launcher/launch.h"
 #include "launcher/log.h"
+#include "launcher/peers.h"
 
 #ifndef BT_LAUNCH_VERSION
 #define BT_LAUNCH_VERSION "dev"
@@ -35,6 +36,7 @@ int Dispatch(const bt::launcher::CliOptions& cli) {
 int main(int argc, char** argv) {
   bt::log::Init(bt::log::Format::kText, spdlog::level::info);
   try {
+    bt::launcher::RendezvousTokenFromEnvironment();  // before anything can be spawned or read it
     bt::launcher::CliOptions cli = bt::launcher::ParseCommandLine(argc, argv);
     bt::log::Init(cli.log_format, spdlog::level::from_str(cli.log_level));
     return Dispatch(cli);

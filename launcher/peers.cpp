@@ -2,8 +2,11 @@
 
 #include <arpa/inet.h>
 #include <poll.h>
+#include <sys/wait.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 
 #include <spdlog/spdlog.h>
 
@@ -43,12 +46,42 @@ std::string DescribeExit(const JobOutcome& outcome) {
   return "exit code " + std::to_string(outcome.exit_code);
 }
 
+// Leftovers of the job (or the uploader) that exit while the launcher waits for the other
+// nodes: reaped here, or they stay zombies until the launcher exits.
+void ReapExitedChildren() {
+  while (waitpid(-1, nullptr, WNOHANG) > 0) {
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<Peers> JoinPeers(const env::JobConfig& config, const env::NodeIdentity& identity,
                                  const std::string& job_id, SignalRouter& signals) {
   if (config.launcher.rendezvous.backend == env::RendezvousBackend::kMpi) return MpiPeers::Join(identity);
   return TcpPeers::Join(config, identity, job_id, signals);
+}
+
+const std::string& RendezvousTokenFromEnvironment() {
+  static const std::string token = [] {
+    std::string value;
+    if (const char* file = std::getenv("BT_RENDEZVOUS_TOKEN_FILE"); file != nullptr && *file != '\0') {
+      std::ifstream in(file);
+      if (!in) throw LaunchFailure(kExitConfig, std::string("BT_RENDEZVOUS_TOKEN_FILE: cannot read ") + file);
+      std::getline(in, value);
+    }
+    for (char** entry = environ; *entry != nullptr; ++entry) {
+      const size_t prefix = std::strlen(env::kRendezvousTokenVariable);
+      if (std::strncmp(*entry, env::kRendezvousTokenVariable, prefix) != 0 || (*entry)[prefix] != '=') continue;
+      char* text = *entry + prefix + 1;
+      if (value.empty()) value = text;
+      // /proc/<pid>/environ shows the memory the kernel set up at exec, not what unsetenv
+      // leaves: overwrite the value there too, so the job (same user) cannot read it.
+      std::memset(text, 'x', std::strlen(text));
+    }
+    unsetenv(env::kRendezvousTokenVariable);
+    return value;
+  }();
+  return token;
 }
 
 RendezvousEndpoint ResolveEndpoint(const env::JobConfig& config, const std::string& job_id) {
@@ -61,7 +94,7 @@ RendezvousEndpoint ResolveEndpoint(const env::JobConfig& config, const std::stri
     }
     endpoint.port = uint16_t(value);
   }
-  if (const char* token = std::getenv(env::kRendezvousTokenVariable); token != nullptr && *token != '\0') {
+  if (const std::string& token = RendezvousTokenFromEnvironment(); !token.empty()) {
     endpoint.token = token;
     log::RegisterSecret(endpoint.token);
   } else {
@@ -175,6 +208,7 @@ bool TcpPeers::WaitUntil(const std::function<bool()>& done, SignalRouter& signal
     poll(fds, 2, int(left));
     while (auto taken = signals.Take()) {
       if (StartsShutdown(*taken)) signal_number = *taken;
+      if (*taken == SIGCHLD) ReapExitedChildren();
     }
     if (signal_number != 0) return true;
   }

@@ -24,7 +24,12 @@ struct RendezvousEndpoint {
   bool token_derived;  // from the job id: weaker, warned about once
 };
 
-// BT_RENDEZVOUS_PORT, else launcher.rendezvous.port; BT_RENDEZVOUS_TOKEN, else derived.
+// The token from BT_RENDEZVOUS_TOKEN_FILE (its first line) or BT_RENDEZVOUS_TOKEN, read
+// once; the variable is then removed from the launcher's environment and its value
+// overwritten in the process's original environment block. "" when neither is set.
+const std::string& RendezvousTokenFromEnvironment();
+
+// BT_RENDEZVOUS_PORT, else launcher.rendezvous.port; the token above, else derived.
 RendezvousEndpoint ResolveEndpoint(const env::JobConfig& config, const std::string& job_id);
 
 // The other nodes of the job, as the run sees them. As StopRequests: a peer failed or

@@ -6,8 +6,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include <spdlog/spdlog.h>
 
@@ -30,7 +34,49 @@ std::string Describe(const Command& command) {
   return text;
 }
 
-bool GroupHasMembers(pid_t group) { return kill(-group, 0) == 0; }
+// Members that still run: a zombie counts for kill(-pgid, 0) until its parent reaps it,
+// and a parent that escaped the group (setsid) may never reap it.
+bool GroupHasMembers(pid_t group) {
+  if (kill(-group, 0) != 0) return false;
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return true;
+  bool running = false;
+  while (dirent* entry = readdir(proc)) {
+    if (!std::isdigit(static_cast<unsigned char>(entry->d_name[0]))) continue;
+    std::ifstream stat(std::string("/proc/") + entry->d_name + "/stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    auto close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream fields(line.substr(close + 2));
+    char state = 0;
+    pid_t parent = 0;
+    pid_t pgrp = 0;
+    fields >> state >> parent >> pgrp;
+    if (pgrp == group && state != 'Z') {
+      running = true;
+      break;
+    }
+  }
+  closedir(proc);
+  return running;
+}
+
+// `run -- CMD` is looked up in the job's PATH, as a shell started with that environment
+// would, not in the launcher's.
+std::string ResolveInJobPath(const std::string& name, const std::vector<std::string>& environ) {
+  if (name.find('/') != std::string::npos) return name;
+  std::string path = "/usr/local/bin:/usr/bin:/bin";
+  for (const auto& entry : environ) {
+    if (entry.rfind("PATH=", 0) == 0) path = entry.substr(5);
+  }
+  std::istringstream directories(path);
+  for (std::string directory; std::getline(directories, directory, ':');) {
+    const std::string candidate = (directory.empty() ? "." : directory) + "/" + name;
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return name;  // not found: posix_spawn reports ENOENT, which becomes 127
+}
 
 // The job reads the terminal only if its group is the terminal's foreground group;
 // otherwise an interactive `bt-launch run -- bash` would stop on SIGTTIN.
@@ -65,8 +111,8 @@ pid_t Spawn(const Command& command, const std::vector<std::string>& environ, con
   if (!working_dir.empty()) posix_spawn_file_actions_addchdir_np(&actions, working_dir.c_str());
 
   pid_t pid = -1;
-  spawn_error = command.search_path ? posix_spawnp(&pid, argv[0], &actions, &attributes, argv.data(), envp.data())
-                                    : posix_spawn(&pid, argv[0], &actions, &attributes, argv.data(), envp.data());
+  const std::string program = command.search_path ? ResolveInJobPath(command.argv[0], environ) : command.argv[0];
+  spawn_error = posix_spawn(&pid, program.c_str(), &actions, &attributes, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attributes);
   return spawn_error == 0 ? pid : -1;
@@ -127,7 +173,10 @@ int Supervisor::RunOne(const Command& command, const std::vector<std::string>& e
   bool terminal_handed = HandTerminalTo(child);
   std::optional<int> status;
   while (!status) {
-    pollfd fds[2] = {{signals_.fd(), POLLIN, 0}, {stop != nullptr ? stop->fd() : -1, POLLIN, 0}};
+    // Once a stop has been taken its fd may stay readable (a leader that is gone): polling it
+    // again would spin a core through the grace period.
+    const bool watch_stop = stop != nullptr && !outcome.stop_reason;
+    pollfd fds[2] = {{signals_.fd(), POLLIN, 0}, {watch_stop ? stop->fd() : -1, POLLIN, 0}};
     if (poll(fds, 2, PollTimeoutMs()) < 0 && errno != EINTR) {
       spdlog::critical("poll failed: {}", std::strerror(errno));
       kill(-child, SIGKILL);
@@ -140,7 +189,7 @@ int Supervisor::RunOne(const Command& command, const std::vector<std::string>& e
         OnSignal(*signal_number, child, outcome);
       }
     }
-    if (stop != nullptr && (fds[1].revents & POLLIN) && !outcome.stop_reason) {
+    if (watch_stop && (fds[1].revents & POLLIN)) {
       if (auto reason = stop->TakeStop()) {
         outcome.stop_reason = reason;
         spdlog::error("stopping the job: {}", *reason);
@@ -150,7 +199,7 @@ int Supervisor::RunOne(const Command& command, const std::vector<std::string>& e
     }
   }
   ReclaimTerminal(terminal_handed);
-  CleanUpGroup(child);
+  CleanUpGroup(child, outcome);
   return ExitCodeOf(*status);
 }
 
@@ -194,7 +243,7 @@ void Supervisor::ReapChildren(pid_t child, std::optional<int>& child_status) {
 
 // The command's shell is gone but its group may live on (background jobs, dataloader
 // workers). They belong to this command: TERM them, give them the grace, then KILL.
-void Supervisor::CleanUpGroup(pid_t group) {
+void Supervisor::CleanUpGroup(pid_t group, JobOutcome& outcome) {
   if (!GroupHasMembers(group)) return;
   spdlog::info("command exited but processes remain in its group {}; sending SIGTERM", group);
   kill(-group, SIGTERM);
@@ -205,7 +254,11 @@ void Supervisor::CleanUpGroup(pid_t group) {
     poll(fds, 1, int(kGroupPollInterval.count()));
     EscalateIfGraceOver(group);
     while (auto signal_number = signals_.Take()) {
-      if (*signal_number == SIGCHLD) ReapChildren(-1, unused);
+      if (*signal_number == SIGCHLD) {
+        ReapChildren(-1, unused);
+      } else if (*signal_number != SIGTTOU) {
+        OnSignal(*signal_number, group, outcome);  // a TERM now still stops the job
+      }
     }
   }
   ReapChildren(-1, unused);

@@ -53,7 +53,7 @@ class Supervisor {
   void BeginShutdown(pid_t group);
   void ReapChildren(pid_t child, std::optional<int>& child_status);
   void EscalateIfGraceOver(pid_t group);
-  void CleanUpGroup(pid_t group);
+  void CleanUpGroup(pid_t group, JobOutcome& outcome);
   void DrainSignalsBetweenCommands(JobOutcome& outcome);
   int PollTimeoutMs() const;
 

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <cstdlib>
+#include <sstream>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -170,6 +171,52 @@ TEST(MultiNode, KilledLeaderIsReportedByEveryFollower) {
     EXPECT_NE(results[rank].err.find("leader (node 0) lost"), std::string::npos) << results[rank].err;
     EXPECT_LT(results[rank].elapsed, 20s);
   }
+}
+
+// CPU seconds (user + system) a process has used, from /proc/<pid>/stat.
+double CpuSeconds(pid_t pid) {
+  std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
+  auto close = stat.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream fields(stat.substr(close + 2));
+  std::string field;
+  unsigned long long user = 0, system = 0;
+  for (int index = 3; fields >> field; ++index) {
+    if (index == 14) user = std::stoull(field);
+    if (index == 15) {
+      system = std::stoull(field);
+      break;
+    }
+  }
+  return double(user + system) / double(sysconf(_SC_CLK_TCK));
+}
+
+TEST(MultiNode, FollowerInItsGraceAfterTheLeaderIsGoneDoesNotSpin) {
+  // The follower's training ignores SIGTERM, so it stays in its grace period (5 s) after
+  // the leader disappears: the launcher must sleep through it, not poll a dead connection.
+  Job job(2, R"(["echo $$ > $BT_SCRATCH_DIR/../../training.pid; trap '' TERM; echo started; sleep 60 & wait; sleep 60"])");
+  auto processes = job.StartAll();
+  ASSERT_TRUE(processes[1]->WaitForOutput("started", 20s));
+  KillNodeHard(job, *processes[0], 0);
+  ASSERT_TRUE(processes[1]->WaitForLog("stopping the job", 20s));
+  const double before = CpuSeconds(processes[1]->pid());
+  std::this_thread::sleep_for(3s);
+  const double spent = CpuSeconds(processes[1]->pid()) - before;
+  EXPECT_LT(spent, 0.5) << "the follower used " << spent << " s of CPU in 3 s of its grace period";
+  ProcessResult follower = processes[1]->Finish();
+  EXPECT_EQ(follower.exit_code, 69) << follower.err;
+  kill(-std::atoi(ReadFile(job.dir().path() + "/root/node-1/training.pid").c_str()), SIGKILL);
+}
+
+TEST(MultiNode, ChildrenExitingDuringTheExitBarrierAreReaped) {
+  // Node 0 finishes at once, leaving a process that escaped its group and exits while node
+  // 0 waits at the exit barrier for node 1.
+  Job job(2, R"(["if [ $BT_NODE_RANK = 0 ]; then setsid sleep 1 & true; else sleep 5; fi"])");
+  auto processes = job.StartAll();
+  ASSERT_TRUE(processes[0]->WaitForLog("waiting for the other nodes to finish", 20s));
+  std::this_thread::sleep_for(2500ms);
+  EXPECT_TRUE(ZombieChildrenOf(processes[0]->pid()).empty()) << "a zombie waits for the launcher to exit";
+  for (auto& result : Job::FinishAll(processes)) EXPECT_EQ(result.exit_code, 0) << result.err;
 }
 
 TEST(MultiNode, MissingNodesAreNamedByLeaderAndFollowers) {

@@ -160,6 +160,67 @@ TEST(Supervision, LeftoverGroupMembersAreStoppedWhenTheCommandEnds) {
   EXPECT_LT(result.elapsed, 20s);
 }
 
+TEST(Supervision, SigtermDuringTheCleanupOfLeftoversStillStopsTheJob) {
+  TempDir dir;
+  // Command 1 exits 0 leaving a member that ignores TERM: the launcher cleans up its group
+  // for the grace period. A TERM then must stop the job, not be dropped.
+  std::string config = ConfigWithCommands(dir, R"(["(trap '' TERM; exec sleep 30) & echo first-done", "echo second-ran"])",
+                                          R"(, "launcher": {"grace_period_s": 3})");
+  LauncherProcess launcher({{"run", "--config", config, "--root", dir.path() + "/root"}});
+  ASSERT_TRUE(launcher.WaitForOutput("first-done", 10s));
+  ASSERT_TRUE(launcher.WaitForLog("processes remain in its group", 10s));
+  launcher.Signal(SIGTERM);
+  ProcessResult result = launcher.Finish();
+  EXPECT_EQ(result.exit_code, 143) << result.err;
+  EXPECT_EQ(result.out.find("second-ran"), std::string::npos) << "the next command ran after SIGTERM";
+}
+
+TEST(Supervision, CleanupDoesNotWaitForAZombieWhoseParentEscapedTheGroup) {
+  TempDir dir;
+  // The child stays in the job's group and exits; its parent moves to a new session and
+  // never reaps it: only a zombie is left in the group.
+  const std::string script =
+      "import os, time\n"
+      "if os.fork() == 0:\n"
+      "    time.sleep(0.2); os._exit(0)\n"
+      "os.setsid()\n"
+      "open('" + dir.path() + "/escaped.pid', 'w').write(str(os.getpid()))\n"
+      "time.sleep(30)\n";
+  dir.Write("escape.py", script);
+  ProcessResult result = RunLauncher({RunArgs(dir, {"sh", "-c", "python3 " + dir.path() + "/escape.py & sleep 1; exit 0"})});
+  kill(std::atoi(ReadFile(dir.path() + "/escaped.pid").c_str()), SIGKILL);
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_LT(result.elapsed, 10s) << "the cleanup waited on a zombie";
+}
+
+TEST(Supervision, CommandAfterDashDashIsFoundInTheJobsPath) {
+  TempDir dir;
+  dir.Write("tools/only-in-job-path", "#!/bin/sh\necho found-in-job-path\n");
+  fs::permissions(dir.path() + "/tools/only-in-job-path", fs::perms::owner_all);
+  std::string config = dir.Write("job.json", R"({"runtime": {"environment_variables": {"PATH": ")" + dir.path() +
+                                                 R"(/tools:/usr/bin:/bin"}}})");
+  ProcessResult result = RunLauncher({{"run", "--config", config, "--root", dir.path() + "/root", "--", "only-in-job-path"}});
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("found-in-job-path"), std::string::npos);
+}
+
+TEST(Supervision, ShortSecretsAreNamedAsNotRedacted) {
+  TempDir dir;
+  dir.Write("root/secrets/pin", "42");
+  std::string config = dir.Write("short.json", R"({"runtime": {"start_commands": ["true"], "environment_variables": {"PIN": {"name": "pin"}}}})");
+  ProcessResult result = RunLauncher({{"run", "--config", config, "--root", dir.path() + "/root"}});
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.err.find("secret variable PIN is shorter than 4 bytes: it is not redacted"), std::string::npos) << result.err;
+}
+
+TEST(Supervision, RendezvousTokenIsNotInTheLaunchersOwnEnvironment) {
+  TempDir dir;
+  ProcessResult result = RunLauncher({RunArgs(dir, {"sh", "-c", "tr '\\0' '\\n' < /proc/$PPID/environ"}),
+                                      {{"BT_RENDEZVOUS_TOKEN", "token-TOPSECRET-value"}}});
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(result.out.find("TOPSECRET"), std::string::npos) << "the job can read the token from its parent";
+}
+
 TEST(Supervision, PrintsATimelineAtExit) {
   TempDir dir;
   ProcessResult result = RunLauncher({RunArgs(dir, {"/bin/true"})});
