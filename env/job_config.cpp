@@ -497,8 +497,8 @@ CacheSeedSettings ReadCacheSeedSettings(const json& value, const std::string& pa
 }
 
 LauncherSettings ReadLauncherSettings(const json& value, const std::string& path) {
-  StrictObject object(value, path, {"job_id", "project_id", "project_name", "grace_period_s", "master_port", "rendezvous",
-                                             "checkpoint", "weights", "cache"});
+  StrictObject object(value, path, {"job_id", "project_id", "project_name", "grace_period_s", "peer_failure_grace_s",
+                                             "master_port", "rendezvous", "checkpoint", "weights", "cache"});
   LauncherSettings launcher;
   if (const json* v = object.Find("job_id")) launcher.job_id = ReadNonEmptyString(*v, object.PathOf("job_id"));
   if (const json* v = object.Find("project_id")) launcher.project_id = ReadNonEmptyString(*v, object.PathOf("project_id"));
@@ -508,6 +508,12 @@ LauncherSettings ReadLauncherSettings(const json& value, const std::string& path
       throw ConfigError(object.PathOf("grace_period_s"), "expected a number of seconds in [0, 86400], got " + v->dump());
     }
     launcher.grace_period_s = v->get<double>();
+  }
+  if (const json* v = object.Find("peer_failure_grace_s")) {
+    if (!v->is_number() || v->get<double>() < 0 || v->get<double>() > 86400) {
+      throw ConfigError(object.PathOf("peer_failure_grace_s"), "expected a number of seconds in [0, 86400], got " + v->dump());
+    }
+    launcher.peer_failure_grace_s = v->get<double>();
   }
   if (const json* v = object.Find("master_port")) launcher.master_port = ReadPort(*v, object.PathOf("master_port"));
   if (const json* v = object.Find("rendezvous")) launcher.rendezvous = ReadRendezvousSettings(*v, object.PathOf("rendezvous"));

@@ -134,6 +134,7 @@ struct LauncherSettings {
   std::optional<std::string> project_id;
   std::optional<std::string> project_name;
   double grace_period_s = 30;
+  double peer_failure_grace_s = 5;  // instead of grace_period_s when another node failed
   uint16_t master_port = 29500;
   RendezvousSettings rendezvous;
   CheckpointSettings checkpoint;

@@ -185,7 +185,8 @@ void SeedOnLeader(const env::JobConfig& config, const env::JobEnvironment& envir
   spdlog::info("cache seed: running {} command(s) (key {})", settings.seed_commands.size(), key.substr(0, 12));
   std::vector<Command> commands;
   for (const auto& text : settings.seed_commands) commands.push_back(ShellCommand(text));
-  Supervisor supervisor(signals, std::chrono::milliseconds(int64_t(config.launcher.grace_period_s * 1000)));
+  Supervisor supervisor(signals, std::chrono::milliseconds(int64_t(config.launcher.grace_period_s * 1000)),
+                        std::chrono::milliseconds(int64_t(config.launcher.peer_failure_grace_s * 1000)));
   JobOutcome outcome = supervisor.Run(commands, environment.ToEnviron(), environment.working_dir, peers, "cache seed command");
   if (outcome.exit_code != 0) {
     lease.Release();

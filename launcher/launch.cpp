@@ -162,7 +162,8 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
 
   timeline.Begin("run");
   auto grace = std::chrono::milliseconds(int64_t(job.config.launcher.grace_period_s * 1000));
-  Supervisor supervisor(signals, grace);
+  auto peer_grace = std::chrono::milliseconds(int64_t(job.config.launcher.peer_failure_grace_s * 1000));
+  Supervisor supervisor(signals, grace, peer_grace);
   JobOutcome outcome = supervisor.Run(CommandsToRun(cli, job.config), job.environment.ToEnviron(),
                                       job.environment.working_dir, peers.get());
   timeline.Annotate(DescribeOutcome(outcome));

@@ -130,7 +130,8 @@ std::unique_ptr<TcpPeers> TcpPeers::Join(const env::JobConfig& config, const env
   if (identity.rank == 0) {
     rendezvous::ServerOptions options{endpoint.port, endpoint.token, identity.count, join_timeout,
                                       Millis(settings.heartbeat_interval_s), Millis(settings.heartbeat_timeout_s),
-                                      std::chrono::seconds(10)};
+                                      // after the verdict, serve every node still reachable until it has said goodbye
+                                      std::chrono::seconds(settings.exit_barrier_timeout_s)};
     try {
       peers->server_ = std::make_unique<rendezvous::StoreServer>(options);
     } catch (const rendezvous::StoreError& error) {

@@ -122,8 +122,9 @@ pid_t Spawn(const Command& command, const std::vector<std::string>& environ, con
 
 Command ShellCommand(const std::string& text) { return Command{{"/bin/sh", "-c", text}, false}; }
 
-Supervisor::Supervisor(SignalRouter& signals, std::chrono::milliseconds grace_period)
-    : signals_(signals), grace_period_(grace_period) {
+Supervisor::Supervisor(SignalRouter& signals, std::chrono::milliseconds grace_period,
+                       std::chrono::milliseconds peer_failure_grace)
+    : signals_(signals), grace_period_(grace_period), peer_failure_grace_(peer_failure_grace), active_grace_(grace_period) {
   // Not PID 1 (docker run without --init, a local test, mpirun): become a subreaper so
   // that orphaned grandchildren are re-parented to us and reaped, not to the host's init.
   if (getpid() != 1 && prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
@@ -194,7 +195,9 @@ int Supervisor::RunOne(const Command& command, const std::vector<std::string>& e
         outcome.stop_reason = reason;
         spdlog::error("stopping the job: {}", *reason);
         kill(-child, SIGTERM);
-        BeginShutdown(child);
+        // Another node failed: the collectives this training waits on cannot complete, so
+        // a long grace only delays the job's end.
+        BeginShutdown(child, peer_failure_grace_);
       }
     }
   }
@@ -210,19 +213,20 @@ void Supervisor::OnSignal(int signal_number, pid_t group, JobOutcome& outcome) {
   kill(-group, signal_number);
   if (!StartsShutdown(signal_number)) return;
   if (!outcome.shutdown_signal) outcome.shutdown_signal = signal_number;
-  BeginShutdown(group);
+  BeginShutdown(group, grace_period_);
 }
 
-void Supervisor::BeginShutdown(pid_t group) {
+void Supervisor::BeginShutdown(pid_t group, std::chrono::milliseconds grace) {
   shutting_down_ = true;
   if (kill_deadline_) return;
-  kill_deadline_ = Clock::now() + grace_period_;
-  spdlog::info("process group {} has {} ms to exit before SIGKILL", group, grace_period_.count());
+  kill_deadline_ = Clock::now() + grace;
+  active_grace_ = grace;
+  spdlog::info("process group {} has {} ms to exit before SIGKILL", group, grace.count());
 }
 
 void Supervisor::EscalateIfGraceOver(pid_t group) {
   if (!kill_deadline_ || Clock::now() < *kill_deadline_) return;
-  spdlog::warn("grace period of {} ms is over: sending SIGKILL to process group {}", grace_period_.count(), group);
+  spdlog::warn("grace period of {} ms is over: sending SIGKILL to process group {}", active_grace_.count(), group);
   kill(-group, SIGKILL);
   kill_deadline_ = Clock::time_point::max();
 }

@@ -39,7 +39,9 @@ struct JobOutcome {
 
 class Supervisor {
  public:
-  Supervisor(SignalRouter& signals, std::chrono::milliseconds grace_period);
+  // `peer_failure_grace` replaces `grace_period` when the stop comes from another node.
+  Supervisor(SignalRouter& signals, std::chrono::milliseconds grace_period,
+             std::chrono::milliseconds peer_failure_grace = std::chrono::seconds(5));
 
   // Runs `commands` in order and stops at the first that fails or at a shutdown. `label`
   // names them in the log ("start command 2/3: ...").
@@ -50,7 +52,7 @@ class Supervisor {
   int RunOne(const Command& command, const std::vector<std::string>& environ, const std::string& working_dir,
              StopRequests* stop, JobOutcome& outcome);
   void OnSignal(int signal_number, pid_t group, JobOutcome& outcome);
-  void BeginShutdown(pid_t group);
+  void BeginShutdown(pid_t group, std::chrono::milliseconds grace);
   void ReapChildren(pid_t child, std::optional<int>& child_status);
   void EscalateIfGraceOver(pid_t group);
   void CleanUpGroup(pid_t group, JobOutcome& outcome);
@@ -59,6 +61,8 @@ class Supervisor {
 
   SignalRouter& signals_;
   std::chrono::milliseconds grace_period_;
+  std::chrono::milliseconds peer_failure_grace_;
+  std::chrono::milliseconds active_grace_;
   std::optional<std::chrono::steady_clock::time_point> kill_deadline_;
   bool shutting_down_ = false;
 };

@@ -23,15 +23,21 @@ namespace fs = std::filesystem;
 // One job of `nodes` launchers sharing a config, a root and a port.
 class Job {
  public:
+  // `rendezvous_extra` (", \"key\": value, ...") overrides the rendezvous defaults below.
   Job(int nodes, const std::string& commands_json, const std::string& rendezvous_extra = "")
       : nodes_(nodes), port_(FreePort()) {
-    config_ = dir_.Write("job.json", R"({"compute": {"node_count": )" + std::to_string(nodes) +
-                                         R"(}, "enable_baseten_workdir": false,
-        "runtime": {"start_commands": )" + commands_json + R"(,
-                    "checkpointing_config": {"enabled": true}, "cache_config": {"enabled": true}},
-        "launcher": {"grace_period_s": 5, "rendezvous": {"port": )" + std::to_string(port_) +
-                                         R"(, "join_timeout_s": 20, "heartbeat_interval_s": 0.2,
-                     "heartbeat_timeout_s": 3, "exit_barrier_timeout_s": 30)" + rendezvous_extra + "}}}");
+    nlohmann::json rendezvous = {{"port", port_}, {"join_timeout_s", 20}, {"heartbeat_interval_s", 0.2},
+                                 {"heartbeat_timeout_s", 3}, {"exit_barrier_timeout_s", 30}};
+    if (!rendezvous_extra.empty()) rendezvous.update(nlohmann::json::parse("{" + rendezvous_extra.substr(1) + "}"));
+    nlohmann::json config = {
+        {"compute", {{"node_count", nodes}}},
+        {"enable_baseten_workdir", false},
+        {"runtime",
+         {{"start_commands", nlohmann::json::parse(commands_json)},
+          {"checkpointing_config", {{"enabled", true}}},
+          {"cache_config", {{"enabled", true}}}}},
+        {"launcher", {{"grace_period_s", 5}, {"rendezvous", rendezvous}}}};
+    config_ = dir_.Write("job.json", config.dump());
   }
 
   LaunchSpec Spec(int rank, std::vector<std::string> extra_args = {}, std::map<std::string, std::string> env = {}) {
@@ -189,6 +195,25 @@ double CpuSeconds(pid_t pid) {
     }
   }
   return double(user + system) / double(sysconf(_SC_CLK_TCK));
+}
+
+TEST(MultiNode, PeerFailureStopsEveryNodeWithin15sWhateverTheTrainingDoesWithSigterm) {
+  // Node 0's training fails after a second; node 1's ignores SIGTERM (the default grace is
+  // 30 s): the peer-failure grace (5 s) applies, and node 0 keeps serving until node 1 has
+  // reported.
+  Job job(2, R"(["if [ $BT_NODE_RANK = 0 ]; then echo started; sleep 1; exit 3; else trap '' TERM; echo started; sleep 60 & wait; sleep 60; fi"])");
+  auto processes = job.StartAll();
+  ASSERT_TRUE(processes[0]->WaitForOutput("started", 20s));
+  auto failed_at = std::chrono::steady_clock::now();
+  auto results = Job::FinishAll(processes);
+  EXPECT_LT(std::chrono::steady_clock::now() - failed_at, 15s);
+  EXPECT_EQ(results[0].exit_code, 3) << results[0].err;
+  EXPECT_EQ(results[1].exit_code, 69) << results[1].err;
+  EXPECT_NE(results[1].err.find("has 5000 ms to exit before SIGKILL"), std::string::npos) << results[1].err;
+  for (const auto& result : results) {
+    EXPECT_NE(result.err.find("exit code 3"), std::string::npos) << result.err;
+    EXPECT_EQ(result.err.find("cannot report this node's result"), std::string::npos) << result.err;
+  }
 }
 
 TEST(MultiNode, FollowerInItsGraceAfterTheLeaderIsGoneDoesNotSpin) {
