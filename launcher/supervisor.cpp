@@ -10,8 +10,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <algorithm>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -60,6 +62,70 @@ bool GroupHasMembers(pid_t group) {
   }
   closedir(proc);
   return running;
+}
+
+struct ProcessEntry {
+  pid_t pid = 0;
+  pid_t parent = 0;
+  pid_t group = 0;
+  char state = 0;
+};
+
+std::vector<ProcessEntry> AllProcesses() {
+  std::vector<ProcessEntry> processes;
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return processes;
+  while (dirent* entry = readdir(proc)) {
+    if (!std::isdigit(static_cast<unsigned char>(entry->d_name[0]))) continue;
+    std::ifstream stat(std::string("/proc/") + entry->d_name + "/stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    auto close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    ProcessEntry process;
+    process.pid = std::atoi(entry->d_name);
+    std::istringstream fields(line.substr(close + 2));
+    fields >> process.state >> process.parent >> process.group;
+    processes.push_back(process);
+  }
+  closedir(proc);
+  return processes;
+}
+
+std::string CommandLine(pid_t pid) {
+  std::ifstream file("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(file)), {});
+  std::replace(text.begin(), text.end(), '\0', ' ');
+  while (!text.empty() && text.back() == ' ') text.pop_back();
+  return text.size() > 200 ? text.substr(0, 200) + "..." : text;
+}
+
+// bt-launch's own helpers (the checkpoint uploader and what it runs) are stopped by their
+// owner, after the drain: never by the job's signals.
+bool IsLauncherHelper(pid_t pid) {
+  std::ifstream file("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
+  std::string program;
+  std::string subcommand;
+  std::getline(file, program, '\0');
+  std::getline(file, subcommand, '\0');
+  return subcommand == "upload-worker";
+}
+
+// Every live process below this launcher, outside `skip_group` and outside helpers.
+std::vector<pid_t> EscapedDescendants(pid_t skip_group) {
+  const auto processes = AllProcesses();
+  std::vector<pid_t> found;
+  std::vector<pid_t> parents = {getpid()};
+  while (!parents.empty()) {
+    pid_t parent = parents.back();
+    parents.pop_back();
+    for (const auto& process : processes) {
+      if (process.parent != parent || process.state == 'Z' || IsLauncherHelper(process.pid)) continue;
+      parents.push_back(process.pid);
+      if (process.group != skip_group) found.push_back(process.pid);
+    }
+  }
+  return found;
 }
 
 // `run -- CMD` is looked up in the job's PATH, as a shell started with that environment
@@ -154,6 +220,7 @@ JobOutcome Supervisor::Run(const std::vector<Command>& commands, const std::vect
       break;
     }
   }
+  StopEscapedDescendants();
   // A job that handled the signal and exited 0 keeps its 0, unless the signal kept later
   // start commands from running: then the job did not complete.
   bool incomplete = outcome.commands_run < commands.size();
@@ -211,6 +278,13 @@ int Supervisor::RunOne(const Command& command, const std::vector<std::string>& e
 void Supervisor::OnSignal(int signal_number, pid_t group, JobOutcome& outcome) {
   spdlog::info("received {}; forwarding it to process group {}", strsignal(signal_number), group);
   kill(-group, signal_number);
+  // Processes that left the group (torchrun starts its workers in new sessions) get it too:
+  // once their parent is SIGKILLed after the grace, nobody else would tell them.
+  for (pid_t pid : EscapedDescendants(group)) {
+    spdlog::info("forwarding {} to process {} ({}), which left the job's process group", strsignal(signal_number), pid,
+                 CommandLine(pid));
+    kill(pid, signal_number);
+  }
   if (!StartsShutdown(signal_number)) return;
   if (!outcome.shutdown_signal) outcome.shutdown_signal = signal_number;
   BeginShutdown(group, grace_period_);
@@ -267,6 +341,33 @@ void Supervisor::CleanUpGroup(pid_t group, JobOutcome& outcome) {
   }
   ReapChildren(-1, unused);
   if (!shutting_down_) kill_deadline_.reset();
+}
+
+// When bt-launch is not PID 1 (under a shell, mpirun, Slurm), a process that left the job's
+// group (setsid, a daemonising tool) would outlive the launcher: as their subreaper we find
+// them after the job and stop them as the group is stopped: TERM, the grace, then KILL.
+void Supervisor::StopEscapedDescendants() {
+  std::vector<pid_t> escaped = EscapedDescendants(0);
+  if (escaped.empty()) return;
+  for (pid_t pid : escaped) {
+    spdlog::warn("process {} ({}) outlived the job's commands: sending SIGTERM", pid, CommandLine(pid));
+    kill(pid, SIGTERM);
+  }
+  const auto deadline = Clock::now() + grace_period_;
+  std::optional<int> unused;
+  while (Clock::now() < deadline && !EscapedDescendants(0).empty()) {
+    pollfd fds[1] = {{signals_.fd(), POLLIN, 0}};
+    poll(fds, 1, int(kGroupPollInterval.count()));
+    while (auto signal_number = signals_.Take()) {
+      if (*signal_number == SIGCHLD) ReapChildren(-1, unused);
+    }
+  }
+  for (pid_t pid : EscapedDescendants(0)) {
+    spdlog::warn("process {} ({}) is still running after the grace period: sending SIGKILL", pid, CommandLine(pid));
+    kill(pid, SIGKILL);
+  }
+  std::this_thread::sleep_for(kGroupPollInterval);
+  ReapChildren(-1, unused);
 }
 
 // A signal that arrives while no command runs still counts: TERM between two start

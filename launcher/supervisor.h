@@ -57,6 +57,7 @@ class Supervisor {
   void EscalateIfGraceOver(pid_t group);
   void CleanUpGroup(pid_t group, JobOutcome& outcome);
   void DrainSignalsBetweenCommands(JobOutcome& outcome);
+  void StopEscapedDescendants();
   int PollTimeoutMs() const;
 
   SignalRouter& signals_;

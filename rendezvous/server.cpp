@@ -634,8 +634,12 @@ class StoreServer::Loop {
   bool IsDrained() const {
     if (verdict_.kind == ServerVerdict::Kind::kPending) return false;
     if (Clock::now() - verdict_time_ > options_.exit_linger) return true;
+    // Nodes still heartbeating are reachable and get the verdict and the time to report;
+    // a silent one (a cut link, a dead host) is not waited for.
+    const auto now = Clock::now();
     for (const auto& [fd, connection] : connections_) {
-      if (connection->authenticated && !connection->said_goodbye) return false;
+      const bool reachable = now - connection->last_seen <= options_.heartbeat_timeout;
+      if (connection->authenticated && !connection->said_goodbye && reachable) return false;
     }
     return true;
   }

@@ -221,6 +221,53 @@ TEST(Supervision, RendezvousTokenIsNotInTheLaunchersOwnEnvironment) {
   EXPECT_EQ(result.out.find("TOPSECRET"), std::string::npos) << "the job can read the token from its parent";
 }
 
+bool Alive(pid_t pid) {
+  if (pid <= 0 || kill(pid, 0) != 0) return false;
+  std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
+  auto close = stat.rfind(')');
+  return close != std::string::npos && stat[close + 2] != 'Z';
+}
+
+TEST(Supervision, ProcessThatLeftTheGroupAndIgnoresSigtermDoesNotOutliveTheLauncher) {
+  TempDir dir;
+  std::string config = ConfigWithCommands(
+      dir, R"(["setsid sh -c 'trap \"\" TERM; echo $$ > )" + dir.path() + R"(/escaped.pid; exec sleep 300' & sleep 0.5; echo done"])",
+      R"(, "launcher": {"grace_period_s": 2})");
+  ProcessResult result = RunLauncher({{"run", "--config", config, "--root", dir.path() + "/root"}});
+  pid_t escaped = std::atoi(ReadFile(dir.path() + "/escaped.pid").c_str());
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.err.find("outlived the job's commands: sending SIGTERM"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("still running after the grace period: sending SIGKILL"), std::string::npos) << result.err;
+  EXPECT_FALSE(Alive(escaped)) << "pid " << escaped << " outlived the launcher";
+  if (Alive(escaped)) kill(escaped, SIGKILL);
+}
+
+TEST(Supervision, WorkerInItsOwnSessionGetsTheShutdownSignalLikeTorchrunsWorkers) {
+  TempDir dir;
+  // An agent (torchrun's role) starts its worker in a new session and ignores SIGTERM; the
+  // worker saves on SIGTERM. The agent is SIGKILLed after the grace: the worker must have
+  // been told before that, not orphaned.
+  dir.Write("worker.sh", "trap 'echo saved > " + dir.path() + "/worker.saved; exit 0' TERM\necho $$ > " + dir.path() +
+                             "/worker.pid\nsleep 300 & wait\n");
+  // (The agent ignores SIGTERM only after starting the worker: an ignored signal is
+  // inherited, and a shell cannot trap what it was started ignoring.)
+  dir.Write("agent.py", "import signal, subprocess, time\n"
+                        "subprocess.Popen(['sh', '" + dir.path() + "/worker.sh'], start_new_session=True)\n"
+                        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                        "print('agent-started', flush=True)\ntime.sleep(300)\n");
+  std::string config = ConfigWithCommands(dir, R"(["python3 )" + dir.path() + R"(/agent.py"])", R"(, "launcher": {"grace_period_s": 2})");
+  LauncherProcess launcher({{"run", "--config", config, "--root", dir.path() + "/root"}});
+  ASSERT_TRUE(launcher.WaitForOutput("agent-started", 10s));
+  for (int i = 0; i < 100 && !fs::exists(dir.path() + "/worker.pid"); ++i) std::this_thread::sleep_for(20ms);
+  launcher.Signal(SIGTERM);
+  ProcessResult result = launcher.Finish();
+  pid_t worker = std::atoi(ReadFile(dir.path() + "/worker.pid").c_str());
+  EXPECT_EQ(result.exit_code, 143) << result.err;
+  EXPECT_EQ(ReadFile(dir.path() + "/worker.saved"), "saved\n") << result.err;
+  EXPECT_FALSE(Alive(worker));
+  if (Alive(worker)) kill(worker, SIGKILL);
+}
+
 TEST(Supervision, PrintsATimelineAtExit) {
   TempDir dir;
   ProcessResult result = RunLauncher({RunArgs(dir, {"/bin/true"})});
