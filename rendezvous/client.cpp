@@ -112,6 +112,12 @@ int ConnectWithBackoff(const ClientOptions& options, Clock::time_point deadline)
   }
 }
 
+// A leader that closes a fresh connection before the handshake is shedding load (out of
+// descriptors, too many unauthenticated connections): worth another try, unlike a reject.
+struct HandshakeClosed : StoreError {
+  HandshakeClosed() : StoreError("the leader closed the connection during the handshake") {}
+};
+
 // Reads exactly one frame with a deadline; used only during the handshake.
 Message ReadFrameBlocking(int fd, FrameDecoder& decoder, Clock::time_point deadline) {
   Message message;
@@ -120,7 +126,7 @@ Message ReadFrameBlocking(int fd, FrameDecoder& decoder, Clock::time_point deadl
     pollfd readable = {fd, POLLIN, 0};
     if (poll(&readable, 1, int(MillisLeft(deadline))) != 1) throw StoreError("the leader did not answer the handshake");
     ssize_t got = read(fd, buffer, sizeof buffer);
-    if (got <= 0) throw StoreError("the leader closed the connection during the handshake");
+    if (got <= 0) throw HandshakeClosed();
     decoder.Feed(buffer, size_t(got));
   }
   return message;
@@ -164,17 +170,28 @@ void AuthenticateToLeader(int fd, const std::string& token) {
 
 std::unique_ptr<StoreClient> StoreClient::Connect(const ClientOptions& options) {
   auto deadline = Clock::now() + options.connect_timeout;
-  int fd = ConnectWithBackoff(options, deadline);
-  try {
-    AuthenticateToLeader(fd, options.token);
-  } catch (const FrameError& error) {
-    close(fd);
-    throw StoreError(std::string("bad handshake frame from the leader: ") + error.what());
-  } catch (...) {
-    close(fd);
-    throw;
+  auto backoff = kFirstBackoff;
+  while (true) {
+    int fd = ConnectWithBackoff(options, deadline);
+    try {
+      AuthenticateToLeader(fd, options.token);
+      return std::unique_ptr<StoreClient>(new StoreClient(fd, options));
+    } catch (const HandshakeClosed&) {
+      close(fd);
+      if (MillisLeft(deadline) <= 0) throw;
+    } catch (const FrameError& error) {
+      close(fd);
+      throw StoreError(std::string("bad handshake frame from the leader: ") + error.what());
+    } catch (...) {
+      close(fd);
+      throw;
+    }
+    pollfd interrupt = {options.interrupt_fd, POLLIN, 0};
+    if (poll(&interrupt, options.interrupt_fd >= 0 ? 1 : 0, int(std::min<int64_t>(MillisLeft(deadline), backoff.count()))) > 0) {
+      throw StoreError("interrupted while waiting for the leader");
+    }
+    backoff = std::min(backoff * 2, kMaxBackoff);
   }
-  return std::unique_ptr<StoreClient>(new StoreClient(fd, options));
 }
 
 StoreClient::StoreClient(int fd, ClientOptions options)

@@ -1,5 +1,6 @@
 #include "rendezvous/server.h"
 
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
@@ -30,6 +31,11 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kMaxPendingOutputBytes = 256u << 20;  // a peer that stops reading is dropped
 constexpr size_t kMaxWaitsPerConnection = 4096;
 constexpr int kEpollBatch = 512;
+// A connection must prove the token this soon after it is accepted, and only so many may be
+// waiting to: idle connections (a port scanner, a health check, anyone on the network)
+// cannot hold the leader's descriptors.
+constexpr std::chrono::seconds kAuthDeadline{5};
+constexpr size_t kMaxUnauthenticated = 1024;
 
 std::string PeerAddress(int fd) {
   sockaddr_storage address{};
@@ -117,6 +123,7 @@ struct Connection {
   int rank = -1;
   size_t pending_waits = 0;
   Clock::time_point last_seen = Clock::now();
+  Clock::time_point accepted_at = Clock::now();
 };
 
 // A request parked until its key exists: wait, or get (which answers with the value).
@@ -142,6 +149,7 @@ class StoreServer::Loop {
     }
     epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
     Watch(listen_fd_, EPOLLIN);
     Watch(wake_fd_, EPOLLIN);
     joined_.resize(size_t(options_.node_count), -1);
@@ -153,6 +161,7 @@ class StoreServer::Loop {
 
   ~Loop() {
     for (auto& [fd, connection] : connections_) close(fd);
+    if (spare_fd_ >= 0) close(spare_fd_);
     close(listen_fd_);
     close(epoll_fd_);
     close(wake_fd_);
@@ -250,16 +259,58 @@ class StoreServer::Loop {
   void AcceptAll() {
     while (true) {
       int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) return;  // EAGAIN, or EMFILE: the peer retries
+      if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+        if (!ShedWithSpareDescriptor()) return;
+        continue;
+      }
+      if (fd < 0) return;  // EAGAIN: the backlog is empty
+      const std::string peer = PeerAddress(fd);
+      if (unauthenticated_ >= kMaxUnauthenticated) {
+        close(fd);
+        NoteRefused(peer, "too many connections waiting to authenticate");
+        continue;
+      }
       int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       auto connection = std::make_unique<Connection>();
       connection->fd = fd;
-      connection->peer = PeerAddress(fd);
+      connection->peer = peer;
       connection->nonce = RandomNonce();
       Watch(fd, EPOLLIN | EPOLLRDHUP);
       Send(*connection, {{"op", "hello"}, {"nonce", BytesValue(connection->nonce)}});
       connections_.emplace(fd, std::move(connection));
+      ++unauthenticated_;
+    }
+  }
+
+  // Out of descriptors: the listening socket stays readable and epoll would return at once,
+  // forever. Give back the spare, accept one pending connection and close it, take the spare
+  // again: the backlog drains and the peers retry.
+  bool ShedWithSpareDescriptor() {
+    if (spare_fd_ < 0) return false;
+    close(spare_fd_);
+    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    std::string peer = fd >= 0 ? PeerAddress(fd) : "";
+    if (fd >= 0) close(fd);
+    spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    NoteRefused(peer, "the leader is out of file descriptors");
+    return true;
+  }
+
+  // One log line per peer address and reason, then only at 10, 100, 1000...: a scanner
+  // must not flood the log.
+  void NoteRefused(const std::string& peer, const std::string& why) {
+    size_t count = ++refusals_[peer + ": " + why];
+    if (count != 1 && count != 10 && count != 100 && count != 1000 && count % 10000 != 0) return;
+    spdlog::warn("rendezvous: closed a connection from {}: {} ({} from this address so far)", peer, why, count);
+  }
+
+  void CloseSilentUnauthenticated(Clock::time_point now) {
+    for (auto& [fd, connection] : connections_) {
+      if (connection->authenticated || connection->dead || now - connection->accepted_at < kAuthDeadline) continue;
+      NoteRefused(connection->peer, "no authentication within " + std::to_string(kAuthDeadline.count()) + " s");
+      Kill(*connection, "did not authenticate in time");
     }
   }
 
@@ -312,6 +363,7 @@ class StoreServer::Loop {
       return;
     }
     connection.authenticated = true;
+    --unauthenticated_;
     connection.decoder.set_max_frame_bytes(kMaxFrameBytes);
     Send(connection, {{"op", "welcome"}, {"proof", BytesValue(ProveToken(options_.token, BytesField(message, "nonce"), "server"))}});
   }
@@ -490,6 +542,7 @@ class StoreServer::Loop {
     }
     if (now < next_tick_) return;
     next_tick_ = now + options_.heartbeat_interval;
+    CloseSilentUnauthenticated(now);
     Broadcast({{"op", "hb"}});
     if (verdict_.kind != ServerVerdict::Kind::kPending) return;
     for (size_t rank = 0; rank < joined_.size(); ++rank) {
@@ -542,6 +595,7 @@ class StoreServer::Loop {
       if (it == connections_.end()) continue;
       const int rank = it->second->rank;
       const bool goodbye = it->second->said_goodbye;
+      if (!it->second->authenticated) --unauthenticated_;
       const std::string why = it->second->dead_reason;
       DropWaitersOf(fd);
       epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
@@ -649,6 +703,9 @@ class StoreServer::Loop {
   int listen_fd_ = -1;
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
+  int spare_fd_ = -1;  // given back when accept4 fails with EMFILE (see ShedWithSpareDescriptor)
+  size_t unauthenticated_ = 0;
+  std::unordered_map<std::string, size_t> refusals_;  // "peer: reason" -> count
   std::unordered_map<int, std::unique_ptr<Connection>> connections_;
   std::vector<int> dead_;
   std::unordered_map<std::string, std::string> values_;

@@ -1,4 +1,5 @@
 // Several real bt-launch processes on loopback form one job.
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -6,6 +7,7 @@
 
 #include <filesystem>
 #include <cstdlib>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -242,6 +244,41 @@ TEST(MultiNode, ChildrenExitingDuringTheExitBarrierAreReaped) {
   std::this_thread::sleep_for(2500ms);
   EXPECT_TRUE(ZombieChildrenOf(processes[0]->pid()).empty()) << "a zombie waits for the launcher to exit";
   for (auto& result : Job::FinishAll(processes)) EXPECT_EQ(result.exit_code, 0) << result.err;
+}
+
+TEST(MultiNode, LeaderOutOfDescriptorsNeitherSpinsNorLocksOutARealNode) {
+  // The leader may open 64 files; 100 connections that never authenticate arrive first.
+  TempDir dir;
+  const uint16_t port = FreePort();
+  std::map<std::string, std::string> env = {{"BT_RENDEZVOUS_PORT", std::to_string(port)},
+                                            {"BT_RENDEZVOUS_TOKEN", "descriptor-test"}};
+  LaunchSpec leader_spec{{"--nofile=64:64", BT_LAUNCH_BINARY, "rendezvous", "--serve", "--node-count", "2",
+                          "--leader-addr", "127.0.0.1", "--root",
+                          dir.path() + "/root"}, env};
+  LauncherProcess leader(leader_spec, "/usr/bin/prlimit");
+  ASSERT_TRUE(leader.WaitForLog("serving the rendezvous", 10s));
+  std::vector<int> idle;
+  for (int i = 0; i < 100; ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(port);
+    inet_pton(AF_INET, "127.0.0.1", &address.sin_addr);
+    connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
+    idle.push_back(fd);
+  }
+  std::this_thread::sleep_for(500ms);
+  const double before = CpuSeconds(leader.pid());
+  std::this_thread::sleep_for(2s);
+  EXPECT_LT(CpuSeconds(leader.pid()) - before, 0.5) << "the leader spins at EMFILE";
+  LaunchSpec follower_spec{{"rendezvous", "--node-rank", "1", "--node-count", "2", "--leader-addr", "127.0.0.1", "--root",
+                            dir.path() + "/root"}, env};
+  ProcessResult follower = RunLauncher(follower_spec);
+  ProcessResult served = leader.Finish();
+  for (int fd : idle) close(fd);
+  EXPECT_EQ(follower.exit_code, 0) << follower.err;
+  EXPECT_EQ(served.exit_code, 0) << served.err;
+  EXPECT_NE(served.err.find("no authentication within 5 s"), std::string::npos) << served.err;
 }
 
 TEST(MultiNode, MissingNodesAreNamedByLeaderAndFollowers) {

@@ -224,6 +224,33 @@ TEST(Server, WaitsOfAClosedConnectionDoNotFollowItsFdNumber) {
   EXPECT_EQ(client->Get("still", 1s), "connected");
 }
 
+TEST(Server, ConnectionThatNeverAuthenticatesIsClosedAfterTheDeadline) {
+  StoreServer server(Options(1));
+  RawPeer silent(server.port());  // reads the hello, then says nothing
+  auto started = std::chrono::steady_clock::now();
+  EXPECT_TRUE(silent.ClosedByServer(10s));
+  EXPECT_GE(std::chrono::steady_clock::now() - started, 4s);
+}
+
+TEST(Server, LegitimateNodeJoinsWhileAThousandIdleConnectionsAreHeld) {
+  StoreServer server(Options(2));
+  std::vector<int> idle;
+  for (int i = 0; i < 1000; ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(server.port());
+    inet_pton(AF_INET, "127.0.0.1", &address.sin_addr);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0) << i;
+    idle.push_back(fd);
+  }
+  auto started = std::chrono::steady_clock::now();
+  auto clients = JoinAll(server, 2);
+  for (auto& client : clients) EXPECT_TRUE(NextEvent(*client, PeerEvent::Kind::kComplete, 5s));
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 3s);
+  for (int fd : idle) close(fd);
+}
+
 TEST(Server, TimedOutWaitsExpireInsteadOfPilingUp) {
   StoreServer server(Options(1));
   auto client = Connect(server);
