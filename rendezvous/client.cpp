@@ -197,6 +197,12 @@ std::unique_ptr<StoreClient> StoreClient::Connect(const ClientOptions& options) 
 StoreClient::StoreClient(int fd, ClientOptions options)
     : fd_(fd), event_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)), stop_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
       options_(std::move(options)) {
+  if (event_fd_ < 0 || stop_fd_ < 0) {
+    const std::string why = std::strerror(errno);
+    if (event_fd_ >= 0) close(event_fd_);
+    if (stop_fd_ >= 0) close(stop_fd_);
+    throw StoreError("eventfd: " + why + " (out of file descriptors?)");
+  }
   reader_ = std::thread([this] { ReaderLoop(); });
 }
 

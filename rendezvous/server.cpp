@@ -36,6 +36,9 @@ constexpr int kEpollBatch = 512;
 // cannot hold the leader's descriptors.
 constexpr std::chrono::seconds kAuthDeadline{5};
 constexpr size_t kMaxUnauthenticated = 1024;
+// Descriptors the leader's process keeps for itself (its own node's client, files, the
+// uploader's pipes): connections beyond the rest are closed at accept.
+constexpr size_t kReservedDescriptors = 32;
 
 std::string PeerAddress(int fd) {
   sockaddr_storage address{};
@@ -45,15 +48,18 @@ std::string PeerAddress(int fd) {
 }
 
 // Every node holds one connection: the soft limit on open files must cover them.
-void RaiseFileLimit(int node_count) {
+// Returns the open-file limit now in force.
+size_t RaiseFileLimit(int node_count) {
   rlimit files{};
-  if (getrlimit(RLIMIT_NOFILE, &files) != 0) return;
+  if (getrlimit(RLIMIT_NOFILE, &files) != 0) return 1024;
   files.rlim_cur = files.rlim_max;
   setrlimit(RLIMIT_NOFILE, &files);
+  getrlimit(RLIMIT_NOFILE, &files);
   if (rlim_t(node_count) + 64 > files.rlim_cur) {
     spdlog::warn("the open-file limit is {} but {} nodes will connect: raise it (ulimit -n, or the container's "
                  "nofile limit) or some nodes cannot join", long(files.rlim_cur), node_count);
   }
+  return size_t(std::min<rlim_t>(files.rlim_cur, rlim_t(1) << 30));
 }
 
 int SomaxConn() {
@@ -140,7 +146,11 @@ struct Waiter {
 class StoreServer::Loop {
  public:
   explicit Loop(ServerOptions options) : options_(std::move(options)), start_(Clock::now()) {
-    RaiseFileLimit(options_.node_count);
+    const size_t file_limit = RaiseFileLimit(options_.node_count);
+    max_connections_ = file_limit > 2 * kReservedDescriptors ? file_limit - kReservedDescriptors : file_limit / 2;
+    // Half of them at most may be strangers that have not proved the token: the nodes
+    // always find room.
+    max_unauthenticated_ = std::min(kMaxUnauthenticated, std::max<size_t>(1, max_connections_ / 2));
     listen_fd_ = Listen(options_.port, std::max(options_.node_count + 128, 4096));
     int somaxconn = SomaxConn();
     if (somaxconn > 0 && somaxconn < options_.node_count) {
@@ -265,9 +275,10 @@ class StoreServer::Loop {
       }
       if (fd < 0) return;  // EAGAIN: the backlog is empty
       const std::string peer = PeerAddress(fd);
-      if (unauthenticated_ >= kMaxUnauthenticated) {
+      if (unauthenticated_ >= max_unauthenticated_ || connections_.size() >= max_connections_) {
         close(fd);
-        NoteRefused(peer, "too many connections waiting to authenticate");
+        NoteRefused(peer, unauthenticated_ >= max_unauthenticated_ ? "too many connections waiting to authenticate"
+                                                                    : "the leader's open-file limit is reached");
         continue;
       }
       int one = 1;
@@ -321,6 +332,8 @@ class StoreServer::Loop {
       if (got == 0) return Kill(connection, "connection closed");
       if (got < 0) {
         if (errno == EAGAIN || errno == EINTR) return;
+        // A peer that dies with unread data in its socket resets it instead of closing.
+        if (errno == ECONNRESET) return Kill(connection, "connection closed (reset)");
         return Kill(connection, std::string("read failed: ") + std::strerror(errno));
       }
       connection.last_seen = Clock::now();
@@ -705,6 +718,8 @@ class StoreServer::Loop {
   int wake_fd_ = -1;
   int spare_fd_ = -1;  // given back when accept4 fails with EMFILE (see ShedWithSpareDescriptor)
   size_t unauthenticated_ = 0;
+  size_t max_unauthenticated_ = kMaxUnauthenticated;
+  size_t max_connections_ = 0;
   std::unordered_map<std::string, size_t> refusals_;  // "peer: reason" -> count
   std::unordered_map<int, std::unique_ptr<Connection>> connections_;
   std::vector<int> dead_;
