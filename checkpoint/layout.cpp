@@ -237,6 +237,7 @@ uint16_t Le16(const unsigned char* p) { return uint16_t(p[0] | (p[1] << 8)); }
 std::optional<std::string> CheckZip(int fd, uint64_t size) {
   constexpr size_t kEocdSize = 22;
   constexpr size_t kMaxComment = 65535;
+  if (size < kEocdSize) return "shorter than a zip's end record (still being written)";
   const size_t tail_size = size_t(std::min<uint64_t>(size, kEocdSize + kMaxComment));
   std::vector<unsigned char> tail(tail_size);
   if (!ReadAt(fd, tail.data(), tail.size(), off_t(size - tail_size))) return "cannot read its end";

@@ -12,6 +12,14 @@
 
 namespace bt::checkpoint {
 
+std::vector<char*> CStringArray(const std::vector<std::string>& strings) {
+  std::vector<char*> pointers;
+  pointers.reserve(strings.size() + 1);
+  for (const auto& text : strings) pointers.push_back(const_cast<char*>(text.c_str()));
+  pointers.push_back(nullptr);
+  return pointers;
+}
+
 ProcessResult RunProcess(const std::vector<std::string>& argv, const std::vector<std::string>& environ,
                          const std::function<void(const std::string&)>& on_stderr_line) {
   ProcessResult result;
@@ -23,12 +31,8 @@ ProcessResult RunProcess(const std::vector<std::string>& argv, const std::vector
     close(out[1]);
     return {127, "", std::strerror(errno)};
   }
-  std::vector<char*> args;
-  for (const auto& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
-  args.push_back(nullptr);
-  std::vector<char*> envp;
-  for (const auto& entry : environ) envp.push_back(const_cast<char*>(entry.c_str()));
-  envp.push_back(nullptr);
+  std::vector<char*> args = CStringArray(argv);
+  std::vector<char*> envp = CStringArray(environ);
 
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);

@@ -8,6 +8,10 @@
 
 namespace bt::checkpoint {
 
+// A NULL-terminated array of pointers into `strings`, as exec and posix_spawn take argv
+// and envp; valid while `strings` lives unchanged.
+std::vector<char*> CStringArray(const std::vector<std::string>& strings);
+
 struct ProcessResult {
   int exit_code = -1;     // 127 when it could not be started, 128+signal when killed
   std::string output;     // stdout

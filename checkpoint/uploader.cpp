@@ -28,6 +28,7 @@
 #include "checkpoint/hash.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/snapshot.h"
+#include "checkpoint/subprocess.h"
 
 namespace bt::checkpoint {
 namespace {
@@ -221,12 +222,8 @@ UploaderProcess::UploaderProcess(const std::string& binary, const UploaderConfig
   std::vector<std::string> argv = {binary,         "upload-worker", "--destination", config.destination_uri,
                                    "--job-id",     config.job_id,   "--node-rank",   std::to_string(config.node_rank),
                                    "--parent-pid", std::to_string(getpid())};
-  std::vector<char*> args;
-  for (auto& arg : argv) args.push_back(arg.data());
-  args.push_back(nullptr);
-  std::vector<char*> envp;
-  for (const auto& entry : environ) envp.push_back(const_cast<char*>(entry.c_str()));
-  envp.push_back(nullptr);
+  std::vector<char*> args = CStringArray(argv);
+  std::vector<char*> envp = CStringArray(environ);
 
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);

@@ -17,8 +17,9 @@ constexpr std::chrono::seconds kPhaseReadTimeout{2};
 
 std::string PhaseKey(int rank) { return "bt/phase/" + std::to_string(rank); }
 
-// "node 3 (host-3) staging /models/base: 12.1 of 40.0 GiB" for every node not ready yet.
-std::string DescribeNotReady(Peers& peers, const env::NodeIdentity& identity) {
+// "node 3 (host-3) staging /models/base: 12.1 of 40.0 GiB" for every node (every node not
+// ready yet, without `include_ready`): the roster with each node's phase.
+std::string DescribePhases(Peers& peers, const env::NodeIdentity& identity, bool include_ready) {
   rendezvous::Store* store = peers.store();
   std::vector<rendezvous::NodeInfo> roster = peers.Roster();
   std::string text;
@@ -28,7 +29,7 @@ std::string DescribeNotReady(Peers& peers, const env::NodeIdentity& identity) {
       phase = store->Get(PhaseKey(rank), kPhaseReadTimeout);
     } catch (const std::exception&) {
     }
-    if (phase == "ready") continue;
+    if (phase == "ready" && !include_ready) continue;
     std::string host = rank < int(roster.size()) ? roster[size_t(rank)].host : "?";
     text += (text.empty() ? "" : "; ") + std::string("node ") + std::to_string(rank) + " (" + host + ") " + phase;
   }
@@ -71,10 +72,10 @@ void WaitUntilAllReady(Peers& peers, const env::NodeIdentity& identity, Clock::t
       CheckStop(&peers, signals);
       if (Clock::now() >= deadline) {
         throw LaunchFailure(kExitUnavailable, "nodes not ready by the weights deadline (launcher.weights.timeout_s): " +
-                                                  DescribeNotReady(peers, identity));
+                                                  DescribePhases(peers, identity, false));
       }
       if (Clock::now() - last_log >= kWaitLogEvery) {
-        spdlog::info("waiting for every node to be ready: {}", DescribeNotReady(peers, identity));
+        spdlog::info("waiting for every node to be ready: {}", DescribePhases(peers, identity, true));
         last_log = Clock::now();
       }
       std::this_thread::sleep_for(kReadyPoll);

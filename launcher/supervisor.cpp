@@ -36,34 +36,6 @@ std::string Describe(const Command& command) {
   return text;
 }
 
-// Members that still run: a zombie counts for kill(-pgid, 0) until its parent reaps it,
-// and a parent that escaped the group (setsid) may never reap it.
-bool GroupHasMembers(pid_t group) {
-  if (kill(-group, 0) != 0) return false;
-  DIR* proc = opendir("/proc");
-  if (proc == nullptr) return true;
-  bool running = false;
-  while (dirent* entry = readdir(proc)) {
-    if (!std::isdigit(static_cast<unsigned char>(entry->d_name[0]))) continue;
-    std::ifstream stat(std::string("/proc/") + entry->d_name + "/stat");
-    std::string line;
-    if (!std::getline(stat, line)) continue;
-    auto close = line.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream fields(line.substr(close + 2));
-    char state = 0;
-    pid_t parent = 0;
-    pid_t pgrp = 0;
-    fields >> state >> parent >> pgrp;
-    if (pgrp == group && state != 'Z') {
-      running = true;
-      break;
-    }
-  }
-  closedir(proc);
-  return running;
-}
-
 struct ProcessEntry {
   pid_t pid = 0;
   pid_t parent = 0;
@@ -126,6 +98,16 @@ std::vector<pid_t> EscapedDescendants(pid_t skip_group) {
     }
   }
   return found;
+}
+
+// Members that still run: a zombie counts for kill(-pgid, 0) until its parent reaps it,
+// and a parent that escaped the group (setsid) may never reap it.
+bool GroupHasMembers(pid_t group) {
+  if (kill(-group, 0) != 0) return false;
+  for (const auto& process : AllProcesses()) {
+    if (process.group == group && process.state != 'Z') return true;
+  }
+  return false;
 }
 
 // `run -- CMD` is looked up in the job's PATH, as a shell started with that environment

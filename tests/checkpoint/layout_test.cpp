@@ -188,6 +188,16 @@ TEST_F(LayoutTest, LightningShardedCheckpointNeedsMetaPt) {
   EXPECT_TRUE(Complete("checkpoints/epoch=1-step=20.ckpt"));
 }
 
+TEST_F(LayoutTest, ZipShorterThanItsEndRecordIsIncompleteNotACrash) {
+  // torch.save has written the local header's magic and nothing else yet.
+  for (size_t length : {4, 5, 21}) {
+    Write("model.pt", ZipBytes("data.pkl", "w").substr(0, length));
+    Verdict verdict = JudgeNow("model.pt");
+    EXPECT_FALSE(verdict.complete) << length;
+    EXPECT_NE(verdict.reason.find("shorter than a zip's end record"), std::string::npos) << verdict.reason;
+  }
+}
+
 TEST_F(LayoutTest, TorchSaveFileIsCompleteWhenItsZipIsWhole) {
   std::string zip = ZipBytes("archive/data.pkl", std::string(5000, 'w'));
   Write("model.pt", zip.substr(0, 3000));

@@ -186,7 +186,8 @@ TEST_F(Prepare, ReadyBarrierNamesTheNodeStillPreparing) {
   WriteFile(Mount() + "/shard-1", std::string(5000, 'x'));  // node 1's mount: delivered in part, never completed
   json node0 = WithWeights(Config({"true"}), {{"source", "hf://org/a"}, {"mount_location", dir_.path() + "/ready-mount"}},
                            {{"timeout_s", 3}});
-  json node1 = WithWeights(Config({"true"}), {{"source", "hf://org/b"}, {"mount_location", Mount()}}, {{"timeout_s", 30}});
+  json node1 = WithWeights(Config({"true"}), {{"source", "hf://org/b"}, {"mount_location", Mount()}}, {{"timeout_s", 40}});
+  node0["launcher"]["weights"]["timeout_s"] = 12;  // long enough for one roster line (every 10 s)
   for (json* config : {&node0, &node1}) (*config)["compute"] = {{"node_count", 2}};
   LauncherProcess leader(Node(Save(node0), 0, 2, port, "root"));
   LauncherProcess follower(Node(Save(node1), 1, 2, port, "root"));
@@ -196,8 +197,11 @@ TEST_F(Prepare, ReadyBarrierNamesTheNodeStillPreparing) {
   EXPECT_NE(first.err.find("nodes not ready by the weights deadline (launcher.weights.timeout_s): node 1 ("), std::string::npos)
       << first.err;
   EXPECT_NE(first.err.find("waiting for " + Mount() + ": 1 files"), std::string::npos) << first.err;
+  EXPECT_NE(first.err.find("waiting for every node to be ready: node 0 ("), std::string::npos) << first.err;
+  EXPECT_NE(first.err.find(") ready; node 1 ("), std::string::npos) << "the roster shows every node's phase:\n" << first.err;
   EXPECT_NE(second.exit_code, 0) << second.err;
   EXPECT_LT(second.elapsed, 25s) << "node 1 waited for its own deadline instead of stopping with node 0";
+  EXPECT_GE(first.elapsed, 11s);
 }
 
 TEST_F(Prepare, ThreeConcurrentTwoNodeJobsSeedTheSharedCacheExactlyOnce) {
