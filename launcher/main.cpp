@@ -1,4 +1,5 @@
 // bt-launch: the entrypoint of every container of a multi-node training job.
+#include <csignal>
 #include <cstdio>
 #include <exception>
 
@@ -34,6 +35,9 @@ int Dispatch(const bt::launcher::CliOptions& cli) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A reader of our output that goes away (a log pipe, `| head`) must not kill PID 1 with
+  // SIGPIPE: writes fail with EPIPE instead. Children get the default back (supervisor.cpp).
+  std::signal(SIGPIPE, SIG_IGN);
   bt::log::Init(bt::log::Format::kText, spdlog::level::info);
   try {
     bt::launcher::RendezvousTokenFromEnvironment();  // before anything can be spawned or read it

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <algorithm>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -83,8 +84,19 @@ bool IsLauncherHelper(pid_t pid) {
   return subcommand == "upload-worker";
 }
 
-// Every live process below this launcher, outside `skip_group` and outside helpers.
-std::vector<pid_t> EscapedDescendants(pid_t skip_group) {
+std::set<pid_t> CurrentChildren() {
+  std::set<pid_t> children;
+  for (const auto& process : AllProcesses()) {
+    if (process.parent == getpid()) children.insert(process.pid);
+  }
+  return children;
+}
+
+// Every live process below this launcher, outside `skip_group`, outside helpers, and
+// outside what the launcher already had as children when it started supervising: a shell's
+// process substitution (`bt-launch ... > >(sed ...)`) is forked before the exec, so the
+// log consumer is our child, and stopping it would cut our own output.
+std::vector<pid_t> EscapedDescendants(pid_t skip_group, const std::set<pid_t>& inherited) {
   const auto processes = AllProcesses();
   std::vector<pid_t> found;
   std::vector<pid_t> parents = {getpid()};
@@ -93,6 +105,7 @@ std::vector<pid_t> EscapedDescendants(pid_t skip_group) {
     parents.pop_back();
     for (const auto& process : processes) {
       if (process.parent != parent || process.state == 'Z' || IsLauncherHelper(process.pid)) continue;
+      if (parent == getpid() && inherited.contains(process.pid)) continue;
       parents.push_back(process.pid);
       if (process.group != skip_group) found.push_back(process.pid);
     }
@@ -172,7 +185,11 @@ Command ShellCommand(const std::string& text) { return Command{{"/bin/sh", "-c",
 
 Supervisor::Supervisor(SignalRouter& signals, std::chrono::milliseconds grace_period,
                        std::chrono::milliseconds peer_failure_grace)
-    : signals_(signals), grace_period_(grace_period), peer_failure_grace_(peer_failure_grace), active_grace_(grace_period) {
+    : signals_(signals),
+      grace_period_(grace_period),
+      peer_failure_grace_(peer_failure_grace),
+      active_grace_(grace_period),
+      inherited_children_(CurrentChildren()) {
   // Not PID 1 (docker run without --init, a local test, mpirun): become a subreaper so
   // that orphaned grandchildren are re-parented to us and reaped, not to the host's init.
   if (getpid() != 1 && prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
@@ -262,7 +279,7 @@ void Supervisor::OnSignal(int signal_number, pid_t group, JobOutcome& outcome) {
   kill(-group, signal_number);
   // Processes that left the group (torchrun starts its workers in new sessions) get it too:
   // once their parent is SIGKILLed after the grace, nobody else would tell them.
-  for (pid_t pid : EscapedDescendants(group)) {
+  for (pid_t pid : EscapedDescendants(group, inherited_children_)) {
     spdlog::info("forwarding {} to process {} ({}), which left the job's process group", strsignal(signal_number), pid,
                  CommandLine(pid));
     kill(pid, signal_number);
@@ -329,7 +346,7 @@ void Supervisor::CleanUpGroup(pid_t group, JobOutcome& outcome) {
 // group (setsid, a daemonising tool) would outlive the launcher: as their subreaper we find
 // them after the job and stop them as the group is stopped: TERM, the grace, then KILL.
 void Supervisor::StopEscapedDescendants() {
-  std::vector<pid_t> escaped = EscapedDescendants(0);
+  std::vector<pid_t> escaped = EscapedDescendants(0, inherited_children_);
   if (escaped.empty()) return;
   for (pid_t pid : escaped) {
     spdlog::warn("process {} ({}) outlived the job's commands: sending SIGTERM", pid, CommandLine(pid));
@@ -337,14 +354,14 @@ void Supervisor::StopEscapedDescendants() {
   }
   const auto deadline = Clock::now() + grace_period_;
   std::optional<int> unused;
-  while (Clock::now() < deadline && !EscapedDescendants(0).empty()) {
+  while (Clock::now() < deadline && !EscapedDescendants(0, inherited_children_).empty()) {
     pollfd fds[1] = {{signals_.fd(), POLLIN, 0}};
     poll(fds, 1, int(kGroupPollInterval.count()));
     while (auto signal_number = signals_.Take()) {
       if (*signal_number == SIGCHLD) ReapChildren(-1, unused);
     }
   }
-  for (pid_t pid : EscapedDescendants(0)) {
+  for (pid_t pid : EscapedDescendants(0, inherited_children_)) {
     spdlog::warn("process {} ({}) is still running after the grace period: sending SIGKILL", pid, CommandLine(pid));
     kill(pid, SIGKILL);
   }

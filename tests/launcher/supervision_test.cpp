@@ -242,6 +242,17 @@ TEST(Supervision, ProcessThatLeftTheGroupAndIgnoresSigtermDoesNotOutliveTheLaunc
   if (Alive(escaped)) kill(escaped, SIGKILL);
 }
 
+TEST(Supervision, ALogReaderTheLauncherInheritedIsNotTreatedAsAnEscapedProcess) {
+  TempDir dir;
+  // bash forks the process substitution before it execs bt-launch: sed is the launcher's
+  // child from the start, and the launcher's own output goes through it.
+  const std::string script = std::string("exec ") + BT_LAUNCH_BINARY + " run --root " + dir.path() +
+                             "/root -- sh -c 'sleep 0.3; echo from-job' > >(sed -u 's/^/[node 0] /') 2>&1";
+  ProcessResult result = RunLauncher({{"-c", script}}, "/bin/bash");
+  EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
+  EXPECT_EQ(result.out.find("outlived"), std::string::npos) << result.out;
+}
+
 TEST(Supervision, WorkerInItsOwnSessionGetsTheShutdownSignalLikeTorchrunsWorkers) {
   TempDir dir;
   // An agent (torchrun's role) starts its worker in a new session and ignores SIGTERM; the

@@ -126,8 +126,8 @@ ProcessResult LauncherProcess::Finish() {
   return result_;
 }
 
-ProcessResult RunLauncher(const LaunchSpec& spec) {
-  LauncherProcess process(spec);
+ProcessResult RunLauncher(const LaunchSpec& spec, const std::string& binary) {
+  LauncherProcess process(spec, binary);
   return process.Finish();
 }
 

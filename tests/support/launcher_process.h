@@ -55,7 +55,7 @@ class LauncherProcess {
   bool finished_ = false;
 };
 
-ProcessResult RunLauncher(const LaunchSpec& spec);
+ProcessResult RunLauncher(const LaunchSpec& spec, const std::string& binary = BT_LAUNCH_BINARY);
 
 // Children of `parent` in state Z, from /proc.
 std::vector<pid_t> ZombieChildrenOf(pid_t parent);
