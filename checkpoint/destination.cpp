@@ -23,6 +23,8 @@ namespace {
 
 constexpr const char* kRcloneRemote = "btdest";
 constexpr std::chrono::milliseconds kSpoolAckPoll{200};
+constexpr size_t kSyncEachFileUpTo = 64;
+constexpr off_t kStartWritebackFrom = 1 << 20;
 
 [[noreturn]] void Fail(const std::string& what) { throw DestinationError(what + ": " + std::strerror(errno)); }
 
@@ -89,12 +91,27 @@ class AtomicFileBatch {
     }
     pending.fd = open(pending.temporary.c_str(), O_WRONLY | O_CLOEXEC);
     if (pending.fd < 0) Fail("cannot open " + pending.temporary);
-    sync_file_range(pending.fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+    struct stat info {};
+    // Large files start their writeback now; small ones wait for the one sync at the end.
+    if (fstat(pending.fd, &info) == 0 && info.st_size >= kStartWritebackFrom) {
+      sync_file_range(pending.fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+    }
     pending_.push_back(std::move(pending));
   }
 
+  // Many small files: one syncfs of the destination's filesystem costs one journal commit
+  // instead of one per file (10,000 fdatasyncs took 30 s under a sanitizer).
   void Finish() {
+    if (pending_.size() > kSyncEachFileUpTo) {
+      bool synced = syncfs(pending_.front().fd) == 0;
+      for (auto& pending : pending_) {
+        close(pending.fd);
+        pending.fd = -1;
+      }
+      if (!synced) Fail("cannot sync the filesystem of " + pending_.front().temporary);
+    }
     for (auto& pending : pending_) {
+      if (pending.fd < 0) continue;
       bool synced = fdatasync(pending.fd) == 0;
       close(pending.fd);
       pending.fd = -1;
