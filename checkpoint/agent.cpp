@@ -46,18 +46,6 @@ int64_t WallNanos() {
   return int64_t(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
 }
 
-std::string Bytes(uint64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double value = double(bytes);
-  int unit = 0;
-  while (value >= 1024 && unit < 4) {
-    value /= 1024;
-    ++unit;
-  }
-  char text[32];
-  std::snprintf(text, sizeof text, unit == 0 ? "%.0f %s" : "%.1f %s", value, units[unit]);
-  return text;
-}
 
 const char* MethodSummary(const Snapshot& snapshot) {
   bool linked = false;
@@ -350,7 +338,7 @@ class CheckpointAgent::Impl {
     if (options_.on_handoff) options_.on_handoff(candidate.name);
     spdlog::info("checkpoints: {} is complete ({}, {}): {} files, {}; snapshotted as {} in {:.1f} ms and queued",
                  candidate.name, LayoutName(candidate.layout), verdict.reason, snapshot.files.size(),
-                 Bytes(snapshot.total_bytes), MethodSummary(snapshot),
+                 FormatBytes(snapshot.total_bytes), MethodSummary(snapshot),
                  std::chrono::duration<double, std::milli>(Clock::now() - started).count());
     if (options_.board && is_leader()) BoardCall([&] { options_.board->Declare(candidate.name); });
   }
@@ -408,8 +396,8 @@ class CheckpointAgent::Impl {
     if (Clock::now() - version.last_progress_log < kProgressLogEvery) return;
     version.last_progress_log = Clock::now();
     double seconds = std::chrono::duration<double>(Clock::now() - version.queued_at).count();
-    spdlog::info("checkpoints: uploading {}: {} of {} ({}/s)", version.name, Bytes(event.bytes_done),
-                 Bytes(event.bytes_total), Bytes(uint64_t(double(event.bytes_done) / std::max(seconds, 1e-3))));
+    spdlog::info("checkpoints: uploading {}: {} of {} ({}/s)", version.name, FormatBytes(event.bytes_done),
+                 FormatBytes(event.bytes_total), FormatBytes(uint64_t(double(event.bytes_done) / std::max(seconds, 1e-3))));
   }
 
   void OnRetrying(Version& version, const UploaderEvent& event) {
@@ -437,7 +425,7 @@ class CheckpointAgent::Impl {
     version.bytes_done = version.bytes_total;
     journal_.Record(version.seq, version.name, HandoffState::kUploaded);
     double seconds = std::chrono::duration<double>(Clock::now() - version.queued_at).count();
-    spdlog::info("checkpoints: uploaded {} ({} in {:.1f} s)", version.name, Bytes(version.bytes_total), seconds);
+    spdlog::info("checkpoints: uploaded {} ({} in {:.1f} s)", version.name, FormatBytes(version.bytes_total), seconds);
     RemoveStaging(version);
     if (options_.board) ReportPart(version.name);
   }
@@ -545,7 +533,7 @@ class CheckpointAgent::Impl {
       left += version.bytes_total - std::min(version.bytes_done, version.bytes_total);
     }
     spdlog::info("checkpoints: draining: {} checkpoint(s) not committed yet, {} left to upload, {} s before the "
-                 "deadline", pending, Bytes(left),
+                 "deadline", pending, FormatBytes(left),
                  std::chrono::duration_cast<std::chrono::seconds>(drain_deadline_ - Clock::now()).count());
   }
 
@@ -577,7 +565,7 @@ class CheckpointAgent::Impl {
     if (version.stage == Stage::kQueued) {
       const std::string& error = version.last_error.empty() ? last_destination_error_ : version.last_error;
       reason = error.empty()
-                   ? "upload not finished (" + Bytes(version.bytes_done) + " of " + Bytes(version.bytes_total) + ")"
+                   ? "upload not finished (" + FormatBytes(version.bytes_done) + " of " + FormatBytes(version.bytes_total) + ")"
                    : options_.destination.uri + " unavailable: " + error;
     } else if (board_error_) {
       reason = "uploaded, but the cross-node commit failed: " + *board_error_;

@@ -128,8 +128,11 @@ std::vector<JournalEntry> HandoffJournal::Unfinished() const {
   return unfinished;
 }
 
+// Called for every candidate the agent has not handed off yet: reads the entries in place
+// rather than copying every snapshot's file list as Entries() does.
 bool HandoffJournal::Reached(const std::string& name, const std::string& fingerprint, HandoffState state) const {
-  for (const auto& entry : Entries()) {
+  for (const auto& [seq, entry] : entries_) {
+    if (entry.job_id != job_id_ || entry.destination != destination_) continue;
     if (entry.name != name || !entry.snapshot || entry.snapshot->fingerprint != fingerprint) continue;
     if (entry.state != HandoffState::kAbandoned && int(entry.state) >= int(state)) return true;
   }

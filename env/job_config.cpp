@@ -107,6 +107,14 @@ double ReadSeconds(const json& value, const std::string& path, double min_exclus
   return seconds;
 }
 
+// A grace period may be 0 (SIGKILL at once), unlike the other durations.
+double ReadGrace(const json& value, const std::string& path) {
+  if (!value.is_number() || value.get<double>() < 0 || value.get<double>() > 86400) {
+    throw ConfigError(path, "expected a number of seconds in [0, 86400], got " + value.dump());
+  }
+  return value.get<double>();
+}
+
 double ReadMilliseconds(const json& value, const std::string& path) {
   double seconds = ReadSeconds(value, path, 0);
   if (seconds < 0.001) throw ConfigError(path, "expected at least 0.001 s (1 ms), got " + value.dump());
@@ -503,17 +511,9 @@ LauncherSettings ReadLauncherSettings(const json& value, const std::string& path
   if (const json* v = object.Find("job_id")) launcher.job_id = ReadNonEmptyString(*v, object.PathOf("job_id"));
   if (const json* v = object.Find("project_id")) launcher.project_id = ReadNonEmptyString(*v, object.PathOf("project_id"));
   if (const json* v = object.Find("project_name")) launcher.project_name = ReadNonEmptyString(*v, object.PathOf("project_name"));
-  if (const json* v = object.Find("grace_period_s")) {
-    if (!v->is_number() || v->get<double>() < 0 || v->get<double>() > 86400) {
-      throw ConfigError(object.PathOf("grace_period_s"), "expected a number of seconds in [0, 86400], got " + v->dump());
-    }
-    launcher.grace_period_s = v->get<double>();
-  }
+  if (const json* v = object.Find("grace_period_s")) launcher.grace_period_s = ReadGrace(*v, object.PathOf("grace_period_s"));
   if (const json* v = object.Find("peer_failure_grace_s")) {
-    if (!v->is_number() || v->get<double>() < 0 || v->get<double>() > 86400) {
-      throw ConfigError(object.PathOf("peer_failure_grace_s"), "expected a number of seconds in [0, 86400], got " + v->dump());
-    }
-    launcher.peer_failure_grace_s = v->get<double>();
+    launcher.peer_failure_grace_s = ReadGrace(*v, object.PathOf("peer_failure_grace_s"));
   }
   if (const json* v = object.Find("master_port")) launcher.master_port = ReadPort(*v, object.PathOf("master_port"));
   if (const json* v = object.Find("rendezvous")) launcher.rendezvous = ReadRendezvousSettings(*v, object.PathOf("rendezvous"));

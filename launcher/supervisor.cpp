@@ -84,11 +84,18 @@ bool IsLauncherHelper(pid_t pid) {
   return subcommand == "upload-worker";
 }
 
+// Our direct children, from /proc/self/task/*/children: a few small reads, not a walk of
+// every process, since the launcher calls this on every start.
 std::set<pid_t> CurrentChildren() {
   std::set<pid_t> children;
-  for (const auto& process : AllProcesses()) {
-    if (process.parent == getpid()) children.insert(process.pid);
+  DIR* tasks = opendir("/proc/self/task");
+  if (tasks == nullptr) return children;
+  while (dirent* task = readdir(tasks)) {
+    if (!std::isdigit(static_cast<unsigned char>(task->d_name[0]))) continue;
+    std::ifstream file(std::string("/proc/self/task/") + task->d_name + "/children");
+    for (pid_t pid; file >> pid;) children.insert(pid);
   }
+  closedir(tasks);
   return children;
 }
 
@@ -346,6 +353,11 @@ void Supervisor::CleanUpGroup(pid_t group, JobOutcome& outcome) {
 // group (setsid, a daemonising tool) would outlive the launcher: as their subreaper we find
 // them after the job and stop them as the group is stopped: TERM, the grace, then KILL.
 void Supervisor::StopEscapedDescendants() {
+  // Anything that escaped and outlived its parents is re-parented to us (the subreaper):
+  // without a child of our own beyond the inherited ones and helpers, there is nothing to walk.
+  std::set<pid_t> own = CurrentChildren();
+  std::erase_if(own, [&](pid_t pid) { return inherited_children_.contains(pid) || IsLauncherHelper(pid); });
+  if (own.empty()) return;
   std::vector<pid_t> escaped = EscapedDescendants(0, inherited_children_);
   if (escaped.empty()) return;
   for (pid_t pid : escaped) {

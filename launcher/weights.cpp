@@ -31,15 +31,6 @@ constexpr const char* kSentinel = ".complete";
 constexpr std::chrono::seconds kProgressEvery{5};
 constexpr std::chrono::milliseconds kWaitPoll{500};
 
-std::string GiB(uint64_t bytes) {
-  char text[32];
-  if (bytes < (1ull << 30)) {
-    std::snprintf(text, sizeof text, "%.1f MiB", double(bytes) / double(1ull << 20));
-  } else {
-    std::snprintf(text, sizeof text, "%.1f GiB", double(bytes) / double(1ull << 30));
-  }
-  return text;
-}
 
 std::string Scheme(const std::string& source) { return source.substr(0, source.find("://")); }
 std::string AfterScheme(const std::string& source) { return source.substr(source.find("://") + 3); }
@@ -188,7 +179,7 @@ class Stager {
       throw LaunchFailure(kExitIo, "weights: cannot rename " + staging_ + " to " + mount + ": " + std::strerror(errno));
     }
     WriteSentinel(mount);
-    spdlog::info("weights: staged {} into {} ({} files, {})", weights_.source, mount, staged_files_, GiB(staged_bytes_));
+    spdlog::info("weights: staged {} into {} ({} files, {})", weights_.source, mount, staged_files_, checkpoint::FormatBytes(staged_bytes_));
   }
 
  private:
@@ -219,7 +210,7 @@ class Stager {
     for (const auto& file : selected) total += file.size;
     const bool same_filesystem = SameFilesystem(base, staging_);
     spdlog::info("weights: staging {} into {} ({} files, {}, {})", weights_.source, weights_.mount_location, selected.size(),
-                 GiB(total), same_filesystem ? "hard links" : "copies");
+                 checkpoint::FormatBytes(total), same_filesystem ? "hard links" : "copies");
     for (const auto& file : selected) {
       const std::string from = base + "/" + file.path;
       const std::string to = staging_ + "/" + file.path;
@@ -305,12 +296,12 @@ class Stager {
     hooks_.check_stop();
     if (Clock::now() >= deadline_) {
       throw LaunchFailure(kExitIo, "weights not complete after launcher.weights.timeout_s: " + weights_.mount_location +
-                                       " (from " + weights_.source + "): still staging, " + GiB(staged_bytes_) + " of " +
-                                       GiB(total));
+                                       " (from " + weights_.source + "): still staging, " + checkpoint::FormatBytes(staged_bytes_) + " of " +
+                                       checkpoint::FormatBytes(total));
     }
     if (Clock::now() - last_report_ < kProgressEvery && staged_bytes_ < total) return;
     last_report_ = Clock::now();
-    std::string line = "staging " + weights_.mount_location + ": " + GiB(staged_bytes_) + " of " + GiB(total);
+    std::string line = "staging " + weights_.mount_location + ": " + checkpoint::FormatBytes(staged_bytes_) + " of " + checkpoint::FormatBytes(total);
     spdlog::info("weights: {}", line);
     if (hooks_.report) hooks_.report(line);
   }
@@ -341,7 +332,7 @@ std::string DescribeMissing(const env::WeightsSource& weights) {
     text += std::string(state.sentinel ? "" : ", ") + std::to_string(state.temporary.size()) + " .tmp file(s) left (" +
             state.temporary.front() + ")";
   }
-  return text + "; " + std::to_string(state.files) + " files, " + GiB(state.bytes) + " present";
+  return text + "; " + std::to_string(state.files) + " files, " + checkpoint::FormatBytes(state.bytes) + " present";
 }
 
 void WaitForMounts(const std::vector<const env::WeightsSource*>& mounts, Clock::time_point deadline, const WeightsHooks& hooks) {
@@ -377,8 +368,8 @@ void WaitForMounts(const std::vector<const env::WeightsSource*>& mounts, Clock::
     }
     double seconds = std::chrono::duration<double>(Clock::now() - started).count();
     std::string line = "waiting for " + waiting.front()->mount_location + (waiting.size() > 1 ? " and " + std::to_string(waiting.size() - 1) + " more" : "") +
-                       ": " + std::to_string(files) + " files, " + GiB(bytes) + " present (" +
-                       GiB(uint64_t(double(bytes) / std::max(seconds, 1.0))) + "/s)";
+                       ": " + std::to_string(files) + " files, " + checkpoint::FormatBytes(bytes) + " present (" +
+                       checkpoint::FormatBytes(uint64_t(double(bytes) / std::max(seconds, 1.0))) + "/s)";
     if (tty) {
       std::fprintf(stderr, "\r[weights] %-100s", line.c_str());
     } else if (Clock::now() - last_log >= kProgressEvery) {

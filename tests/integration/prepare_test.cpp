@@ -279,7 +279,8 @@ TEST_F(Prepare, FailedSeedFailsEveryNodeAndLeavesNoMarker) {
   EXPECT_NE(first.err.find("cache seed command 2 exited with code 3: exit 3"), std::string::npos) << first.err;
   EXPECT_EQ(second.exit_code, 69) << second.err;
   EXPECT_NE(second.err.find("cache seed command 2 exited with code 3"), std::string::npos) << second.err;
-  EXPECT_EQ(first.out.find("must-not-run") + second.out.find("must-not-run"), 2 * std::string::npos);
+  EXPECT_EQ(first.out.find("must-not-run"), std::string::npos);
+  EXPECT_EQ(second.out.find("must-not-run"), std::string::npos);
   for (const auto& entry : fs::directory_iterator(Cache() + "/.bt-seed")) {
     EXPECT_NE(entry.path().extension(), ".done") << entry.path();
     EXPECT_NE(entry.path().extension(), ".lease") << "the lease was not released";
