@@ -504,9 +504,42 @@ CacheSeedSettings ReadCacheSeedSettings(const json& value, const std::string& pa
   return settings;
 }
 
+FabricSettings ReadFabricSettings(const json& value, const std::string& path) {
+  StrictObject object(value, path,
+                      {"require", "probe", "probe_timeout_s", "nccl_preflight", "min_busbw_gbps", "preflight_bytes",
+                       "preflight_timeout_s"});
+  FabricSettings settings;
+  if (const json* v = object.Find("require")) {
+    const std::string require = ReadEnum(*v, object.PathOf("require"), {"auto", "ib", "any", "none"});
+    settings.require = require == "ib"    ? FabricRequirement::kIb
+                       : require == "any" ? FabricRequirement::kAny
+                       : require == "none" ? FabricRequirement::kNone
+                                           : FabricRequirement::kAuto;
+  }
+  if (const json* v = object.Find("probe")) {
+    const std::string probe = ReadEnum(*v, object.PathOf("probe"), {"off", "ring", "all-pairs"});
+    settings.probe = probe == "ring" ? FabricProbe::kRing : probe == "all-pairs" ? FabricProbe::kAllPairs : FabricProbe::kOff;
+  }
+  if (const json* v = object.Find("probe_timeout_s")) settings.probe_timeout_s = ReadSeconds(*v, object.PathOf("probe_timeout_s"), 0);
+  if (const json* v = object.Find("nccl_preflight")) settings.nccl_preflight = ReadBool(*v, object.PathOf("nccl_preflight"));
+  if (const json* v = object.Find("min_busbw_gbps")) {
+    if (!v->is_number() || v->get<double>() < 0 || v->get<double>() > 1e5) {
+      throw ConfigError(object.PathOf("min_busbw_gbps"), "expected a bus bandwidth in GB/s in [0, 100000], got " + v->dump());
+    }
+    settings.min_busbw_gbps = v->get<double>();
+  }
+  if (const json* v = object.Find("preflight_bytes")) {
+    settings.preflight_bytes = ReadInt(*v, object.PathOf("preflight_bytes"), 4, int64_t(1) << 36);
+  }
+  if (const json* v = object.Find("preflight_timeout_s")) {
+    settings.preflight_timeout_s = ReadSeconds(*v, object.PathOf("preflight_timeout_s"), 0);
+  }
+  return settings;
+}
+
 LauncherSettings ReadLauncherSettings(const json& value, const std::string& path) {
   StrictObject object(value, path, {"job_id", "project_id", "project_name", "grace_period_s", "peer_failure_grace_s",
-                                             "master_port", "rendezvous", "checkpoint", "weights", "cache"});
+                                             "master_port", "rendezvous", "checkpoint", "weights", "cache", "fabric"});
   LauncherSettings launcher;
   if (const json* v = object.Find("job_id")) launcher.job_id = ReadNonEmptyString(*v, object.PathOf("job_id"));
   if (const json* v = object.Find("project_id")) launcher.project_id = ReadNonEmptyString(*v, object.PathOf("project_id"));
@@ -520,6 +553,7 @@ LauncherSettings ReadLauncherSettings(const json& value, const std::string& path
   if (const json* v = object.Find("checkpoint")) launcher.checkpoint = ReadCheckpointSettings(*v, object.PathOf("checkpoint"));
   if (const json* v = object.Find("weights")) launcher.weights = ReadWeightsSettings(*v, object.PathOf("weights"));
   if (const json* v = object.Find("cache")) launcher.cache = ReadCacheSeedSettings(*v, object.PathOf("cache"));
+  if (const json* v = object.Find("fabric")) launcher.fabric = ReadFabricSettings(*v, object.PathOf("fabric"));
   return launcher;
 }
 

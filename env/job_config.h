@@ -129,6 +129,21 @@ struct CacheSeedSettings {
   double lease_s = 60;
 };
 
+enum class FabricRequirement { kAuto, kIb, kAny, kNone };
+enum class FabricProbe { kOff, kRing, kAllPairs };
+
+// launcher.fabric: what the rendezvous demands of the RDMA fabric, and the opt-in checks.
+struct FabricSettings {
+  // auto: ib when any node has an ACTIVE InfiniBand port, else any.
+  FabricRequirement require = FabricRequirement::kAuto;
+  FabricProbe probe = FabricProbe::kOff;
+  double probe_timeout_s = 10;
+  bool nccl_preflight = false;
+  double min_busbw_gbps = 0;      // the preflight's floor; 0 = report only
+  int64_t preflight_bytes = 1 << 28;  // all-reduce size per GPU
+  double preflight_timeout_s = 120;
+};
+
 struct LauncherSettings {
   std::optional<std::string> job_id;
   std::optional<std::string> project_id;
@@ -140,6 +155,7 @@ struct LauncherSettings {
   CheckpointSettings checkpoint;
   WeightsSettings weights;
   CacheSeedSettings cache;
+  FabricSettings fabric;
 };
 
 struct JobConfig {

@@ -14,6 +14,7 @@ constexpr const char* kUsage =
     "       bt-launch env [options] [--format shell|json]   print the job's environment, run nothing\n"
     "       bt-launch rendezvous [--serve] [options] [--format table|json]   join (or lead) and print the roster\n"
     "       bt-launch checkpoints [--destination URI] [--job-id ID] [--verify] [--format table|json]   list committed checkpoints\n"
+    "       bt-launch fabric [--sysfs-root DIR] [--format text|json]   this node's RDMA devices and the NCCL variables it would set\n"
     "       bt-launch bench checkpoint [--dir DIR] [--format table|json]   checkpoint hashing, handoff and upload figures\n"
     "       bt-launch --version\n";
 
@@ -23,6 +24,7 @@ Subcommand ParseSubcommand(const std::string& word) {
   if (word == "rendezvous") return Subcommand::kRendezvous;
   if (word == "checkpoints") return Subcommand::kCheckpoints;
   if (word == "bench") return Subcommand::kBench;
+  if (word == "fabric") return Subcommand::kFabric;
   if (word == "upload-worker") return Subcommand::kUploadWorker;  // started by `run`, not by people
   if (word == "--help" || word == "-h" || word == "help") return Subcommand::kHelp;
   if (word == "--version" || word == "version") return Subcommand::kVersion;
@@ -71,6 +73,8 @@ CliOptions ParseCommandLine(int argc, char** argv) {
       ("verify", "checkpoints: re-hash every file against its manifest")
       ("dir", "bench: directory to write in (default: a new one under /tmp)", cxxopts::value<std::string>())
       ("parent-pid", "upload-worker: the launcher's pid", cxxopts::value<int>())
+      ("sysfs-root", "run, rendezvous, fabric: read RDMA devices from DIR/class/infiniband (default: BT_SYSFS_ROOT, else /sys)",
+       cxxopts::value<std::string>())
       ("h,help", "show this help");
   cxxopts::ParseResult result;
   try {
@@ -106,10 +110,12 @@ CliOptions ParseCommandLine(int argc, char** argv) {
   cli.verify = result.count("verify") > 0;
   cli.bench_dir = Optional(result, "dir");
   if (result.count("parent-pid")) cli.parent_pid = result["parent-pid"].as<int>();
-  const std::string default_format = cli.subcommand == Subcommand::kEnv ? "shell" : "table";
-  cli.output_format = Optional(result, "format").value_or(default_format);
-  bool format_ok = cli.subcommand == Subcommand::kEnv ? (cli.output_format == "shell" || cli.output_format == "json")
-                                                      : (cli.output_format == "table" || cli.output_format == "json");
+  cli.sysfs_root = Optional(result, "sysfs-root");
+  const std::string human_format = cli.subcommand == Subcommand::kEnv      ? "shell"
+                                   : cli.subcommand == Subcommand::kFabric ? "text"
+                                                                           : "table";
+  cli.output_format = Optional(result, "format").value_or(human_format);
+  const bool format_ok = cli.output_format == human_format || cli.output_format == "json";
   if (!format_ok) throw LaunchFailure(kExitUsage, "--format: unsupported value \"" + cli.output_format + "\"");
   if (!cli.command.empty() && cli.subcommand != Subcommand::kRun) {
     throw LaunchFailure(kExitUsage, "only `run` takes a command after `--`");

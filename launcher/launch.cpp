@@ -11,6 +11,7 @@
 #include "launcher/cache_seed.h"
 #include "launcher/checkpoints.h"
 #include "launcher/exit_codes.h"
+#include "launcher/fabric.h"
 #include "launcher/log.h"
 #include "launcher/peers.h"
 #include "launcher/ready.h"
@@ -146,6 +147,8 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
     peers = JoinPeers(job.config, job.identity, job.job_id(), signals);
   }
   try {
+    timeline.Begin("fabric");
+    PlanFabricPhase(job.config, job.identity, peers.get(), rendezvous::fabric::SysfsRoot(cli.sysfs_root), job.environment);
     PrepareNode(job, destination, peers.get(), signals, timeline);
   } catch (const LaunchFailure& failure) {
     // The others are waiting in the ready barrier or for the seed: tell them now.
@@ -202,6 +205,26 @@ int RunSubcommand(const CliOptions& cli) {
   }
 }
 
+// The roster with each node's fabric summary, and the mismatch table under it.
+std::string RosterText(const std::vector<rendezvous::NodeInfo>& roster, const std::optional<FabricResult>& fabric) {
+  std::map<int, std::string> summaries;
+  if (fabric) {
+    for (const auto& node : fabric->plan.nodes) summaries[node.rank] = node.summary;
+  }
+  std::string text = rendezvous::FormatRosterTable(roster, summaries);
+  if (fabric && !fabric->plan.mismatches.empty()) text += "\nfabric differences:\n" + DescribeMismatches(fabric->plan);
+  return text;
+}
+
+std::string RosterJson(const std::vector<rendezvous::NodeInfo>& roster, const std::optional<FabricResult>& fabric) {
+  nlohmann::json json = rendezvous::RosterToJson(roster);
+  if (fabric) {
+    json["fabric"] = fabric->plan.ToJson();
+    json["nccl_env"] = rendezvous::fabric::NcclEnvironmentToJson(fabric->nccl);
+  }
+  return json.dump(2) + "\n";
+}
+
 // Joins (or leads), prints the roster, and leaves through the exit barrier: the way to
 // debug a cluster's rendezvous without starting any training.
 int RendezvousSubcommand(const CliOptions& cli) {
@@ -215,16 +238,49 @@ int RendezvousSubcommand(const CliOptions& cli) {
   }
   timeline.Begin("rendezvous");
   auto peers = JoinPeers(job.config, job.identity, job.job_id(), signals);
+  timeline.Begin("fabric");
+  JobOutcome outcome;
+  std::optional<FabricResult> fabric;
+  try {
+    fabric = PlanFabricPhase(job.config, job.identity, peers.get(), rendezvous::fabric::SysfsRoot(cli.sysfs_root),
+                             job.environment);
+  } catch (const LaunchFailure& failure) {
+    spdlog::error("{}", failure.what());
+    outcome.exit_code = failure.code();
+    outcome.launcher_failure = failure.what();
+  }
   const auto roster = peers->Roster();
-  const std::string text = cli.output_format == "json"
-                               ? rendezvous::RosterToJson(roster).dump(2) + "\n"
-                               : rendezvous::FormatRosterTable(roster);
+  const std::string text = cli.output_format == "json" ? RosterJson(roster, fabric) : RosterText(roster, fabric);
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fflush(stdout);
+  if (outcome.launcher_failure) peers->Report(outcome);
   timeline.Begin("exit barrier");
-  int code = peers->Finish(JobOutcome{}, signals);
+  int code = peers->Finish(outcome, signals);
   LogTimeline(timeline);
   return code;
+}
+
+// This node's RDMA devices and what the launcher would export, without a rendezvous.
+int FabricSubcommand(const CliOptions& cli) {
+  Timeline timeline;
+  PreparedJob job = Prepare(cli, false, timeline);
+  const FabricResult fabric = InspectFabric(job.config, job.identity, rendezvous::fabric::SysfsRoot(cli.sysfs_root),
+                                            job.environment);
+  std::string text;
+  if (cli.output_format == "json") {
+    nlohmann::json json = fabric.inventory.ToJson();
+    json["selection"] = fabric.plan.ToJson()["nodes"][0];
+    json["nccl_env"] = rendezvous::fabric::NcclEnvironmentToJson(fabric.nccl);
+    text = json.dump(2) + "\n";
+  } else {
+    text = rendezvous::fabric::FormatInventory(fabric.inventory) + "\nselected: " + fabric.plan.nodes.front().summary +
+           "\nbootstrap interface: " + (fabric.inventory.bootstrap_interface.empty() ? "none found" : fabric.inventory.bootstrap_interface) +
+           "\n\nNCCL environment:\n";
+    for (const auto& setting : fabric.nccl.set) text += "  " + setting.name + "=" + setting.value + "    # " + setting.reason + "\n";
+    for (const auto& setting : fabric.nccl.kept) text += "  " + setting.name + "=" + setting.value + "    # " + setting.reason + "\n";
+  }
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  return 0;
 }
 
 int CheckpointsSubcommand(const CliOptions& cli) {

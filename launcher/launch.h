@@ -11,5 +11,6 @@ int RendezvousSubcommand(const CliOptions& cli);
 int CheckpointsSubcommand(const CliOptions& cli);
 int UploadWorkerSubcommand(const CliOptions& cli);
 int BenchSubcommand(const CliOptions& cli);
+int FabricSubcommand(const CliOptions& cli);
 
 }  // namespace bt::launcher

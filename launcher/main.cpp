@@ -25,6 +25,7 @@ int Dispatch(const bt::launcher::CliOptions& cli) {
     case Subcommand::kRendezvous: return bt::launcher::RendezvousSubcommand(cli);
     case Subcommand::kCheckpoints: return bt::launcher::CheckpointsSubcommand(cli);
     case Subcommand::kBench: return bt::launcher::BenchSubcommand(cli);
+    case Subcommand::kFabric: return bt::launcher::FabricSubcommand(cli);
     case Subcommand::kUploadWorker: return bt::launcher::UploadWorkerSubcommand(cli);
     case Subcommand::kVersion: std::printf("bt-launch %s\n", BT_LAUNCH_VERSION); return 0;
     case Subcommand::kHelp: std::fputs(cli.help_text.c_str(), stdout); return 0;

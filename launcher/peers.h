@@ -45,6 +45,8 @@ class Peers : public StopRequests {
   virtual std::vector<rendezvous::NodeInfo> Roster() = 0;
   // The rendezvous store during the run (null for backends without one).
   virtual rendezvous::Store* store() { return nullptr; }
+  // This node's address on its connection to the leader ("" when there is none).
+  virtual std::string LocalAddress() { return ""; }
 };
 
 // Joins with the configured backend and returns once every node has joined. Throws
@@ -65,6 +67,7 @@ class TcpPeers final : public Peers {
   void Report(const JobOutcome& outcome) override;
   std::vector<rendezvous::NodeInfo> Roster() override;
   rendezvous::Store* store() override { return client_.get(); }
+  std::string LocalAddress() override { return client_->LocalAddress(); }
 
  private:
   TcpPeers(const env::JobConfig& config, const env::NodeIdentity& identity);

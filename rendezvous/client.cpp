@@ -295,6 +295,13 @@ void StoreClient::SayGoodbye() {
   }
 }
 
+std::string StoreClient::LocalAddress() const {
+  sockaddr_storage address{};
+  socklen_t length = sizeof address;
+  if (getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length) != 0) return "";
+  return AddressText(reinterpret_cast<const sockaddr*>(&address));
+}
+
 std::optional<PeerEvent> StoreClient::TakeEvent() {
   std::lock_guard lock(mutex_);
   if (events_.empty()) {

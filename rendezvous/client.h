@@ -59,6 +59,8 @@ class StoreClient final : public Store {
   void SayGoodbye();
 
   int event_fd() const { return event_fd_; }  // readable when TakeEvent() has something
+  // This end's address of the connection to the leader: the one that is proven to reach it.
+  std::string LocalAddress() const;
   std::optional<PeerEvent> TakeEvent();
 
  private:

@@ -88,13 +88,16 @@ std::string FormatRanks(const std::vector<int>& ranks) {
   return text;
 }
 
-std::string FormatRosterTable(const std::vector<NodeInfo>& roster) {
-  std::string table = "rank  host                          address                                  joined after\n";
+std::string FormatRosterTable(const std::vector<NodeInfo>& roster, const std::map<int, std::string>& fabric) {
+  std::string table = "rank  host                          address                                  joined after";
+  table += fabric.empty() ? "\n" : "  fabric\n";
   for (const NodeInfo& node : roster) {
     char line[256];
-    std::snprintf(line, sizeof line, "%-5d %-29s %-40s %.3f s\n", node.rank, node.host.c_str(), node.seen_from.c_str(),
+    std::snprintf(line, sizeof line, "%-5d %-29s %-40s %7.3f s", node.rank, node.host.c_str(), node.seen_from.c_str(),
                   node.joined_after_s);
     table += line;
+    if (auto it = fabric.find(node.rank); it != fabric.end()) table += "    " + it->second;
+    table += "\n";
   }
   return table;
 }

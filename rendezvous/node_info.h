@@ -4,6 +4,7 @@
 
 #include <sys/socket.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -34,8 +35,9 @@ NodeInfo LocalNodeInfo(int rank);
 // "0, 2-5, 9": rank lists stay short even when thousands are missing.
 std::string FormatRanks(const std::vector<int>& ranks);
 
-// The roster as a table (rank, host, address, joined after) or one JSON object.
-std::string FormatRosterTable(const std::vector<NodeInfo>& roster);
+// The roster as a table (rank, host, address, joined after, and a fabric summary per rank
+// when given) or one JSON object.
+std::string FormatRosterTable(const std::vector<NodeInfo>& roster, const std::map<int, std::string>& fabric = {});
 nlohmann::json RosterToJson(const std::vector<NodeInfo>& roster);
 std::vector<NodeInfo> RosterFromJson(const nlohmann::json& json);
 

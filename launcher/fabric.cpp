@@ -1,0 +1,163 @@
+#include "launcher/fabric.h"
+
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include "launcher/exit_codes.h"
+#include "rendezvous/node_info.h"
+
+namespace bt::launcher {
+namespace {
+
+namespace fabric = rendezvous::fabric;
+
+constexpr auto kExchangeTimeout = std::chrono::seconds(120);
+
+std::string InventoryKey(int rank) { return "bt/fabric/inventory/" + std::to_string(rank); }
+constexpr const char* kPlanKey = "bt/fabric/plan";
+
+// The source address the kernel would route from to reach the leader: a UDP socket's
+// connect() picks it without sending anything. Used where no store connection proves it.
+std::string RouteSourceAddress(const std::string& host, uint16_t port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return "";
+  std::string source;
+  for (addrinfo* entry = found; entry != nullptr && source.empty(); entry = entry->ai_next) {
+    const int fd = socket(entry->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t length = sizeof local;
+    if (connect(fd, entry->ai_addr, entry->ai_addrlen) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0) {
+      source = rendezvous::AddressText(reinterpret_cast<sockaddr*>(&local));
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return source;
+}
+
+fabric::Inventory ReadThisNode(const env::NodeIdentity& identity, Peers* peers, const std::string& sysfs_root,
+                               uint16_t port) {
+  fabric::Inventory inventory = fabric::ReadInventory(sysfs_root);
+  std::string local_address = peers ? peers->LocalAddress() : "";
+  if (local_address.empty()) local_address = RouteSourceAddress(identity.leader_addr, port);
+  inventory.bootstrap_interface = fabric::InterfaceWithAddress(inventory.interfaces, local_address);
+  for (const std::string& warning : inventory.warnings) spdlog::warn("fabric: {}", warning);
+  return inventory;
+}
+
+// Node 0: every node's inventory, in rank order. A node whose inventory does not parse
+// is named, as is one that never published.
+std::vector<fabric::NodeFabric> CollectInventories(rendezvous::Store& store, const std::vector<rendezvous::NodeInfo>& roster) {
+  std::vector<std::string> keys;
+  for (const auto& node : roster) keys.push_back(InventoryKey(node.rank));
+  try {
+    store.Wait(keys, kExchangeTimeout);
+  } catch (const rendezvous::StoreTimeout& error) {
+    throw LaunchFailure(kExitUnavailable, std::string("fabric: not every node published its inventory: ") + error.what());
+  }
+  std::vector<fabric::NodeFabric> nodes;
+  for (const auto& node : roster) {
+    try {
+      nodes.push_back({node.rank, node.host,
+                       fabric::Inventory::FromJson(nlohmann::json::parse(store.Get(InventoryKey(node.rank), kExchangeTimeout)))});
+    } catch (const std::exception& error) {
+      throw LaunchFailure(kExitUnavailable, "fabric: the inventory of " + node.Label() + " is malformed: " + error.what());
+    }
+  }
+  return nodes;
+}
+
+fabric::FabricPlan ExchangeAndPlan(const env::JobConfig& config, const env::NodeIdentity& identity, Peers* peers,
+                                   const fabric::Inventory& inventory) {
+  rendezvous::Store* store = peers ? peers->store() : nullptr;
+  if (store == nullptr) {
+    if (peers) spdlog::info("fabric: the mpi backend has no store: this node's fabric is checked on its own");
+    return fabric::PlanFabric({{identity.rank, "", inventory}}, config.launcher.fabric.require);
+  }
+  store->Set(InventoryKey(identity.rank), inventory.ToJson().dump());
+  if (identity.rank == 0) {
+    const fabric::FabricPlan plan = fabric::PlanFabric(CollectInventories(*store, peers->Roster()), config.launcher.fabric.require);
+    store->Set(kPlanKey, plan.ToJson().dump());
+    return plan;
+  }
+  try {
+    return fabric::FabricPlan::FromJson(nlohmann::json::parse(store->Get(kPlanKey, kExchangeTimeout)));
+  } catch (const rendezvous::StoreTimeout&) {
+    throw LaunchFailure(kExitUnavailable, "fabric: node 0 never published the fabric plan");
+  } catch (const nlohmann::json::exception& error) {
+    throw LaunchFailure(kExitUnavailable, std::string("fabric: the plan from node 0 is malformed: ") + error.what());
+  }
+}
+
+void LogPlan(const fabric::FabricPlan& plan, const fabric::NodePlan& node, bool is_leader) {
+  if (!plan.checked) {
+    spdlog::info("fabric: launcher.fabric.require is \"none\": not checked; this node: {}", node.summary);
+    return;
+  }
+  spdlog::info("fabric: {} (require = {}, {})", node.summary, fabric::PolicyName(plan.policy),
+               plan.use_rdma ? "NCCL uses RDMA" : "NCCL uses sockets");
+  for (const std::string& warning : plan.warnings) spdlog::warn("fabric: {}", warning);
+  if (is_leader && plan.ok && !plan.mismatches.empty()) spdlog::warn("fabric differences:\n{}", DescribeMismatches(plan));
+}
+
+void ExportNccl(const fabric::NcclEnvironment& nccl, env::JobEnvironment& environment) {
+  for (const auto& setting : nccl.set) {
+    environment.variables[setting.name] = setting.value;
+    spdlog::info("fabric: {}={} ({})", setting.name, setting.value, setting.reason);
+  }
+  for (const auto& setting : nccl.kept) spdlog::info("fabric: {}={} kept: {}", setting.name, setting.value, setting.reason);
+}
+
+fabric::NcclEnvironment NcclFor(const FabricResult& result, const fabric::NodePlan& node,
+                                const env::JobEnvironment& environment) {
+  auto user_variable = [&](const std::string& name) -> std::optional<std::string> {
+    auto it = environment.variables.find(name);
+    return it == environment.variables.end() ? std::nullopt : std::optional<std::string>(it->second);
+  };
+  try {
+    return fabric::ComputeNcclEnvironment(result.plan, node, result.inventory, user_variable,
+                                          [] { return fabric::FindNcclVersion(); });
+  } catch (const std::invalid_argument& error) {
+    throw LaunchFailure(kExitConfig, std::string("fabric: ") + error.what());
+  }
+}
+
+}  // namespace
+
+std::string DescribeMismatches(const fabric::FabricPlan& plan) {
+  return plan.mismatches.empty() ? "" : fabric::FormatMismatches(plan.mismatches);
+}
+
+FabricResult PlanFabricPhase(const env::JobConfig& config, const env::NodeIdentity& identity, Peers* peers,
+                             const std::string& sysfs_root, env::JobEnvironment& environment) {
+  FabricResult result;
+  result.inventory = ReadThisNode(identity, peers, sysfs_root, config.launcher.rendezvous.port);
+  result.plan = ExchangeAndPlan(config, identity, peers, result.inventory);
+  const fabric::NodePlan* node = result.plan.ForRank(identity.rank);
+  if (node == nullptr) throw LaunchFailure(kExitUnavailable, "fabric: the plan from node 0 has no entry for this node");
+  if (!result.plan.ok) {
+    throw LaunchFailure(kExitUnavailable, "fabric: " + result.plan.failure + "\n" + DescribeMismatches(result.plan));
+  }
+  LogPlan(result.plan, *node, identity.rank == 0);
+  result.nccl = NcclFor(result, *node, environment);
+  ExportNccl(result.nccl, environment);
+  return result;
+}
+
+FabricResult InspectFabric(const env::JobConfig& config, const env::NodeIdentity& identity,
+                           const std::string& sysfs_root, const env::JobEnvironment& environment) {
+  FabricResult result;
+  result.inventory = ReadThisNode(identity, nullptr, sysfs_root, config.launcher.rendezvous.port);
+  result.plan = fabric::PlanFabric({{identity.rank, "", result.inventory}}, config.launcher.fabric.require);
+  result.nccl = NcclFor(result, result.plan.nodes.front(), environment);
+  return result;
+}
+
+}  // namespace bt::launcher

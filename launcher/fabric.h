@@ -1,0 +1,36 @@
+// The fabric phase (docs/FABRIC.md): every node publishes its RDMA inventory, node 0
+// checks them against each other under launcher.fabric.require, and every node's job
+// gets the NCCL and Gloo variables that follow from the plan.
+#pragma once
+
+#include <string>
+
+#include "env/environment.h"
+#include "env/identity.h"
+#include "env/job_config.h"
+#include "launcher/peers.h"
+#include "rendezvous/fabric/nccl_env.h"
+#include "rendezvous/fabric/plan.h"
+
+namespace bt::launcher {
+
+struct FabricResult {
+  rendezvous::fabric::Inventory inventory;  // this node's
+  rendezvous::fabric::FabricPlan plan;      // every node's, as node 0 decided it
+  rendezvous::fabric::NcclEnvironment nccl;  // this node's
+};
+
+// Exports the NCCL variables into `environment` (never over the user's). Throws
+// LaunchFailure 69 with the mismatch table when the policy refuses the fabric. `peers` is
+// null on a single node; without a store (mpi backend) each node plans for itself.
+FabricResult PlanFabricPhase(const env::JobConfig& config, const env::NodeIdentity& identity, Peers* peers,
+                             const std::string& sysfs_root, env::JobEnvironment& environment);
+
+// This node on its own, as `bt-launch fabric` shows it: nothing exported, nothing thrown.
+FabricResult InspectFabric(const env::JobConfig& config, const env::NodeIdentity& identity,
+                           const std::string& sysfs_root, const env::JobEnvironment& environment);
+
+// The mismatch table, or "" when there is none.
+std::string DescribeMismatches(const rendezvous::fabric::FabricPlan& plan);
+
+}  // namespace bt::launcher

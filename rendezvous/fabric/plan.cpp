@@ -1,0 +1,366 @@
+#include "rendezvous/fabric/plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+
+#include "rendezvous/fabric/gid.h"
+#include "rendezvous/node_info.h"
+
+namespace bt::rendezvous::fabric {
+namespace {
+
+constexpr const char* kNoRdma = "none";
+
+std::string PortName(const std::string& device, int port) { return device + ":" + std::to_string(port); }
+
+std::string FormatRate(double gbps) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", gbps);
+  return text;
+}
+
+// The most frequent value; a tie goes to the one seen first (lowest rank).
+template <typename T>
+T Majority(const std::vector<T>& values) {
+  std::map<T, int> counts;
+  for (const T& value : values) ++counts[value];
+  T best = values.front();
+  for (const T& value : values) {
+    if (counts[value] > counts[best]) best = value;
+  }
+  return best;
+}
+
+bool HasUsableInfiniBand(const Inventory& inventory) {
+  for (const Device& device : inventory.devices) {
+    for (const Port& port : device.ports) {
+      if (port.IsInfiniBand() && port.Usable() && device.uverbs_accessible) return true;
+    }
+  }
+  return false;
+}
+
+// Why a port cannot carry RDMA; "" when it can.
+std::string PortFault(const Device& device, const Port& port) {
+  if (port.state == 2 && port.phys_state == kPhysLinkUp) return "state INIT/LinkUp: no subnet manager configured it";
+  if (!port.Usable()) return "state " + port.state_name + "/" + port.phys_state_name;
+  if (!device.uverbs_accessible) return "verbs device not accessible";
+  if (!port.IsInfiniBand() && FindRoceV2Ipv4Gid(port) == nullptr) return "no RoCE v2 IPv4 GID";
+  return "";
+}
+
+std::string Summary(const Selection& selection) {
+  if (selection.link_layer.empty()) return "no RDMA";
+  std::vector<double> rates;
+  for (const SelectedPort& port : selection.ports) rates.push_back(port.rate_gbps);
+  const std::string layer = selection.link_layer == "InfiniBand" ? "InfiniBand" : "RoCE";
+  return std::to_string(selection.ports.size()) + "x " + layer + " " + FormatRate(Majority(rates)) + " Gb/s";
+}
+
+class Checker {
+ public:
+  Checker(const std::vector<NodeFabric>& nodes, std::vector<Selection> selections)
+      : nodes_(nodes), selections_(std::move(selections)) {}
+
+  std::vector<Mismatch> Run() {
+    std::vector<std::string> layers;
+    for (const Selection& selection : selections_) layers.push_back(LayerOf(selection));
+    layer_ = Majority(layers);
+    for (size_t i = 0; i < nodes_.size(); ++i) CheckLayer(i);
+    if (layer_ != kNoRdma) {
+      CheckPortCounts();
+      CheckRates();
+      if (layer_ == "InfiniBand") CheckSubnetPrefixes();
+    }
+    CheckBootstrapInterfaces();
+    CheckDuplicateGuids();
+    return std::move(rows_);
+  }
+
+  const std::string& majority_layer() const { return layer_; }
+
+ private:
+  static std::string LayerOf(const Selection& selection) {
+    return selection.link_layer.empty() ? kNoRdma : selection.link_layer;
+  }
+
+  void Add(size_t node, const std::string& device, const std::string& port, const std::string& what,
+           const std::string& value, const std::string& majority) {
+    rows_.push_back({nodes_[node].rank, nodes_[node].host, device, port, what, value, majority});
+  }
+
+  // Each port of the majority's link layer that could not be selected, with its fault.
+  void AddFaultyPorts(size_t node) {
+    for (const Device& device : nodes_[node].inventory.devices) {
+      for (const Port& port : device.ports) {
+        if (port.link_layer != layer_) continue;
+        const std::string fault = PortFault(device, port);
+        if (!fault.empty()) Add(node, device.name, std::to_string(port.number), "port", fault, "usable");
+      }
+    }
+  }
+
+  void CheckLayer(size_t node) {
+    const std::string layer = LayerOf(selections_[node]);
+    if (layer == layer_) return;
+    Add(node, "-", "-", "link layer", layer, layer_);
+    if (layer_ != kNoRdma) AddFaultyPorts(node);
+  }
+
+  void CheckPortCounts() {
+    std::vector<size_t> counts;
+    for (const Selection& selection : selections_) {
+      if (LayerOf(selection) == layer_) counts.push_back(selection.ports.size());
+    }
+    const size_t majority = Majority(counts);
+    for (size_t i = 0; i < nodes_.size(); ++i) {
+      if (LayerOf(selections_[i]) != layer_ || selections_[i].ports.size() == majority) continue;
+      Add(i, "-", "-", "usable ports", std::to_string(selections_[i].ports.size()), std::to_string(majority));
+      AddFaultyPorts(i);
+    }
+  }
+
+  void CheckRates() {
+    std::vector<double> rates;
+    for (const Selection& selection : selections_) {
+      for (const SelectedPort& port : selection.ports) rates.push_back(port.rate_gbps);
+    }
+    if (rates.empty()) return;
+    const double majority = Majority(rates);
+    for (size_t i = 0; i < nodes_.size(); ++i) {
+      for (const SelectedPort& port : selections_[i].ports) {
+        if (port.rate_gbps != majority) {
+          Add(i, port.device, std::to_string(port.port), "rate Gb/s", FormatRate(port.rate_gbps), FormatRate(majority));
+        }
+      }
+    }
+  }
+
+  // Rail r is each node's r-th port in PCI order: NCCL pairs NICs that way.
+  void CheckSubnetPrefixes() {
+    size_t rails = 0;
+    for (const Selection& selection : selections_) rails = std::max(rails, selection.ports.size());
+    for (size_t rail = 0; rail < rails; ++rail) {
+      std::vector<std::string> prefixes;
+      for (const Selection& selection : selections_) {
+        if (rail < selection.ports.size()) prefixes.push_back(selection.ports[rail].subnet_prefix);
+      }
+      const std::string majority = Majority(prefixes);
+      for (size_t i = 0; i < nodes_.size(); ++i) {
+        if (rail >= selections_[i].ports.size()) continue;
+        const SelectedPort& port = selections_[i].ports[rail];
+        if (port.subnet_prefix != majority) {
+          Add(i, port.device, std::to_string(port.port), "subnet prefix (rail " + std::to_string(rail) + ")",
+              port.subnet_prefix, majority);
+        }
+      }
+    }
+  }
+
+  void CheckBootstrapInterfaces() {
+    for (size_t i = 0; i < nodes_.size(); ++i) {
+      if (nodes_[i].inventory.bootstrap_interface.empty()) {
+        Add(i, "-", "-", "bootstrap interface", "none reaches the leader", "an interface");
+      }
+    }
+  }
+
+  // Cloned VM images keep their GUIDs: two nodes with one GUID confuse the subnet manager.
+  void CheckDuplicateGuids() {
+    std::map<std::string, int> first_rank;
+    for (size_t i = 0; i < nodes_.size(); ++i) {
+      for (const Device& device : nodes_[i].inventory.devices) {
+        if (device.node_guid.empty()) continue;
+        auto [it, inserted] = first_rank.emplace(device.node_guid, nodes_[i].rank);
+        if (!inserted && it->second != nodes_[i].rank) {
+          Add(i, device.name, "-", "node GUID", device.node_guid, "unique (also on node " + std::to_string(it->second) + ")");
+        }
+      }
+    }
+  }
+
+  const std::vector<NodeFabric>& nodes_;
+  std::vector<Selection> selections_;
+  std::string layer_;
+  std::vector<Mismatch> rows_;
+};
+
+std::vector<int> RanksWithoutRdma(const FabricPlan& plan) {
+  std::vector<int> ranks;
+  for (const NodePlan& node : plan.nodes) {
+    if (node.selection.link_layer.empty()) ranks.push_back(node.rank);
+  }
+  return ranks;
+}
+
+void ApplyPolicy(FabricPlan& plan, const std::string& majority_layer) {
+  const std::vector<int> without = RanksWithoutRdma(plan);
+  if (plan.policy == env::FabricRequirement::kIb) {
+    if (majority_layer == kNoRdma && without.size() == plan.nodes.size()) {
+      plan.ok = false;
+      plan.failure = "no node has a usable RDMA port, and launcher.fabric.require is \"ib\"";
+    } else if (!plan.mismatches.empty()) {
+      plan.ok = false;
+      plan.failure = "the fabric differs between nodes (" + std::to_string(plan.mismatches.size()) +
+                     " differences below) and launcher.fabric.require is \"ib\"; set it to \"any\" to start anyway";
+    }
+    plan.use_rdma = plan.ok;
+    return;
+  }
+  // any: RDMA when every node has it, sockets everywhere otherwise.
+  if (!without.empty()) {
+    plan.use_rdma = false;
+    plan.warnings.push_back("node" + std::string(without.size() > 1 ? "s " : " ") + FormatRanks(without) +
+                            (without.size() > 1 ? " have" : " has") +
+                            " no usable RDMA port: NCCL uses sockets (TCP) on every node, which is much slower");
+  } else {
+    plan.use_rdma = majority_layer != kNoRdma;
+  }
+  if (!plan.mismatches.empty()) {
+    plan.warnings.push_back("the fabric differs between nodes (" + std::to_string(plan.mismatches.size()) +
+                            " differences); launcher.fabric.require is \"any\", so the job starts");
+  }
+}
+
+}  // namespace
+
+Selection SelectPorts(const Inventory& inventory) {
+  Selection selection;
+  selection.link_layer = HasUsableInfiniBand(inventory) ? "InfiniBand" : "";
+  if (selection.link_layer.empty()) {
+    for (const Device& device : inventory.devices) {
+      for (const Port& port : device.ports) {
+        if (!port.IsInfiniBand() && PortFault(device, port).empty()) selection.link_layer = "Ethernet";
+      }
+    }
+  }
+  for (const Device& device : inventory.devices) {
+    for (const Port& port : device.ports) {
+      const std::string name = PortName(device.name, port.number);
+      if (!selection.link_layer.empty() && port.link_layer != selection.link_layer) {
+        selection.excluded.push_back(name + " (" + port.link_layer + " beside " + selection.link_layer + ")");
+        continue;
+      }
+      if (const std::string fault = PortFault(device, port); !fault.empty()) {
+        selection.excluded.push_back(name + " (" + fault + ")");
+        continue;
+      }
+      const Gid* gid = port.IsInfiniBand() ? nullptr : FindRoceV2Ipv4Gid(port);
+      selection.ports.push_back({device.name, port.number, port.rate_gbps, port.SubnetPrefix(), gid ? gid->index : -1});
+    }
+  }
+  return selection;
+}
+
+FabricPlan PlanFabric(const std::vector<NodeFabric>& nodes, env::FabricRequirement required) {
+  FabricPlan plan;
+  std::vector<Selection> selections;
+  bool any_infiniband = false;
+  for (const NodeFabric& node : nodes) {
+    selections.push_back(SelectPorts(node.inventory));
+    plan.nodes.push_back({node.rank, selections.back(), Summary(selections.back())});
+    any_infiniband = any_infiniband || selections.back().link_layer == "InfiniBand";
+  }
+  plan.policy = required;
+  if (required == env::FabricRequirement::kAuto) {
+    plan.policy = any_infiniband ? env::FabricRequirement::kIb : env::FabricRequirement::kAny;
+  }
+  if (plan.policy == env::FabricRequirement::kNone || nodes.empty()) {
+    plan.checked = false;
+    return plan;
+  }
+  Checker checker(nodes, selections);
+  plan.mismatches = checker.Run();
+  ApplyPolicy(plan, checker.majority_layer());
+  return plan;
+}
+
+std::string PolicyName(env::FabricRequirement requirement) {
+  switch (requirement) {
+    case env::FabricRequirement::kAuto: return "auto";
+    case env::FabricRequirement::kIb: return "ib";
+    case env::FabricRequirement::kAny: return "any";
+    case env::FabricRequirement::kNone: return "none";
+  }
+  return "auto";
+}
+
+std::string FormatMismatches(const std::vector<Mismatch>& mismatches) {
+  std::string table;
+  char line[512];
+  std::snprintf(line, sizeof line, "%-5s %-20s %-14s %-5s %-24s %-26s %s\n", "node", "host", "device", "port", "what",
+                "value", "majority");
+  table += line;
+  for (const Mismatch& row : mismatches) {
+    std::snprintf(line, sizeof line, "%-5d %-20s %-14s %-5s %-24s %-26s %s\n", row.rank, row.host.c_str(),
+                  row.device.c_str(), row.port.c_str(), row.what.c_str(), row.value.c_str(), row.majority.c_str());
+    table += line;
+  }
+  return table;
+}
+
+nlohmann::json FabricPlan::ToJson() const {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const Mismatch& row : mismatches) {
+    rows.push_back({{"rank", row.rank}, {"host", row.host}, {"device", row.device}, {"port", row.port},
+                    {"what", row.what}, {"value", row.value}, {"majority", row.majority}});
+  }
+  nlohmann::json node_list = nlohmann::json::array();
+  for (const NodePlan& node : nodes) {
+    nlohmann::json ports = nlohmann::json::array();
+    for (const SelectedPort& port : node.selection.ports) {
+      ports.push_back({{"device", port.device}, {"port", port.port}, {"rate_gbps", port.rate_gbps},
+                       {"subnet_prefix", port.subnet_prefix}, {"gid_index", port.gid_index}});
+    }
+    node_list.push_back({{"rank", node.rank}, {"summary", node.summary}, {"link_layer", node.selection.link_layer},
+                         {"ports", ports}, {"excluded", node.selection.excluded}});
+  }
+  return {{"policy", PolicyName(policy)}, {"ok", ok}, {"failure", failure}, {"use_rdma", use_rdma},
+          {"checked", checked}, {"mismatches", rows}, {"warnings", warnings}, {"nodes", node_list}};
+}
+
+FabricPlan FabricPlan::FromJson(const nlohmann::json& json) {
+  try {
+    FabricPlan plan;
+    const std::string policy = json.at("policy").get<std::string>();
+    plan.policy = policy == "ib" ? env::FabricRequirement::kIb
+                  : policy == "any" ? env::FabricRequirement::kAny
+                  : policy == "none" ? env::FabricRequirement::kNone
+                                     : env::FabricRequirement::kAuto;
+    plan.ok = json.at("ok").get<bool>();
+    plan.failure = json.at("failure").get<std::string>();
+    plan.use_rdma = json.at("use_rdma").get<bool>();
+    plan.checked = json.at("checked").get<bool>();
+    plan.warnings = json.at("warnings").get<std::vector<std::string>>();
+    for (const auto& row : json.at("mismatches")) {
+      plan.mismatches.push_back({row.at("rank").get<int>(), row.at("host").get<std::string>(),
+                                 row.at("device").get<std::string>(), row.at("port").get<std::string>(),
+                                 row.at("what").get<std::string>(), row.at("value").get<std::string>(),
+                                 row.at("majority").get<std::string>()});
+    }
+    for (const auto& node : json.at("nodes")) {
+      NodePlan entry{node.at("rank").get<int>(), {}, node.at("summary").get<std::string>()};
+      entry.selection.link_layer = node.at("link_layer").get<std::string>();
+      entry.selection.excluded = node.at("excluded").get<std::vector<std::string>>();
+      for (const auto& port : node.at("ports")) {
+        entry.selection.ports.push_back({port.at("device").get<std::string>(), port.at("port").get<int>(),
+                                         port.at("rate_gbps").get<double>(), port.at("subnet_prefix").get<std::string>(),
+                                         port.at("gid_index").get<int>()});
+      }
+      plan.nodes.push_back(std::move(entry));
+    }
+    return plan;
+  } catch (const nlohmann::json::exception& error) {
+    throw InventoryError(std::string("fabric plan from the leader: ") + error.what());
+  }
+}
+
+const NodePlan* FabricPlan::ForRank(int rank) const {
+  for (const NodePlan& node : nodes) {
+    if (node.rank == rank) return &node;
+  }
+  return nullptr;
+}
+
+}  // namespace bt::rendezvous::fabric
