@@ -1,0 +1,179 @@
+// Real bt-launch processes on loopback, each reading its own fixture sysfs tree
+// (BT_SYSFS_ROOT): the leader's fabric check under every launcher.fabric.require policy,
+// and the NCCL variables each node's job sees.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/support/launcher_process.h"
+
+namespace bt::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string Tree(const std::string& fixture) { return std::string(BT_SOURCE_DIR) + "/tests/fixtures/fabric/" + fixture + "/sys"; }
+
+constexpr const char* kShowNccl =
+    "echo \"HCA=${NCCL_IB_HCA:-unset} DISABLE=${NCCL_IB_DISABLE:-unset} IFNAME=${NCCL_SOCKET_IFNAME:-unset} "
+    "GLOO=${GLOO_SOCKET_IFNAME:-unset}\"";
+
+// One job whose node i reads fixtures[i].
+class FabricJob {
+ public:
+  FabricJob(std::vector<std::string> fixtures, const std::string& require) : fixtures_(std::move(fixtures)), port_(FreePort()) {
+    nlohmann::json launcher = {{"grace_period_s", 2},
+                               {"rendezvous", {{"port", port_}, {"join_timeout_s", 20}, {"exit_barrier_timeout_s", 20}}}};
+    if (!require.empty()) launcher["fabric"] = {{"require", require}};
+    nlohmann::json config = {{"compute", {{"node_count", fixtures_.size()}}},
+                             {"enable_baseten_workdir", false},
+                             {"runtime", {{"start_commands", {kShowNccl}}}},
+                             {"launcher", launcher}};
+    config_ = dir_.Write("job.json", config.dump());
+  }
+
+  LaunchSpec Spec(int rank, const std::string& subcommand = "run", std::map<std::string, std::string> env = {}) const {
+    LaunchSpec spec;
+    spec.args = {subcommand, "--config", config_, "--root", dir_.path() + "/root"};
+    spec.set_env = {{"BT_NODE_RANK", std::to_string(rank)}, {"BT_GROUP_SIZE", std::to_string(fixtures_.size())},
+                    {"BT_LEADER_ADDR", "127.0.0.1"}, {"BT_RENDEZVOUS_TOKEN", "fabric-token"},
+                    {"BT_SYSFS_ROOT", Tree(fixtures_[rank])}};
+    for (auto& [name, value] : env) spec.set_env[name] = value;
+    spec.timeout = 60s;
+    return spec;
+  }
+
+  std::vector<ProcessResult> RunAll(const std::string& subcommand = "run", std::map<int, std::map<std::string, std::string>> env = {}) {
+    std::vector<std::unique_ptr<LauncherProcess>> processes;
+    for (size_t rank = 0; rank < fixtures_.size(); ++rank) {
+      processes.push_back(std::make_unique<LauncherProcess>(Spec(int(rank), subcommand, env[int(rank)])));
+    }
+    std::vector<ProcessResult> results;
+    for (auto& process : processes) results.push_back(process->Finish());
+    return results;
+  }
+
+ private:
+  TempDir dir_;
+  std::vector<std::string> fixtures_;
+  uint16_t port_;
+  std::string config_;
+};
+
+constexpr const char* kEightRails = "HCA==mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1";
+
+TEST(FabricJob, ConsistentNodesGetTheSameHcaListAndTheLeadersInterface) {
+  auto results = FabricJob({"ib8-ndr-a", "ib8-ndr-b", "ib8-ndr-c"}, "").RunAll();
+  for (const auto& result : results) {
+    ASSERT_EQ(result.exit_code, 0) << result.err;
+    EXPECT_NE(result.out.find(std::string(kEightRails) + " DISABLE=unset IFNAME==lo GLOO=lo"), std::string::npos) << result.out;
+    EXPECT_NE(result.err.find("fabric: 8x InfiniBand 400 Gb/s (require = ib, NCCL uses RDMA)"), std::string::npos) << result.err;
+  }
+}
+
+TEST(FabricJob, RateMismatchFailsEveryNodeUnderIbWithTheTable) {
+  auto results = FabricJob({"ib8-ndr-a", "ib8-ndr-b", "ib8-hdr"}, "ib").RunAll();
+  for (const auto& result : results) {
+    EXPECT_EQ(result.exit_code, 69) << result.err;
+    EXPECT_EQ(result.out.find("HCA="), std::string::npos) << "the training started: " << result.out;
+    EXPECT_NE(result.err.find("the fabric differs between nodes (8 differences below)"), std::string::npos) << result.err;
+    EXPECT_NE(result.err.find("rate Gb/s"), std::string::npos) << result.err;
+  }
+  // The table names the node, its host, the device, the value and the majority.
+  EXPECT_NE(results[0].err.find("2     "), std::string::npos);
+  EXPECT_NE(results[0].err.find("mlx5_0         1     rate Gb/s                200                        400"),
+            std::string::npos) << results[0].err;
+}
+
+TEST(FabricJob, RateMismatchStartsUnderAnyWithAWarning) {
+  auto results = FabricJob({"ib8-ndr-a", "ib8-ndr-b", "ib8-hdr"}, "any").RunAll();
+  for (const auto& result : results) {
+    ASSERT_EQ(result.exit_code, 0) << result.err;
+    EXPECT_NE(result.out.find(kEightRails), std::string::npos) << result.out;
+    EXPECT_NE(result.err.find("the fabric differs between nodes (8 differences); launcher.fabric.require is \"any\""),
+              std::string::npos) << result.err;
+  }
+  EXPECT_NE(results[0].err.find("fabric differences:"), std::string::npos) << results[0].err;
+}
+
+TEST(FabricJob, RailDownOnOneNodeIsNamedUnderIb) {
+  auto results = FabricJob({"ib8-ndr-a", "ib8-one-down", "ib8-ndr-c"}, "").RunAll();
+  for (const auto& result : results) {
+    EXPECT_EQ(result.exit_code, 69) << result.err;
+    EXPECT_NE(result.err.find("mlx5_3         1     port                     state DOWN/Polling"), std::string::npos)
+        << result.err;
+  }
+}
+
+TEST(FabricJob, NodeWithoutRdmaUnderEachPolicy) {
+  const std::vector<std::string> fixtures = {"ib8-ndr-a", "ib8-ndr-b", "no-rdma"};
+  for (const auto& result : FabricJob(fixtures, "").RunAll()) {
+    EXPECT_EQ(result.exit_code, 69) << result.err;
+    EXPECT_NE(result.err.find("link layer               none                       InfiniBand"), std::string::npos) << result.err;
+  }
+  for (const auto& result : FabricJob(fixtures, "any").RunAll()) {
+    ASSERT_EQ(result.exit_code, 0) << result.err;
+    EXPECT_NE(result.out.find("HCA=unset DISABLE=1 IFNAME==lo"), std::string::npos) << result.out;
+    EXPECT_NE(result.err.find("node 2 has no usable RDMA port: NCCL uses sockets (TCP) on every node"), std::string::npos)
+        << result.err;
+  }
+  for (const auto& result : FabricJob(fixtures, "none").RunAll()) {
+    ASSERT_EQ(result.exit_code, 0) << result.err;
+    EXPECT_NE(result.out.find("HCA=unset DISABLE=unset IFNAME==lo"), std::string::npos) << result.out;
+  }
+}
+
+TEST(FabricJob, AUserSetVariableIsKept) {
+  auto results = FabricJob({"ib8-ndr-a", "ib8-ndr-b"}, "").RunAll("run", {{1, {{"NCCL_IB_HCA", "=mlx5_0:1"}}}});
+  ASSERT_EQ(results[0].exit_code, 0) << results[0].err;
+  EXPECT_NE(results[0].out.find(kEightRails), std::string::npos) << results[0].out;
+  EXPECT_NE(results[1].out.find("HCA==mlx5_0:1 "), std::string::npos) << results[1].out;
+  EXPECT_NE(results[1].err.find("NCCL_IB_HCA==mlx5_0:1 kept: set by the user"), std::string::npos) << results[1].err;
+}
+
+TEST(FabricJob, RendezvousSubcommandShowsTheFabricPerNodeAndTheTable) {
+  auto results = FabricJob({"ib8-ndr-a", "ib8-one-down"}, "any").RunAll("rendezvous");
+  for (const auto& result : results) {
+    ASSERT_EQ(result.exit_code, 0) << result.err;
+    EXPECT_NE(result.out.find("8x InfiniBand 400 Gb/s"), std::string::npos) << result.out;
+    EXPECT_NE(result.out.find("7x InfiniBand 400 Gb/s"), std::string::npos) << result.out;
+    EXPECT_NE(result.out.find("fabric differences:"), std::string::npos) << result.out;
+  }
+  results = FabricJob({"ib8-ndr-a", "ib8-one-down"}, "ib").RunAll("rendezvous");
+  for (const auto& result : results) EXPECT_EQ(result.exit_code, 69) << result.err;
+}
+
+TEST(FabricCommand, JsonHasTheDevicesAndTheNcclEnvironment) {
+  LaunchSpec spec;
+  spec.args = {"fabric", "--sysfs-root", Tree("ib8-frontend"), "--format", "json"};
+  const ProcessResult result = RunLauncher(spec);
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const auto json = nlohmann::json::parse(result.out);
+  ASSERT_EQ(json.at("devices").size(), 9u);
+  const auto& port = json["devices"][8]["ports"][0];
+  EXPECT_EQ(json["devices"][8]["name"], "mlx5_bond_0");
+  EXPECT_EQ(port.at("port"), 1);
+  EXPECT_EQ(port.at("state"), "ACTIVE");
+  EXPECT_EQ(port.at("link_layer"), "Ethernet");
+  EXPECT_EQ(port.at("rate_gbps"), 200);
+  EXPECT_EQ(json.at("nccl_env").at("NCCL_IB_HCA"), "=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1");
+  EXPECT_EQ(json["nccl_env"].at("NCCL_SOCKET_IFNAME"), "=lo");
+}
+
+TEST(FabricCommand, TextShowsEachPortAsIbstatWould) {
+  LaunchSpec spec;
+  spec.args = {"fabric", "--sysfs-root", Tree("roce-v2-a")};
+  spec.set_env = {{"BT_NCCL_LIBRARY", "/nonexistent/libnccl.so.2.18.3"}};
+  const ProcessResult result = RunLauncher(spec);
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("mlx5_1         1    ACTIVE   LinkUp     400    Ethernet   0000:3c:00.0  gid[3] "
+                            "0000:0000:0000:0000:0000:ffff:0a01:0007 RoCE v2 ens2f0np0"),
+            std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("NCCL_IB_GID_INDEX=3"), std::string::npos) << result.out;  // NCCL 2.18 by its file name
+}
+
+}  // namespace
+}  // namespace bt::testing
