@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "launcher/exit_codes.h"
+#include "launcher/rdma_probe.h"
 #include "rendezvous/node_info.h"
 
 namespace bt::launcher {
@@ -45,6 +46,7 @@ std::string RouteSourceAddress(const std::string& host, uint16_t port) {
 fabric::Inventory ReadThisNode(const env::NodeIdentity& identity, Peers* peers, const std::string& sysfs_root,
                                uint16_t port) {
   fabric::Inventory inventory = fabric::ReadInventory(sysfs_root);
+  AddActiveMtu(inventory);
   std::string local_address = peers ? peers->LocalAddress() : "";
   if (local_address.empty()) local_address = RouteSourceAddress(identity.leader_addr, port);
   inventory.bootstrap_interface = fabric::InterfaceWithAddress(inventory.interfaces, local_address);
@@ -148,6 +150,7 @@ FabricResult PlanFabricPhase(const env::JobConfig& config, const env::NodeIdenti
   LogPlan(result.plan, *node, identity.rank == 0);
   result.nccl = NcclFor(result, *node, environment);
   ExportNccl(result.nccl, environment);
+  RunRdmaProbe(config, identity, peers, result);
   return result;
 }
 

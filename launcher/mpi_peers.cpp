@@ -1,14 +1,12 @@
 #include <dlfcn.h>
-#include <unistd.h>
 
-#include <climits>
 #include <cstdlib>
-#include <filesystem>
 
 #include <spdlog/spdlog.h>
 
 #include "launcher/exit_codes.h"
 #include "launcher/peers.h"
+#include "launcher/plugin.h"
 #include "rendezvous/mpi_exchange.h"
 
 namespace bt::launcher {
@@ -16,17 +14,8 @@ namespace {
 
 using ExchangeFunction = decltype(&bt_mpi_exchange);
 
-// BT_MPI_PLUGIN, else libbt_mpi_exchange.so next to the running binary.
-std::string PluginPath() {
-  if (const char* path = std::getenv("BT_MPI_PLUGIN"); path != nullptr && *path != '\0') return path;
-  char self[PATH_MAX] = {};
-  ssize_t length = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (length <= 0) return "libbt_mpi_exchange.so";
-  return (std::filesystem::path(std::string(self, size_t(length))).parent_path() / "libbt_mpi_exchange.so").string();
-}
-
 ExchangeFunction LoadExchange() {
-  const std::string path = PluginPath();
+  const std::string path = PluginPath("BT_MPI_PLUGIN", "libbt_mpi_exchange.so");
   void* plugin = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (plugin == nullptr) {
     throw LaunchFailure(kExitUnavailable, "launcher.rendezvous.backend is \"mpi\" but the MPI plugin cannot be loaded: " +

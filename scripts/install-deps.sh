@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libcxxopts-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libgtest-dev
-  libssl-dev libxxhash-dev
+  libssl-dev libxxhash-dev libibverbs-dev
   openmpi-bin libopenmpi-dev
   clang libclang-rt-14-dev
   tini hyperfine iproute2 procps python3

@@ -24,10 +24,12 @@ constexpr const char* kShowNccl =
 // One job whose node i reads fixtures[i].
 class FabricJob {
  public:
-  FabricJob(std::vector<std::string> fixtures, const std::string& require) : fixtures_(std::move(fixtures)), port_(FreePort()) {
+  FabricJob(std::vector<std::string> fixtures, const std::string& require, nlohmann::json fabric = nlohmann::json::object())
+      : fixtures_(std::move(fixtures)), port_(FreePort()) {
     nlohmann::json launcher = {{"grace_period_s", 2},
                                {"rendezvous", {{"port", port_}, {"join_timeout_s", 20}, {"exit_barrier_timeout_s", 20}}}};
-    if (!require.empty()) launcher["fabric"] = {{"require", require}};
+    if (!require.empty()) fabric["require"] = require;
+    launcher["fabric"] = fabric;
     nlohmann::json config = {{"compute", {{"node_count", fixtures_.size()}}},
                              {"enable_baseten_workdir", false},
                              {"runtime", {{"start_commands", {kShowNccl}}}},
@@ -144,6 +146,40 @@ TEST(FabricJob, RendezvousSubcommandShowsTheFabricPerNodeAndTheTable) {
   }
   results = FabricJob({"ib8-ndr-a", "ib8-one-down"}, "ib").RunAll("rendezvous");
   for (const auto& result : results) EXPECT_EQ(result.exit_code, 69) << result.err;
+}
+
+// The fixture trees have no real verbs devices behind them: the probe fails on them, as it
+// would on a node whose sysfs shows HCAs the container cannot open.
+TEST(RdmaProbe, AFailingPairNamesBothNodesBothDevicesAndTheVerbsCall) {
+  auto results = FabricJob({"ib8-ndr-a", "ib8-ndr-b"}, "", {{"probe", "ring"}, {"probe_timeout_s", 2}}).RunAll();
+  if (results[0].err.find("RDMA probe SKIPPED") != std::string::npos) GTEST_SKIP() << "built without the verbs plugin";
+  for (const auto& result : results) {
+    EXPECT_EQ(result.exit_code, 69) << result.err;
+    EXPECT_EQ(result.out.find("HCA="), std::string::npos) << "the training started";
+    EXPECT_NE(result.err.find("fabric: RDMA probe failed:"), std::string::npos) << result.err;
+    EXPECT_NE(result.err.find("0   <->1   3     mlx5_3:1 <-> mlx5_3:1          FAILED: node 0: bt_verbs_open on mlx5_3:1: "
+                              "ibv_get_device_list"),
+              std::string::npos) << result.err;
+    EXPECT_NE(result.err.find("node 1: bt_verbs_open on mlx5_3:1"), std::string::npos) << result.err;
+  }
+}
+
+TEST(RdmaProbe, SkippedWithTheReasonWithoutRdma) {
+  for (const auto& result : FabricJob({"no-rdma", "no-rdma"}, "any", {{"probe", "all-pairs"}}).RunAll()) {
+    EXPECT_EQ(result.exit_code, 0) << result.err;
+    EXPECT_NE(result.err.find("RDMA probe SKIPPED: the fabric has no RDMA to probe"), std::string::npos) << result.err;
+    EXPECT_EQ(result.err.find("RDMA probe passed"), std::string::npos) << result.err;
+  }
+}
+
+TEST(RdmaProbe, SkippedOnEveryNodeWhenOneCannotLoadTheVerbsPlugin) {
+  auto results = FabricJob({"ib8-ndr-a", "ib8-ndr-b"}, "", {{"probe", "ring"}})
+                     .RunAll("run", {{1, {{"BT_VERBS_PLUGIN", "/nonexistent/libbt_verbs.so"}}}});
+  for (const auto& result : results) {
+    EXPECT_EQ(result.exit_code, 0) << result.err;
+    EXPECT_NE(result.err.find("RDMA probe SKIPPED: node 1: the verbs plugin cannot be loaded"), std::string::npos)
+        << result.err;
+  }
 }
 
 TEST(FabricCommand, JsonHasTheDevicesAndTheNcclEnvironment) {
