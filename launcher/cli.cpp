@@ -26,6 +26,7 @@ Subcommand ParseSubcommand(const std::string& word) {
   if (word == "bench") return Subcommand::kBench;
   if (word == "fabric") return Subcommand::kFabric;
   if (word == "upload-worker") return Subcommand::kUploadWorker;  // started by `run`, not by people
+  if (word == "nccl-preflight-worker") return Subcommand::kNcclPreflightWorker;  // the same
   if (word == "--help" || word == "-h" || word == "help") return Subcommand::kHelp;
   if (word == "--version" || word == "version") return Subcommand::kVersion;
   throw LaunchFailure(kExitUsage, "unknown subcommand \"" + word + "\"\n" + kUsage);
@@ -73,6 +74,7 @@ CliOptions ParseCommandLine(int argc, char** argv) {
       ("verify", "checkpoints: re-hash every file against its manifest")
       ("dir", "bench: directory to write in (default: a new one under /tmp)", cxxopts::value<std::string>())
       ("parent-pid", "upload-worker: the launcher's pid", cxxopts::value<int>())
+      ("bytes", "nccl-preflight-worker: all-reduce size per GPU", cxxopts::value<size_t>())
       ("sysfs-root", "run, rendezvous, fabric: read RDMA devices from DIR/class/infiniband (default: BT_SYSFS_ROOT, else /sys)",
        cxxopts::value<std::string>())
       ("h,help", "show this help");
@@ -111,6 +113,7 @@ CliOptions ParseCommandLine(int argc, char** argv) {
   cli.bench_dir = Optional(result, "dir");
   if (result.count("parent-pid")) cli.parent_pid = result["parent-pid"].as<int>();
   cli.sysfs_root = Optional(result, "sysfs-root");
+  if (result.count("bytes")) cli.preflight_bytes = result["bytes"].as<size_t>();
   const std::string human_format = cli.subcommand == Subcommand::kEnv      ? "shell"
                                    : cli.subcommand == Subcommand::kFabric ? "text"
                                                                            : "table";

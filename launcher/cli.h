@@ -10,7 +10,7 @@
 
 namespace bt::launcher {
 
-enum class Subcommand { kRun, kEnv, kRendezvous, kCheckpoints, kBench, kFabric, kUploadWorker, kHelp, kVersion };
+enum class Subcommand { kRun, kEnv, kRendezvous, kCheckpoints, kBench, kFabric, kUploadWorker, kNcclPreflightWorker, kHelp, kVersion };
 
 struct CliOptions {
   Subcommand subcommand = Subcommand::kHelp;
@@ -28,6 +28,7 @@ struct CliOptions {
   std::string bench_target;                // bench: "checkpoint"
   std::optional<std::string> bench_dir;    // bench: where to write (default: a temporary directory)
   int parent_pid = 0;                      // upload-worker
+  size_t preflight_bytes = size_t(1) << 28;  // nccl-preflight-worker --bytes
   std::optional<std::string> sysfs_root;   // run, rendezvous, fabric: read devices from DIR/class/infiniband
   std::string help_text;
 };

@@ -13,6 +13,7 @@
 #include "launcher/exit_codes.h"
 #include "launcher/fabric.h"
 #include "launcher/log.h"
+#include "launcher/nccl_preflight.h"
 #include "launcher/peers.h"
 #include "launcher/ready.h"
 #include "launcher/signals.h"
@@ -149,6 +150,10 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   try {
     timeline.Begin("fabric");
     PlanFabricPhase(job.config, job.identity, peers.get(), rendezvous::fabric::SysfsRoot(cli.sysfs_root), job.environment);
+    if (job.config.launcher.fabric.nccl_preflight) {
+      timeline.Begin("nccl preflight");
+      RunNcclPreflight(job.config, job.identity, peers.get(), job.environment);
+    }
     PrepareNode(job, destination, peers.get(), signals, timeline);
   } catch (const LaunchFailure& failure) {
     // The others are waiting in the ready barrier or for the seed: tell them now.

@@ -9,6 +9,7 @@
 #include "launcher/exit_codes.h"
 #include "launcher/launch.h"
 #include "launcher/log.h"
+#include "launcher/nccl_preflight.h"
 #include "launcher/peers.h"
 
 #ifndef BT_LAUNCH_VERSION
@@ -27,6 +28,7 @@ int Dispatch(const bt::launcher::CliOptions& cli) {
     case Subcommand::kBench: return bt::launcher::BenchSubcommand(cli);
     case Subcommand::kFabric: return bt::launcher::FabricSubcommand(cli);
     case Subcommand::kUploadWorker: return bt::launcher::UploadWorkerSubcommand(cli);
+    case Subcommand::kNcclPreflightWorker: return bt::launcher::NcclPreflightWorker(cli);
     case Subcommand::kVersion: std::printf("bt-launch %s\n", BT_LAUNCH_VERSION); return 0;
     case Subcommand::kHelp: std::fputs(cli.help_text.c_str(), stdout); return 0;
   }

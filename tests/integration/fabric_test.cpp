@@ -1,6 +1,9 @@
 // Real bt-launch processes on loopback, each reading its own fixture sysfs tree
 // (BT_SYSFS_ROOT): the leader's fabric check under every launcher.fabric.require policy,
 // and the NCCL variables each node's job sees.
+#include <unistd.h>
+
+#include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -180,6 +183,36 @@ TEST(RdmaProbe, SkippedOnEveryNodeWhenOneCannotLoadTheVerbsPlugin) {
     EXPECT_NE(result.err.find("RDMA probe SKIPPED: node 1: the verbs plugin cannot be loaded"), std::string::npos)
         << result.err;
   }
+}
+
+bool HasGpu() { return access("/dev/nvidia0", F_OK) == 0; }
+
+TEST(NcclPreflight, SkippedOnEveryNodeWithTheReasonWithoutGpus) {
+  if (HasGpu()) GTEST_SKIP() << "this host has a GPU: NcclPreflight.AllReduceOverEveryGpuOfTheNode runs instead";
+  for (const auto& result : FabricJob({"no-rdma", "no-rdma"}, "", {{"nccl_preflight", true}, {"min_busbw_gbps", 100}}).RunAll()) {
+    EXPECT_EQ(result.exit_code, 0) << result.err;
+    EXPECT_NE(result.err.find("NCCL preflight SKIPPED: "), std::string::npos) << result.err;
+    EXPECT_EQ(result.err.find("NCCL preflight passed"), std::string::npos) << result.err;
+    EXPECT_NE(result.out.find("HCA="), std::string::npos) << "the training did not start";
+  }
+}
+
+// Hardware: one node, every GPU it has, the bus bandwidth logged.
+TEST(NcclPreflight, AllReduceOverEveryGpuOfTheNode) {
+  if (!HasGpu()) GTEST_SKIP() << "no GPU (/dev/nvidia0 absent)";
+  LaunchSpec spec;
+  TempDir dir;
+  nlohmann::json config = {{"compute", {{"node_count", 1}}},
+                           {"enable_baseten_workdir", false},
+                           {"runtime", {{"start_commands", {"echo trained"}}}},
+                           {"launcher", {{"fabric", {{"nccl_preflight", true}, {"preflight_bytes", 1 << 30}}}}}};
+  spec.args = {"run", "--config", dir.Write("job.json", config.dump()), "--root", dir.path() + "/root"};
+  spec.timeout = 180s;
+  const ProcessResult result = RunLauncher(spec);
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.err.find("NCCL preflight passed"), std::string::npos) << result.err;
+  EXPECT_NE(result.out.find("trained"), std::string::npos);
+  std::cerr << result.err;
 }
 
 TEST(FabricCommand, JsonHasTheDevicesAndTheNcclEnvironment) {
