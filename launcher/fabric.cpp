@@ -43,15 +43,11 @@ std::string RouteSourceAddress(const std::string& host, uint16_t port) {
   return source;
 }
 
-fabric::Inventory ReadThisNode(const env::NodeIdentity& identity, Peers* peers, const std::string& sysfs_root,
-                               uint16_t port) {
-  fabric::Inventory inventory = fabric::ReadInventory(sysfs_root);
-  AddActiveMtu(inventory);
+// The interface holding the address this node reached the leader from.
+void FindBootstrapInterface(fabric::Inventory& inventory, const env::NodeIdentity& identity, Peers* peers, uint16_t port) {
   std::string local_address = peers ? peers->LocalAddress() : "";
   if (local_address.empty()) local_address = RouteSourceAddress(identity.leader_addr, port);
   inventory.bootstrap_interface = fabric::InterfaceWithAddress(inventory.interfaces, local_address);
-  for (const std::string& warning : inventory.warnings) spdlog::warn("fabric: {}", warning);
-  return inventory;
 }
 
 // Node 0: every node's inventory, in rank order. A node whose inventory does not parse
@@ -79,8 +75,9 @@ std::vector<fabric::NodeFabric> CollectInventories(rendezvous::Store& store, con
 fabric::FabricPlan ExchangeAndPlan(const env::JobConfig& config, const env::NodeIdentity& identity, Peers* peers,
                                    const fabric::Inventory& inventory) {
   rendezvous::Store* store = peers ? peers->store() : nullptr;
+  if (config.launcher.fabric.require == env::FabricRequirement::kNone) store = nullptr;  // nothing to compare
   if (store == nullptr) {
-    if (peers) spdlog::info("fabric: the mpi backend has no store: this node's fabric is checked on its own");
+    if (peers && peers->store() == nullptr) spdlog::info("fabric: the mpi backend has no store: this node's fabric is checked on its own");
     return fabric::PlanFabric({{identity.rank, "", inventory}}, config.launcher.fabric.require);
   }
   store->Set(InventoryKey(identity.rank), inventory.ToJson().dump());
@@ -137,10 +134,17 @@ std::string DescribeMismatches(const fabric::FabricPlan& plan) {
   return plan.mismatches.empty() ? "" : fabric::FormatMismatches(plan.mismatches);
 }
 
+fabric::Inventory ReadFabricInventory(const std::string& sysfs_root) {
+  fabric::Inventory inventory = fabric::ReadInventory(sysfs_root);
+  for (const std::string& warning : inventory.warnings) spdlog::warn("fabric: {}", warning);
+  return inventory;
+}
+
 FabricResult PlanFabricPhase(const env::JobConfig& config, const env::NodeIdentity& identity, Peers* peers,
-                             const std::string& sysfs_root, env::JobEnvironment& environment) {
+                             fabric::Inventory inventory, env::JobEnvironment& environment) {
   FabricResult result;
-  result.inventory = ReadThisNode(identity, peers, sysfs_root, config.launcher.rendezvous.port);
+  result.inventory = std::move(inventory);
+  FindBootstrapInterface(result.inventory, identity, peers, config.launcher.rendezvous.port);
   result.plan = ExchangeAndPlan(config, identity, peers, result.inventory);
   const fabric::NodePlan* node = result.plan.ForRank(identity.rank);
   if (node == nullptr) throw LaunchFailure(kExitUnavailable, "fabric: the plan from node 0 has no entry for this node");
@@ -157,7 +161,9 @@ FabricResult PlanFabricPhase(const env::JobConfig& config, const env::NodeIdenti
 FabricResult InspectFabric(const env::JobConfig& config, const env::NodeIdentity& identity,
                            const std::string& sysfs_root, const env::JobEnvironment& environment) {
   FabricResult result;
-  result.inventory = ReadThisNode(identity, nullptr, sysfs_root, config.launcher.rendezvous.port);
+  result.inventory = ReadFabricInventory(sysfs_root);
+  FindBootstrapInterface(result.inventory, identity, nullptr, config.launcher.rendezvous.port);
+  AddActiveMtu(result.inventory);  // libibverbs is loaded here, never on the launch path
   result.plan = fabric::PlanFabric({{identity.rank, "", result.inventory}}, config.launcher.fabric.require);
   result.nccl = NcclFor(result, result.plan.nodes.front(), environment);
   return result;

@@ -20,11 +20,16 @@ struct FabricResult {
   rendezvous::fabric::NcclEnvironment nccl;  // this node's
 };
 
-// Exports the NCCL variables into `environment` (never over the user's). Throws
+// This node's devices, read before the rendezvous: the reads then overlap the wait for
+// the other nodes instead of adding to the time after it.
+rendezvous::fabric::Inventory ReadFabricInventory(const std::string& sysfs_root);
+
+// Publishes `inventory` (with the interface that reached the leader), has node 0 plan, and
+// exports the NCCL variables into `environment` (never over the user's). Throws
 // LaunchFailure 69 with the mismatch table when the policy refuses the fabric. `peers` is
 // null on a single node; without a store (mpi backend) each node plans for itself.
 FabricResult PlanFabricPhase(const env::JobConfig& config, const env::NodeIdentity& identity, Peers* peers,
-                             const std::string& sysfs_root, env::JobEnvironment& environment);
+                             rendezvous::fabric::Inventory inventory, env::JobEnvironment& environment);
 
 // This node on its own, as `bt-launch fabric` shows it: nothing exported, nothing thrown.
 FabricResult InspectFabric(const env::JobConfig& config, const env::NodeIdentity& identity,

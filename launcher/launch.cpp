@@ -142,6 +142,7 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   std::optional<checkpoint::DestinationSpec> destination;
   if (UsesCheckpoints(job.config)) destination = ResolveCheckpointDestination(job.config, job.environment, cli.root);
 
+  auto inventory = ReadFabricInventory(rendezvous::fabric::SysfsRoot(cli.sysfs_root));
   std::unique_ptr<Peers> peers;
   if (job.identity.count > 1) {
     timeline.Begin("rendezvous");
@@ -149,7 +150,7 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   }
   try {
     timeline.Begin("fabric");
-    PlanFabricPhase(job.config, job.identity, peers.get(), rendezvous::fabric::SysfsRoot(cli.sysfs_root), job.environment);
+    PlanFabricPhase(job.config, job.identity, peers.get(), std::move(inventory), job.environment);
     if (job.config.launcher.fabric.nccl_preflight) {
       timeline.Begin("nccl preflight");
       RunNcclPreflight(job.config, job.identity, peers.get(), job.environment);
@@ -241,14 +242,14 @@ int RendezvousSubcommand(const CliOptions& cli) {
   if (cli.serve && job.identity.rank != 0) {
     throw LaunchFailure(kExitUsage, "--serve: this node's rank is " + std::to_string(job.identity.rank) + "; only node 0 serves");
   }
+  auto inventory = ReadFabricInventory(rendezvous::fabric::SysfsRoot(cli.sysfs_root));
   timeline.Begin("rendezvous");
   auto peers = JoinPeers(job.config, job.identity, job.job_id(), signals);
   timeline.Begin("fabric");
   JobOutcome outcome;
   std::optional<FabricResult> fabric;
   try {
-    fabric = PlanFabricPhase(job.config, job.identity, peers.get(), rendezvous::fabric::SysfsRoot(cli.sysfs_root),
-                             job.environment);
+    fabric = PlanFabricPhase(job.config, job.identity, peers.get(), std::move(inventory), job.environment);
   } catch (const LaunchFailure& failure) {
     spdlog::error("{}", failure.what());
     outcome.exit_code = failure.code();

@@ -11,7 +11,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
 #include "rendezvous/fabric/gid.h"
@@ -24,12 +23,15 @@ namespace fs = std::filesystem;
 
 // One sysfs attribute without its trailing newline; nullopt when it is missing or the
 // read fails (EINVAL for an empty GID slot): both mean "no value", as in rdma-core.
+// Plain open/read: a node reads a few hundred of these while the others wait.
 std::optional<std::string> ReadAttribute(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  std::string text;
-  std::getline(in, text, '\0');
-  if (in.bad()) return std::nullopt;
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  char buffer[4096];
+  const ssize_t length = read(fd, buffer, sizeof buffer);
+  close(fd);
+  if (length < 0) return std::nullopt;
+  std::string text(buffer, size_t(length));
   if (!text.empty() && text.back() == '\n') text.pop_back();
   return text;
 }
@@ -58,11 +60,14 @@ std::vector<int> NumberedEntries(const fs::path& directory) {
   return numbers;
 }
 
-std::vector<Gid> ReadGids(const fs::path& port_dir, int& table_length) {
+// InfiniBand needs GID 0 (subnet prefix) and 1 (an IB router's FLID); RoCE needs the whole
+// table to choose as NCCL does. Real tables hold 128 to 255 entries.
+std::vector<Gid> ReadGids(const fs::path& port_dir, bool infiniband, int& table_length) {
   std::vector<Gid> gids;
   const std::vector<int> indices = NumberedEntries(port_dir / "gids");
   table_length = indices.empty() ? 0 : indices.back() + 1;
   for (int index : indices) {
+    if (infiniband && index > 1) break;
     const std::string value = Attribute(port_dir / "gids" / std::to_string(index));
     if (value.empty() || IsZeroGid(value)) continue;
     gids.push_back({index, value, Attribute(port_dir / "gid_attrs" / "types" / std::to_string(index)),
@@ -85,7 +90,7 @@ Port ReadPort(const fs::path& port_dir, int number) {
   port.rate_gbps = std::strtod(port.rate.c_str(), nullptr);
   port.lid = unsigned(LeadingNumber(Attribute(port_dir / "lid")));
   port.sm_lid = unsigned(LeadingNumber(Attribute(port_dir / "sm_lid")));
-  port.gids = ReadGids(port_dir, port.gid_table_length);
+  port.gids = ReadGids(port_dir, port.IsInfiniBand(), port.gid_table_length);
   return port;
 }
 
