@@ -142,15 +142,19 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   std::optional<checkpoint::DestinationSpec> destination;
   if (UsesCheckpoints(job.config)) destination = ResolveCheckpointDestination(job.config, job.environment, cli.root);
 
-  auto inventory = ReadFabricInventory(rendezvous::fabric::SysfsRoot(cli.sysfs_root));
+  // The fabric is what nodes talk over: a single node has nothing to check or choose.
+  std::optional<rendezvous::fabric::Inventory> inventory;
   std::unique_ptr<Peers> peers;
   if (job.identity.count > 1) {
+    inventory = ReadFabricInventory(rendezvous::fabric::SysfsRoot(cli.sysfs_root));
     timeline.Begin("rendezvous");
     peers = JoinPeers(job.config, job.identity, job.job_id(), signals);
   }
   try {
-    timeline.Begin("fabric");
-    PlanFabricPhase(job.config, job.identity, peers.get(), std::move(inventory), job.environment);
+    if (inventory) {
+      timeline.Begin("fabric");
+      PlanFabricPhase(job.config, job.identity, peers.get(), std::move(*inventory), job.environment);
+    }
     if (job.config.launcher.fabric.nccl_preflight) {
       timeline.Begin("nccl preflight");
       RunNcclPreflight(job.config, job.identity, peers.get(), job.environment);
