@@ -131,6 +131,27 @@ TEST(FabricJob, NodeWithoutRdmaUnderEachPolicy) {
   }
 }
 
+// Every scenario under every policy: ib refuses any difference, any and none start.
+TEST(FabricJob, EveryScenarioUnderEveryPolicy) {
+  struct Scenario {
+    std::vector<std::string> fixtures;
+    int exit_under_ib;
+  };
+  const std::vector<Scenario> scenarios = {{{"ib8-ndr-a", "ib8-ndr-b"}, 0},
+                                           {{"ib8-ndr-a", "ib8-hdr"}, 69},
+                                           {{"ib8-ndr-a", "ib8-one-down"}, 69},
+                                           {{"ib8-ndr-a", "no-rdma"}, 69}};
+  for (const Scenario& scenario : scenarios) {
+    for (const std::string require : {"ib", "any", "none"}) {
+      const int expected = require == "ib" ? scenario.exit_under_ib : 0;
+      for (const auto& result : FabricJob(scenario.fixtures, require).RunAll()) {
+        EXPECT_EQ(result.exit_code, expected) << scenario.fixtures[1] << " under " << require << ":\n" << result.err;
+        EXPECT_EQ(result.out.find("HCA=") != std::string::npos, expected == 0) << result.out;
+      }
+    }
+  }
+}
+
 TEST(FabricJob, AUserSetVariableIsKept) {
   auto results = FabricJob({"ib8-ndr-a", "ib8-ndr-b"}, "").RunAll("run", {{1, {{"NCCL_IB_HCA", "=mlx5_0:1"}}}});
   ASSERT_EQ(results[0].exit_code, 0) << results[0].err;
