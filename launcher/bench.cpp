@@ -23,6 +23,7 @@
 #include "checkpoint/hash.h"
 #include "checkpoint/snapshot.h"
 #include "checkpoint/uploader.h"
+#include "launcher/bench_rendezvous.h"
 #include "launcher/exit_codes.h"
 #include "launcher/launch.h"
 
@@ -197,6 +198,7 @@ UploadFigures MeasureUpload(const std::string& dir) {
 }  // namespace
 
 int BenchSubcommand(const CliOptions& cli) {
+  if (cli.bench_target == "rendezvous") return BenchRendezvous(cli);
   std::string dir;
   bool own_dir = !cli.bench_dir;
   if (cli.bench_dir) {

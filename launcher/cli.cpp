@@ -16,6 +16,7 @@ constexpr const char* kUsage =
     "       bt-launch checkpoints [--destination URI] [--job-id ID] [--verify] [--format table|json]   list committed checkpoints\n"
     "       bt-launch fabric [--sysfs-root DIR] [--format text|json]   this node's RDMA devices and the NCCL variables it would set\n"
     "       bt-launch bench checkpoint [--dir DIR] [--format table|json]   checkpoint hashing, handoff and upload figures\n"
+    "       bt-launch bench rendezvous [--nodes N] [--runs R]   N nodes arriving together at node 0's store\n"
     "       bt-launch --version\n";
 
 Subcommand ParseSubcommand(const std::string& word) {
@@ -49,10 +50,12 @@ CliOptions ParseCommandLine(int argc, char** argv) {
   std::vector<char*> own_args = {argv[0]};
   int index = 2;
   if (cli.subcommand == Subcommand::kBench) {
-    if (index >= argc || argv[index][0] == '-') throw LaunchFailure(kExitUsage, std::string("bench: which one? (checkpoint)\n") + kUsage);
+    if (index >= argc || argv[index][0] == '-') {
+      throw LaunchFailure(kExitUsage, std::string("bench: which one? (checkpoint, rendezvous)\n") + kUsage);
+    }
     cli.bench_target = argv[index++];
-    if (cli.bench_target != "checkpoint") {
-      throw LaunchFailure(kExitUsage, "bench: unknown benchmark \"" + cli.bench_target + "\" (expected checkpoint)");
+    if (cli.bench_target != "checkpoint" && cli.bench_target != "rendezvous") {
+      throw LaunchFailure(kExitUsage, "bench: unknown benchmark \"" + cli.bench_target + "\" (expected checkpoint or rendezvous)");
     }
   }
   for (; index < argc && std::string(argv[index]) != "--"; ++index) own_args.push_back(argv[index]);
@@ -74,6 +77,8 @@ CliOptions ParseCommandLine(int argc, char** argv) {
       ("verify", "checkpoints: re-hash every file against its manifest")
       ("dir", "bench: directory to write in (default: a new one under /tmp)", cxxopts::value<std::string>())
       ("parent-pid", "upload-worker: the launcher's pid", cxxopts::value<int>())
+      ("nodes", "bench rendezvous: number of nodes, node 0 included (default 1024)", cxxopts::value<int>())
+      ("runs", "bench rendezvous: runs; the JSON line has the median (default 3)", cxxopts::value<int>())
       ("bytes", "nccl-preflight-worker: all-reduce size per GPU", cxxopts::value<size_t>())
       ("sysfs-root", "run, rendezvous, fabric: read RDMA devices from DIR/class/infiniband (default: BT_SYSFS_ROOT, else /sys)",
        cxxopts::value<std::string>())
@@ -113,6 +118,10 @@ CliOptions ParseCommandLine(int argc, char** argv) {
   cli.bench_dir = Optional(result, "dir");
   if (result.count("parent-pid")) cli.parent_pid = result["parent-pid"].as<int>();
   cli.sysfs_root = Optional(result, "sysfs-root");
+  if (result.count("nodes")) cli.bench_nodes = result["nodes"].as<int>();
+  if (result.count("runs")) cli.bench_runs = result["runs"].as<int>();
+  if (cli.bench_nodes < 2 || cli.bench_nodes > 1'000'000) throw LaunchFailure(kExitUsage, "--nodes: expected 2 to 1000000");
+  if (cli.bench_runs < 1 || cli.bench_runs > 100) throw LaunchFailure(kExitUsage, "--runs: expected 1 to 100");
   if (result.count("bytes")) cli.preflight_bytes = result["bytes"].as<size_t>();
   const std::string human_format = cli.subcommand == Subcommand::kEnv      ? "shell"
                                    : cli.subcommand == Subcommand::kFabric ? "text"

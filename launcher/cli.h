@@ -25,8 +25,10 @@ struct CliOptions {
   std::optional<std::string> destination;  // checkpoints: overrides the configured one
   std::optional<std::string> job_id;       // checkpoints, upload-worker
   bool verify = false;                     // checkpoints --verify
-  std::string bench_target;                // bench: "checkpoint"
+  std::string bench_target;                // bench: "checkpoint" or "rendezvous"
   std::optional<std::string> bench_dir;    // bench: where to write (default: a temporary directory)
+  int bench_nodes = 1024;                  // bench rendezvous --nodes
+  int bench_runs = 3;                      // bench rendezvous --runs
   int parent_pid = 0;                      // upload-worker
   size_t preflight_bytes = size_t(1) << 28;  // nccl-preflight-worker --bytes
   std::optional<std::string> sysfs_root;   // run, rendezvous, fabric: read devices from DIR/class/infiniband

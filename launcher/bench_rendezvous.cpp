@@ -1,0 +1,365 @@
+// `bt-launch bench rendezvous --nodes N`: how node 0's store copes when a cluster's nodes
+// arrive together. Node 0 is a real `bt-launch rendezvous --serve` process; this process
+// plays nodes 1..N-1, every one in flight at once on one epoll loop: connect (retrying as
+// real nodes do), authenticate, join with ~2 KiB of node info, hear "complete", pass a
+// store barrier, report success and hear the result. Figures: the time from the leader's
+// start until the last node finished each phase; median of --runs.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <spawn.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "checkpoint/snapshot.h"
+#include "checkpoint/subprocess.h"
+#include "launcher/bench_rendezvous.h"
+#include "launcher/exit_codes.h"
+#include "rendezvous/auth.h"
+#include "rendezvous/node_info.h"
+#include "rendezvous/wire.h"
+
+namespace bt::launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using rendezvous::Message;
+constexpr const char* kToken = "bench-rendezvous-token";
+constexpr const char* kBarrierCount = "barrier/bench/count";
+constexpr const char* kBarrierDone = "barrier/bench/done";
+
+enum class Phase { kConnecting, kHello, kWelcome, kJoin, kComplete, kBarrierAdd, kBarrierWait, kResult, kDone };
+constexpr int kPhases = 4;  // join, complete, barrier, exit: what the table shows
+const char* const kPhaseNames[kPhases] = {"join", "complete", "barrier", "exit"};
+
+struct SimulatedNode {
+  int rank = 0;
+  int fd = -1;
+  Phase phase = Phase::kConnecting;
+  rendezvous::FrameDecoder decoder{rendezvous::kMaxFrameBytes};
+  std::string pending;  // bytes not yet written
+  std::string nonce;
+  Clock::time_point retry_at{};
+  int attempts = 0;
+};
+
+struct RunFigures {
+  double phase_s[kPhases] = {};
+  int connect_retries = 0;
+};
+
+uint16_t FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+// About 2 KiB of node info, as a node with many interfaces and addresses sends.
+nlohmann::json NodeInfoOfAbout2KiB(int rank) {
+  rendezvous::NodeInfo info;
+  info.rank = rank;
+  info.host = "bench-node-" + std::to_string(rank) + ".cluster.example.internal";
+  info.pid = 1;
+  for (int i = 0; info.ToJson().dump().size() < 2048; ++i) {
+    info.addresses.push_back("ib" + std::to_string(i) + "=10." + std::to_string(i) + "." + std::to_string(rank / 256 % 256) +
+                             "." + std::to_string(rank % 256) + ",fd00:" + std::to_string(i) + "::" + std::to_string(rank));
+  }
+  return info.ToJson();
+}
+
+pid_t StartLeader(const std::string& binary, int count, uint16_t port, const std::string& root) {
+  const std::string config = "{\"compute\": {\"node_count\": " + std::to_string(count) +
+                             "}, \"launcher\": {\"fabric\": {\"require\": \"none\"}, \"rendezvous\": {\"join_timeout_s\": "
+                             "600, \"heartbeat_interval_s\": 30, \"heartbeat_timeout_s\": 600}}}";
+  const std::vector<std::string> environ = {"BT_JOB_CONFIG=" + config, std::string("BT_RENDEZVOUS_TOKEN=") + kToken,
+                                            "BT_RENDEZVOUS_PORT=" + std::to_string(port), "BT_LEADER_ADDR=127.0.0.1",
+                                            "PATH=/usr/bin:/bin"};
+  const std::vector<std::string> argv = {binary, "rendezvous", "--serve", "--root", root, "--log-level", "warn"};
+  auto args = checkpoint::CStringArray(argv);
+  auto envp = checkpoint::CStringArray(environ);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  pid_t pid = 0;
+  const int error = posix_spawn(&pid, binary.c_str(), &actions, nullptr, args.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (error != 0) throw LaunchFailure(kExitInternal, "bench: cannot start the leader " + binary);
+  return pid;
+}
+
+// One epoll loop driving every simulated node through the protocol (docs/PROTOCOL.md).
+class Swarm {
+ public:
+  Swarm(int count, uint16_t port) : count_(count), port_(port), nodes_(size_t(count)) {
+    epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+    for (int rank = 1; rank < count; ++rank) {
+      nodes_[size_t(rank)].rank = rank;
+      infos_.push_back(NodeInfoOfAbout2KiB(rank));
+    }
+  }
+  ~Swarm() {
+    for (auto& node : nodes_) {
+      if (node.fd >= 0) close(node.fd);
+    }
+    close(epoll_fd_);
+  }
+
+  RunFigures Run(Clock::time_point start, Clock::time_point deadline) {
+    start_ = start;
+    for (int rank = 1; rank < count_; ++rank) Connect(nodes_[size_t(rank)]);
+    std::vector<epoll_event> events(4096);
+    while (finished_[kPhases - 1] < count_ - 1) {
+      if (Clock::now() > deadline) throw LaunchFailure(kExitUnavailable, "bench: the rendezvous did not finish in time");
+      const int ready = epoll_wait(epoll_fd_, events.data(), int(events.size()), 5);
+      for (int i = 0; i < ready; ++i) OnEvent(nodes_[events[size_t(i)].data.u32], events[size_t(i)].events);
+      RetryDue();
+    }
+    return figures_;
+  }
+
+ private:
+  void Connect(SimulatedNode& node) {
+    node.fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int one = 1;
+    setsockopt(node.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(port_);
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    node.phase = Phase::kConnecting;
+    node.decoder = rendezvous::FrameDecoder(rendezvous::kMaxFrameBytes);
+    node.pending.clear();
+    connect(node.fd, reinterpret_cast<sockaddr*>(&address), sizeof address);  // EINPROGRESS: EPOLLOUT says how it went
+    epoll_event event{};
+    event.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP;
+    event.data.u32 = uint32_t(node.rank);
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, node.fd, &event);
+  }
+
+  // A refused or shed connection: back off as the real client does (1 ms doubling to 1 s).
+  void Reconnect(SimulatedNode& node) {
+    if (node.phase == Phase::kDone) {  // the leader leaves once every node said bye
+      close(node.fd);
+      node.fd = -1;
+      return;
+    }
+    if (node.phase > Phase::kWelcome) throw LaunchFailure(kExitUnavailable, "bench: node " + std::to_string(node.rank) + " lost its joined connection");
+    close(node.fd);
+    node.fd = -1;
+    ++figures_.connect_retries;
+    node.retry_at = Clock::now() + std::chrono::milliseconds(std::min(1000, 1 << std::min(node.attempts++, 10)));
+    retrying_.push_back(node.rank);
+  }
+
+  void RetryDue() {
+    const auto now = Clock::now();
+    std::vector<int> later;
+    for (int rank : retrying_) {
+      if (nodes_[size_t(rank)].retry_at <= now) Connect(nodes_[size_t(rank)]);
+      else later.push_back(rank);
+    }
+    retrying_.swap(later);
+  }
+
+  void OnEvent(SimulatedNode& node, uint32_t events) {
+    if (node.fd < 0) return;
+    if (node.phase == Phase::kConnecting && (events & (EPOLLOUT | EPOLLERR | EPOLLHUP))) {
+      int error = 0;
+      socklen_t length = sizeof error;
+      getsockopt(node.fd, SOL_SOCKET, SO_ERROR, &error, &length);
+      if (error != 0) return Reconnect(node);
+      node.phase = Phase::kHello;
+      SetWriteInterest(node, false);
+    }
+    if (events & EPOLLOUT) Flush(node);
+    if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP)) Read(node);
+  }
+
+  void Read(SimulatedNode& node) {
+    char buffer[65536];
+    for (;;) {
+      const ssize_t got = read(node.fd, buffer, sizeof buffer);
+      if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) return Reconnect(node);
+      if (got < 0) break;
+      node.decoder.Feed(buffer, size_t(got));
+    }
+    Message message;
+    while (node.fd >= 0 && node.decoder.Next(message)) OnMessage(node, message);
+  }
+
+  void OnMessage(SimulatedNode& node, const Message& message) {
+    const std::string op = rendezvous::StringField(message, "op");
+    if (op == "hb") return;
+    switch (node.phase) {
+      case Phase::kHello:
+        node.nonce = rendezvous::RandomNonce();
+        node.phase = Phase::kWelcome;
+        return Send(node, {{"op", "auth"},
+                           {"proof", rendezvous::BytesValue(rendezvous::ProveToken(kToken, rendezvous::BytesField(message, "nonce"), "client"))},
+                           {"nonce", rendezvous::BytesValue(node.nonce)}});
+      case Phase::kWelcome:
+        if (op != "welcome" || !rendezvous::VerifyProof(kToken, node.nonce, "server", rendezvous::BytesField(message, "proof"))) {
+          throw LaunchFailure(kExitUnavailable, "bench: the leader refused the handshake: " + message.dump());
+        }
+        node.phase = Phase::kJoin;
+        return Send(node, {{"op", "join"}, {"id", 1}, {"count", count_}, {"info", infos_[size_t(node.rank - 1)]}});
+      case Phase::kJoin:
+        Expect(node, message, "ok");
+        Finished(0);
+        node.phase = Phase::kComplete;
+        return;
+      case Phase::kComplete:
+        Expect(node, message, "complete");
+        Finished(1);
+        node.phase = Phase::kBarrierAdd;
+        return Send(node, {{"op", "add"}, {"id", 2}, {"key", kBarrierCount}, {"delta", 1}});
+      case Phase::kBarrierAdd:
+        Expect(node, message, "ok");
+        if (rendezvous::IntField(message, "value") == count_ - 1) {
+          Send(node, {{"op", "set"}, {"id", 3}, {"key", kBarrierDone}, {"value", rendezvous::BytesValue("1")}});
+        }
+        node.phase = Phase::kBarrierWait;
+        return Send(node, {{"op", "wait"}, {"id", 4}, {"key", kBarrierDone}, {"timeout_ms", 600000}});
+      case Phase::kBarrierWait:
+        Expect(node, message, "ok");
+        if (rendezvous::IntField(message, "id") != 4) return;  // the set's answer
+        Finished(2);
+        node.phase = Phase::kResult;
+        return Send(node, {{"op", "report"}, {"id", 5}, {"code", 0}, {"cause", "exit code 0"}});
+      case Phase::kResult:
+        if (op == "ok") return;  // the report's answer
+        Expect(node, message, "result");
+        Finished(3);
+        node.phase = Phase::kDone;
+        return Send(node, {{"op", "bye"}});
+      default:
+        return;
+    }
+  }
+
+  void Expect(const SimulatedNode& node, const Message& message, const char* op) {
+    if (rendezvous::StringField(message, "op") != op) {
+      throw LaunchFailure(kExitUnavailable, "bench: node " + std::to_string(node.rank) + " expected " + op + ", got " + message.dump());
+    }
+  }
+
+  void Finished(int phase) {
+    if (++finished_[phase] == count_ - 1) figures_.phase_s[phase] = std::chrono::duration<double>(Clock::now() - start_).count();
+  }
+
+  void Send(SimulatedNode& node, const Message& message) {
+    node.pending += rendezvous::EncodeFrame(message);
+    Flush(node);
+  }
+
+  void Flush(SimulatedNode& node) {
+    while (!node.pending.empty()) {
+      const ssize_t sent = send(node.fd, node.pending.data(), node.pending.size(), MSG_NOSIGNAL);
+      if (sent < 0) {
+        if (errno == EAGAIN) return SetWriteInterest(node, true);
+        return Reconnect(node);
+      }
+      node.pending.erase(0, size_t(sent));
+    }
+    SetWriteInterest(node, false);
+  }
+
+  void SetWriteInterest(SimulatedNode& node, bool on) {
+    epoll_event event{};
+    event.events = EPOLLIN | EPOLLRDHUP | (on ? EPOLLOUT : 0u);
+    event.data.u32 = uint32_t(node.rank);
+    epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, node.fd, &event);
+  }
+
+  int count_;
+  uint16_t port_;
+  std::vector<SimulatedNode> nodes_;
+  std::vector<nlohmann::json> infos_;
+  std::vector<int> retrying_;
+  int epoll_fd_ = -1;
+  int finished_[kPhases] = {};
+  Clock::time_point start_;
+  RunFigures figures_;
+};
+
+std::string SelfBinary() {
+  char self[4096] = {};
+  const ssize_t length = readlink("/proc/self/exe", self, sizeof self - 1);
+  return length > 0 ? std::string(self, size_t(length)) : "bt-launch";
+}
+
+RunFigures RunOnce(int count) {
+  const uint16_t port = FreePort();
+  char root[] = "/tmp/bt-bench-rendezvous.XXXXXX";
+  if (mkdtemp(root) == nullptr) throw LaunchFailure(kExitIo, "bench: cannot create a directory in /tmp");
+  Swarm swarm(count, port);  // node infos built before the clock starts
+  const auto start = Clock::now();
+  const pid_t leader = StartLeader(SelfBinary(), count, port, root);
+  RunFigures figures;
+  try {
+    figures = swarm.Run(start, start + std::chrono::seconds(300));
+  } catch (...) {
+    kill(leader, SIGKILL);
+    waitpid(leader, nullptr, 0);
+    throw;
+  }
+  int status = 0;
+  waitpid(leader, &status, 0);
+  checkpoint::RemoveTree(root);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) throw LaunchFailure(kExitUnavailable, "bench: the leader failed");
+  return figures;
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+}  // namespace
+
+int BenchRendezvous(const CliOptions& cli) {
+  const int count = cli.bench_nodes;
+  const int runs = cli.bench_runs;
+  rlimit files{};
+  getrlimit(RLIMIT_NOFILE, &files);
+  files.rlim_cur = files.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &files);
+  if (rlim_t(count) + 64 > files.rlim_cur) {
+    throw LaunchFailure(kExitUsage, "bench rendezvous: " + std::to_string(count) + " nodes need " + std::to_string(count + 64) +
+                                        " file descriptors; the limit is " + std::to_string(files.rlim_cur));
+  }
+  spdlog::set_level(spdlog::level::warn);
+  std::printf("%-6s %-6s %10s %10s %10s %10s %8s\n", "nodes", "run", "join_s", "complete_s", "barrier_s", "exit_s", "retries");
+  std::vector<std::vector<double>> phases(kPhases);
+  for (int run = 1; run <= runs; ++run) {
+    const RunFigures figures = RunOnce(count);
+    for (int phase = 0; phase < kPhases; ++phase) phases[size_t(phase)].push_back(figures.phase_s[phase]);
+    std::printf("%-6d %-6d %10.3f %10.3f %10.3f %10.3f %8d\n", count, run, figures.phase_s[0], figures.phase_s[1],
+                figures.phase_s[2], figures.phase_s[3], figures.connect_retries);
+    std::fflush(stdout);
+  }
+  nlohmann::json summary = {{"nodes", count}, {"runs", runs}, {"p50_s", Median(phases[kPhases - 1])}};
+  for (int phase = 0; phase < kPhases; ++phase) summary[std::string(kPhaseNames[phase]) + "_p50_s"] = Median(phases[size_t(phase)]);
+  std::printf("%s\n", summary.dump().c_str());
+  return 0;
+}
+
+}  // namespace bt::launcher
