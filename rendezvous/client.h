@@ -37,6 +37,18 @@ struct PeerEvent {
   std::string message;  // one line for the log
 };
 
+// How a node retries reaching the leader; the rendezvous benchmark's simulated nodes
+// follow the same schedule. `attempt` counts from 1.
+struct ConnectSchedule {
+  static constexpr std::chrono::milliseconds kFirstBackoff{100};
+  static constexpr std::chrono::milliseconds kMaxBackoff{2000};
+  // How long one connect may wait for the SYN-ACK before it is abandoned for a new one.
+  static std::chrono::milliseconds AttemptTimeout(int attempt);
+  // The pause after a refused, failed or shed attempt: doubling, with jitter in [50%, 100%]
+  // so that a cluster's nodes do not retry in lockstep. `random` is any uniform value.
+  static std::chrono::milliseconds Backoff(int attempt, uint32_t random);
+};
+
 // The handshake a freshly connected socket goes through (docs/PROTOCOL.md): proves the
 // token to the leader and checks the leader's proof. Throws StoreError.
 void AuthenticateToLeader(int fd, const std::string& token);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Benchmarks, each against a peer in the same run; figures go to docs/PERFORMANCE.md.
 #   RUNS=N       PID-1 runs per command (default 2000)
-#   NODES="..."  rendezvous sizes (default "1024 4096 16384"); TORCH_NODES for the peer
+#   NODES="..."  rendezvous sizes (default "1024 16384"); PEER_NODES for torch's TCPStore (1024)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/build.sh
@@ -15,7 +15,7 @@ trap 'rm -rf "$root"' EXIT
 echo "== PID 1 overhead: bt-launch vs tini vs plain exec"
 build/tests/pid1_overhead build/launcher/bt-launch "$(command -v tini)" "$root" "${RUNS:-2000}"
 
-echo "== rendezvous of N nodes: bt-launch's store"
-build/tests/rendezvous_scale build/launcher/bt-launch ${NODES:-1024 4096 16384}
-echo "== rendezvous of N nodes: torch TCPStore (python3-torch $(dpkg-query -W -f='${Version}' python3-torch))"
-/usr/bin/python3 tests/bench/tcpstore_scale.py ${TORCH_NODES:-1024 4096}
+echo "== rendezvous of N nodes arriving together: bt-launch against torch's TCPStore"
+RUNS=3 ./scripts/bench_rendezvous.sh
+echo "== what the fabric check adds to a 64-node rendezvous"
+RUNS=3 ./scripts/bench_fabric.sh

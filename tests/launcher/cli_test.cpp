@@ -116,6 +116,25 @@ TEST(Cli, EnvPrintsShellExports) {
   EXPECT_NE(result.out.find("export BT_NODE_RANK='0'\n"), std::string::npos);
 }
 
+// The benchmark runs its real leader and simulated nodes; the figures themselves are for
+// docs/PERFORMANCE.md, the test checks the shape: one row per run, the JSON line last.
+TEST(Cli, BenchRendezvousPrintsATableAndTheMedianAsTheLastLine) {
+  ProcessResult result = RunLauncher({{"bench", "rendezvous", "--nodes", "48", "--runs", "2"}, {}, {}, {}, std::chrono::seconds(60)});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  std::vector<std::string> lines;
+  std::istringstream out(result.out);
+  for (std::string line; std::getline(out, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 4u) << result.out;
+  EXPECT_EQ(lines[0].rfind("nodes", 0), 0u);
+  EXPECT_EQ(lines[1].rfind("48     1", 0), 0u) << lines[1];
+  const auto summary = nlohmann::json::parse(lines.back());
+  EXPECT_EQ(summary.at("nodes"), 48);
+  EXPECT_EQ(summary.at("runs"), 2);
+  EXPECT_GT(summary.at("p50_s").get<double>(), 0);
+  EXPECT_GE(summary.at("p50_s").get<double>(), summary.at("join_p50_s").get<double>());
+  EXPECT_EQ(RunLauncher({{"bench", "rendezvous", "--nodes", "1"}}).exit_code, 64);
+}
+
 TEST(Cli, JsonLogsCarryTheNodeRankOnEveryLine) {
   TempDir dir;
   ProcessResult result = RunLauncher({{"run", "--root", dir.path(), "--log-format", "json", "--", "true"}});
