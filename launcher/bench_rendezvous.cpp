@@ -116,10 +116,18 @@ class Swarm {
  public:
   Swarm(int count, uint16_t port) : count_(count), port_(port), nodes_(size_t(count)) {
     epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+    // Everything a node sends that does not depend on the leader's answers is encoded
+    // before the clock starts, as a real node has its info ready before it connects: the
+    // simulated nodes share the machine's cores with the leader being measured.
     for (int rank = 1; rank < count; ++rank) {
       nodes_[size_t(rank)].rank = rank;
-      infos_.push_back(NodeInfoOfAbout2KiB(rank));
+      join_frames_.push_back(rendezvous::EncodeFrame({{"op", "join"}, {"id", 1}, {"count", count}, {"info", NodeInfoOfAbout2KiB(rank)}}));
     }
+    add_frame_ = rendezvous::EncodeFrame({{"op", "add"}, {"id", 2}, {"key", kBarrierCount}, {"delta", 1}});
+    set_frame_ = rendezvous::EncodeFrame({{"op", "set"}, {"id", 3}, {"key", kBarrierDone}, {"value", rendezvous::BytesValue("1")}});
+    wait_frame_ = rendezvous::EncodeFrame({{"op", "wait"}, {"id", 4}, {"key", kBarrierDone}, {"timeout_ms", 600000}});
+    report_frame_ = rendezvous::EncodeFrame({{"op", "report"}, {"id", 5}, {"code", 0}, {"cause", "exit code 0"}});
+    bye_frame_ = rendezvous::EncodeFrame({{"op", "bye"}});
   }
   ~Swarm() {
     for (auto& node : nodes_) {
@@ -241,7 +249,7 @@ class Swarm {
           throw LaunchFailure(kExitUnavailable, "bench: the leader refused the handshake: " + message.dump());
         }
         node.phase = Phase::kJoin;
-        return Send(node, {{"op", "join"}, {"id", 1}, {"count", count_}, {"info", infos_[size_t(node.rank - 1)]}});
+        return SendBytes(node, join_frames_[size_t(node.rank - 1)]);
       case Phase::kJoin:
         Expect(node, message, "ok");
         Finished(0);
@@ -251,26 +259,24 @@ class Swarm {
         Expect(node, message, "complete");
         Finished(1);
         node.phase = Phase::kBarrierAdd;
-        return Send(node, {{"op", "add"}, {"id", 2}, {"key", kBarrierCount}, {"delta", 1}});
+        return SendBytes(node, add_frame_);
       case Phase::kBarrierAdd:
         Expect(node, message, "ok");
-        if (rendezvous::IntField(message, "value") == count_ - 1) {
-          Send(node, {{"op", "set"}, {"id", 3}, {"key", kBarrierDone}, {"value", rendezvous::BytesValue("1")}});
-        }
+        if (rendezvous::IntField(message, "value") == count_ - 1) SendBytes(node, set_frame_);
         node.phase = Phase::kBarrierWait;
-        return Send(node, {{"op", "wait"}, {"id", 4}, {"key", kBarrierDone}, {"timeout_ms", 600000}});
+        return SendBytes(node, wait_frame_);
       case Phase::kBarrierWait:
         Expect(node, message, "ok");
         if (rendezvous::IntField(message, "id") != 4) return;  // the set's answer
         Finished(2);
         node.phase = Phase::kResult;
-        return Send(node, {{"op", "report"}, {"id", 5}, {"code", 0}, {"cause", "exit code 0"}});
+        return SendBytes(node, report_frame_);
       case Phase::kResult:
         if (op == "ok") return;  // the report's answer
         Expect(node, message, "result");
         Finished(3);
         node.phase = Phase::kDone;
-        return Send(node, {{"op", "bye"}});
+        return SendBytes(node, bye_frame_);
       default:
         return;
     }
@@ -286,8 +292,10 @@ class Swarm {
     if (++finished_[phase] == count_ - 1) figures_.phase_s[phase] = std::chrono::duration<double>(Clock::now() - start_).count();
   }
 
-  void Send(SimulatedNode& node, const Message& message) {
-    node.pending += rendezvous::EncodeFrame(message);
+  void Send(SimulatedNode& node, const Message& message) { SendBytes(node, rendezvous::EncodeFrame(message)); }
+
+  void SendBytes(SimulatedNode& node, const std::string& frame) {
+    node.pending += frame;
     Flush(node);
   }
 
@@ -313,7 +321,8 @@ class Swarm {
   int count_;
   uint16_t port_;
   std::vector<SimulatedNode> nodes_;
-  std::vector<nlohmann::json> infos_;
+  std::vector<std::string> join_frames_;
+  std::string add_frame_, set_frame_, wait_frame_, report_frame_, bye_frame_;
   std::vector<int> retrying_;
   std::mt19937 random_{std::random_device{}()};
   Clock::time_point next_timeout_scan_{};
