@@ -130,6 +130,22 @@ fabric::NcclEnvironment NcclFor(const FabricResult& result, const fabric::NodePl
 
 }  // namespace
 
+std::string FormatFabricReport(const FabricResult& fabric, bool json) {
+  if (json) {
+    nlohmann::json report = fabric.inventory.ToJson();
+    report["selection"] = fabric.plan.ToJson()["nodes"][0];
+    report["nccl_env"] = fabric::NcclEnvironmentToJson(fabric.nccl);
+    return report.dump(2) + "\n";
+  }
+  const std::string& bootstrap = fabric.inventory.bootstrap_interface;
+  std::string text = fabric::FormatInventory(fabric.inventory) + "\nselected: " + fabric.plan.nodes.front().summary +
+                     "\nbootstrap interface: " + (bootstrap.empty() ? "none found" : bootstrap) + "\n\nNCCL environment:\n";
+  for (const auto* settings : {&fabric.nccl.set, &fabric.nccl.kept}) {
+    for (const auto& setting : *settings) text += "  " + setting.name + "=" + setting.value + "    # " + setting.reason + "\n";
+  }
+  return text;
+}
+
 std::string DescribeMismatches(const fabric::FabricPlan& plan) {
   return plan.mismatches.empty() ? "" : fabric::FormatMismatches(plan.mismatches);
 }

@@ -35,6 +35,10 @@ FabricResult PlanFabricPhase(const env::JobConfig& config, const env::NodeIdenti
 FabricResult InspectFabric(const env::JobConfig& config, const env::NodeIdentity& identity,
                            const std::string& sysfs_root, const env::JobEnvironment& environment);
 
+// `bt-launch fabric`'s output: the inventory as ibstat shows it, the selection and the NCCL
+// variables with their reasons; or one JSON object (devices, interfaces, selection, nccl_env).
+std::string FormatFabricReport(const FabricResult& fabric, bool json);
+
 // The mismatch table, or "" when there is none.
 std::string DescribeMismatches(const rendezvous::fabric::FabricPlan& plan);
 

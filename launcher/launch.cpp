@@ -276,19 +276,7 @@ int FabricSubcommand(const CliOptions& cli) {
   PreparedJob job = Prepare(cli, false, timeline);
   const FabricResult fabric = InspectFabric(job.config, job.identity, rendezvous::fabric::SysfsRoot(cli.sysfs_root),
                                             job.environment);
-  std::string text;
-  if (cli.output_format == "json") {
-    nlohmann::json json = fabric.inventory.ToJson();
-    json["selection"] = fabric.plan.ToJson()["nodes"][0];
-    json["nccl_env"] = rendezvous::fabric::NcclEnvironmentToJson(fabric.nccl);
-    text = json.dump(2) + "\n";
-  } else {
-    text = rendezvous::fabric::FormatInventory(fabric.inventory) + "\nselected: " + fabric.plan.nodes.front().summary +
-           "\nbootstrap interface: " + (fabric.inventory.bootstrap_interface.empty() ? "none found" : fabric.inventory.bootstrap_interface) +
-           "\n\nNCCL environment:\n";
-    for (const auto& setting : fabric.nccl.set) text += "  " + setting.name + "=" + setting.value + "    # " + setting.reason + "\n";
-    for (const auto& setting : fabric.nccl.kept) text += "  " + setting.name + "=" + setting.value + "    # " + setting.reason + "\n";
-  }
+  const std::string text = FormatFabricReport(fabric, cli.output_format == "json");
   std::fwrite(text.data(), 1, text.size(), stdout);
   return 0;
 }

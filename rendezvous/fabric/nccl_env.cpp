@@ -71,7 +71,7 @@ NcclEnvironment ComputeNcclEnvironment(const FabricPlan& plan, const NodePlan& n
                                        const VariableLookup& user_variable, const VersionLookup& nccl_version) {
   Builder builder(user_variable);
   if (!inventory.bootstrap_interface.empty()) {
-    const std::string reason = "the interface whose address reached the leader in the rendezvous";
+    const std::string reason = "the interface this node reaches the leader from";
     builder.Offer("NCCL_SOCKET_IFNAME", "=" + inventory.bootstrap_interface, reason);
     builder.Offer("GLOO_SOCKET_IFNAME", inventory.bootstrap_interface, reason);  // Gloo matches the name exactly
   }

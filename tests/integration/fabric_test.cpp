@@ -76,6 +76,10 @@ TEST(FabricJob, ConsistentNodesGetTheSameHcaListAndTheLeadersInterface) {
     ASSERT_EQ(result.exit_code, 0) << result.err;
     EXPECT_NE(result.out.find(std::string(kEightRails) + " DISABLE=unset IFNAME==lo GLOO=lo"), std::string::npos) << result.out;
     EXPECT_NE(result.err.find("fabric: 8x InfiniBand 400 Gb/s (require = ib, NCCL uses RDMA)"), std::string::npos) << result.err;
+    // Everything set is logged once, with its reason.
+    EXPECT_NE(result.err.find("fabric: NCCL_IB_HCA==mlx5_0:1,"), std::string::npos) << result.err;
+    EXPECT_NE(result.err.find("8 ACTIVE InfiniBand port(s) in PCI order, the same shape on all 3 nodes"), std::string::npos);
+    EXPECT_EQ(result.err.find("fabric: NCCL_IB_HCA=="), result.err.rfind("fabric: NCCL_IB_HCA=="));
   }
 }
 

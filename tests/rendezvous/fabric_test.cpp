@@ -1,6 +1,7 @@
 // The fabric part of the rendezvous against the fixture trees in tests/fixtures/fabric:
 // sysfs parsing, RoCE GID choice, the leader's plan under each policy, and golden NCCL
 // environments.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -135,6 +136,20 @@ TEST(FabricInventory, AMissingDeviceNodeIsNamed) {
   EXPECT_TRUE(named);
   EXPECT_EQ(SelectPorts(inventory).ports.size(), 1u);
   fs::remove_all(pattern);
+}
+
+TEST(FabricInventory, MemlockBelowUnlimitedIsAWarningWhenThereAreDevices) {
+  rlimit saved{};
+  getrlimit(RLIMIT_MEMLOCK, &saved);
+  rlimit low{65536, saved.rlim_max};
+  ASSERT_EQ(setrlimit(RLIMIT_MEMLOCK, &low), 0);
+  const Inventory with_devices = Fixture("ib8-ndr-a");
+  const Inventory without = Fixture("no-rdma");
+  setrlimit(RLIMIT_MEMLOCK, &saved);
+  EXPECT_EQ(with_devices.memlock, "65536");
+  ASSERT_FALSE(with_devices.warnings.empty());
+  EXPECT_NE(with_devices.warnings.back().find("RLIMIT_MEMLOCK is 65536 bytes, not unlimited"), std::string::npos);
+  EXPECT_TRUE(without.warnings.empty());  // no RDMA here: nothing to register
 }
 
 TEST(FabricInventory, NoClassDirectoryMeansNoRdma) {
