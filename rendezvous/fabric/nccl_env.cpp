@@ -87,9 +87,12 @@ NcclEnvironment ComputeNcclEnvironment(const FabricPlan& plan, const NodePlan& n
     builder.Offer("NCCL_IB_HCA", HcaList(node.selection), reason);
     if (node.selection.link_layer == "Ethernet") OfferGidIndex(builder, node, inventory, user_variable, nccl_version);
   } else if (!plan.use_rdma) {
+    bool none_has_rdma = true;
+    for (const NodePlan& other : plan.nodes) none_has_rdma = none_has_rdma && other.selection.link_layer.empty();
     builder.Offer("NCCL_IB_DISABLE", "1",
-                  "not every node has usable RDMA and launcher.fabric.require is \"" + PolicyName(plan.policy) +
-                      "\": sockets, the same transport on every node");
+                  none_has_rdma ? "no node has a usable RDMA port: sockets"
+                                : "not every node has usable RDMA and launcher.fabric.require is \"" + PolicyName(plan.policy) +
+                                      "\": sockets, the same transport on every node");
   }
   return builder.Take();
 }

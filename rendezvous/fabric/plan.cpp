@@ -209,7 +209,9 @@ void ApplyPolicy(FabricPlan& plan, const std::string& majority_layer) {
     return;
   }
   // any: RDMA when every node has it, sockets everywhere otherwise.
-  if (!without.empty()) {
+  if (without.size() == plan.nodes.size()) {
+    plan.use_rdma = false;  // a cluster without RDMA (or CPU training): sockets are expected, no warning
+  } else if (!without.empty()) {
     plan.use_rdma = false;
     plan.warnings.push_back("node" + std::string(without.size() > 1 ? "s " : " ") + FormatRanks(without) +
                             (without.size() > 1 ? " have" : " has") +

@@ -334,6 +334,8 @@ TEST(FabricPlan, NodeWithoutRdmaUnderEachPolicy) {
   plan = Plan({"no-rdma", "no-rdma"}, FabricRequirement::kAuto);  // nothing to require: sockets
   EXPECT_TRUE(plan.ok);
   EXPECT_EQ(plan.policy, FabricRequirement::kAny);
+  EXPECT_FALSE(plan.use_rdma);
+  EXPECT_TRUE(plan.warnings.empty()) << "a cluster without RDMA is not warned about";
 }
 
 TEST(FabricPlan, ClonedGuidsAndAMissingBootstrapInterfaceAreNamed) {
