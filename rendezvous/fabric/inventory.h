@@ -18,6 +18,7 @@ class InventoryError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+inline constexpr int kPortInit = 2;    // ports/N/state "2: INIT": link up, no subnet manager yet
 inline constexpr int kPortActive = 4;  // ports/N/state "4: ACTIVE"
 inline constexpr int kPhysLinkUp = 5;  // ports/N/phys_state "5: LinkUp"
 

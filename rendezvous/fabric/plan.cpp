@@ -43,7 +43,7 @@ bool HasUsableInfiniBand(const Inventory& inventory) {
 
 // Why a port cannot carry RDMA; "" when it can.
 std::string PortFault(const Device& device, const Port& port) {
-  if (port.state == 2 && port.phys_state == kPhysLinkUp) return "state INIT/LinkUp: no subnet manager configured it";
+  if (port.state == kPortInit && port.phys_state == kPhysLinkUp) return "state INIT/LinkUp: no subnet manager configured it";
   if (!port.Usable()) return "state " + port.state_name + "/" + port.phys_state_name;
   if (!device.uverbs_accessible) return "verbs device not accessible";
   if (!port.IsInfiniBand() && FindRoceV2Ipv4Gid(port) == nullptr) return "no RoCE v2 IPv4 GID";
