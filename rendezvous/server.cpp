@@ -37,6 +37,7 @@ constexpr int kEpollBatch = 512;
 constexpr std::chrono::seconds kAuthDeadline{5};
 constexpr size_t kMaxUnauthenticated = 1024;
 constexpr const char* kRosterKey = "bt/roster";
+constexpr int kMaxListeners = 16;  // accept queues sharing the port: 65,536 nodes at somaxconn 4,096
 // Descriptors the leader's process keeps for itself (its own node's client, files, the
 // uploader's pipes): connections beyond the rest are closed at accept.
 constexpr size_t kReservedDescriptors = 32;
@@ -78,12 +79,14 @@ int SomaxConn() {
   return value;
 }
 
-// Binds the wildcard address of `family` and listens; -1 with errno set on failure.
-int ListenOn(int family, uint16_t port, int backlog) {
+// Binds the wildcard address of `family` and listens (backlog < 0: binds only); -1 with
+// errno set on failure.
+int ListenOn(int family, uint16_t port, int backlog, bool reuse_port) {
   int fd = socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
   int one = 1, zero = 0;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (reuse_port) setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
   sockaddr_storage address{};
   socklen_t length = 0;
   if (family == AF_INET6) {
@@ -100,20 +103,38 @@ int ListenOn(int family, uint16_t port, int backlog) {
     v4->sin_port = htons(port);
     length = sizeof *v4;
   }
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), length) == 0 && listen(fd, backlog) == 0) return fd;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), length) == 0 && (backlog < 0 || listen(fd, backlog) == 0)) return fd;
   int saved = errno;
   close(fd);
   errno = saved;
   return -1;
 }
 
-// A listening socket on every address: IPv6 with IPv4 mapped in, or IPv4 alone where
-// IPv6 is disabled.
-int Listen(uint16_t port, int backlog) {
-  int fd = ListenOn(AF_INET6, port, backlog);
-  if (fd < 0 && (errno == EAFNOSUPPORT || errno == EADDRNOTAVAIL)) fd = ListenOn(AF_INET, port, backlog);
-  if (fd < 0) throw StoreError("cannot listen on port " + std::to_string(port) + ": " + std::strerror(errno));
-  return fd;
+uint16_t BoundPort(int fd);
+
+// Listening sockets on every address: IPv6 with IPv4 mapped in, or IPv4 alone where IPv6
+// is disabled. `count` > 1 shares the port between sockets (SO_REUSEPORT), each with its
+// own accept queue: the kernel caps one queue at net.core.somaxconn (4,096 by default,
+// rarely writable in a container), and a cluster arriving at once overflows it, every
+// dropped SYN costing its node a 1 s retransmission. A plain bind first makes a port that
+// another process holds fail as it always did, instead of being shared with it.
+std::vector<int> Listen(uint16_t port, int backlog, int count) {
+  int family = AF_INET6;
+  auto listen_one = [&](uint16_t on_port, int with_backlog, bool shared) {
+    int fd = ListenOn(family, on_port, with_backlog, shared);
+    if (fd < 0 && family == AF_INET6 && (errno == EAFNOSUPPORT || errno == EADDRNOTAVAIL)) {
+      family = AF_INET;
+      fd = ListenOn(family, on_port, with_backlog, shared);
+    }
+    if (fd < 0) throw StoreError("cannot listen on port " + std::to_string(on_port) + ": " + std::strerror(errno));
+    return fd;
+  };
+  if (count <= 1) return {listen_one(port, backlog, false)};
+  if (port != 0) close(listen_one(port, -1, false));  // in use by someone else: fail here
+  std::vector<int> fds = {listen_one(port, backlog, true)};
+  const uint16_t bound = BoundPort(fds.front());
+  while (int(fds.size()) < count) fds.push_back(listen_one(bound, backlog, true));
+  return fds;
 }
 
 uint16_t BoundPort(int fd) {
@@ -163,16 +184,18 @@ class StoreServer::Loop {
     // below the node count, the cap itself would shed real nodes into retry loops.
     max_unauthenticated_ = std::min(std::max(kMaxUnauthenticated, size_t(options_.node_count)),
                                     std::max<size_t>(1, max_connections_ / 2));
-    listen_fd_ = Listen(options_.port, std::max(options_.node_count + 128, 4096));
-    int somaxconn = SomaxConn();
-    if (somaxconn > 0 && somaxconn < options_.node_count) {
+    const int backlog = std::max(options_.node_count + 128, 4096);
+    const int somaxconn = SomaxConn();
+    const int queues = somaxconn > 0 ? std::clamp((backlog + somaxconn - 1) / somaxconn, 1, kMaxListeners) : 1;
+    listen_fds_ = Listen(options_.port, backlog, queues);
+    if (somaxconn > 0 && int64_t(somaxconn) * queues < options_.node_count) {
       spdlog::warn("net.core.somaxconn is {} but {} nodes will connect: raise it (sysctl -w net.core.somaxconn={}) "
                    "or nodes will retry their connects", somaxconn, options_.node_count, options_.node_count);
     }
     epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    Watch(listen_fd_, EPOLLIN);
+    for (int fd : listen_fds_) Watch(fd, EPOLLIN);
     Watch(wake_fd_, EPOLLIN);
     joined_.resize(size_t(options_.node_count), -1);
     infos_.resize(size_t(options_.node_count));
@@ -184,12 +207,12 @@ class StoreServer::Loop {
   ~Loop() {
     for (auto& [fd, connection] : connections_) close(fd);
     if (spare_fd_ >= 0) close(spare_fd_);
-    close(listen_fd_);
+    for (int fd : listen_fds_) close(fd);
     close(epoll_fd_);
     close(wake_fd_);
   }
 
-  uint16_t port() const { return BoundPort(listen_fd_); }
+  uint16_t port() const { return BoundPort(listen_fds_.front()); }
 
   void Run() {
     epoll_event events[kEpollBatch];
@@ -265,8 +288,8 @@ class StoreServer::Loop {
       [[maybe_unused]] ssize_t ignored = read(wake_fd_, &value, sizeof value);
       return;
     }
-    if (event.data.fd == listen_fd_) {
-      AcceptAll();
+    if (std::find(listen_fds_.begin(), listen_fds_.end(), event.data.fd) != listen_fds_.end()) {
+      AcceptAll(event.data.fd);
       return;
     }
     auto it = connections_.find(event.data.fd);
@@ -278,11 +301,11 @@ class StoreServer::Loop {
     CloseDead();
   }
 
-  void AcceptAll() {
+  void AcceptAll(int listen_fd) {
     while (true) {
-      int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
-        if (!ShedWithSpareDescriptor()) return;
+        if (!ShedWithSpareDescriptor(listen_fd)) return;
         continue;
       }
       if (fd < 0) return;  // EAGAIN: the backlog is empty
@@ -309,10 +332,10 @@ class StoreServer::Loop {
   // Out of descriptors: the listening socket stays readable and epoll would return at once,
   // forever. Give back the spare, accept one pending connection and close it, take the spare
   // again: the backlog drains and the peers retry.
-  bool ShedWithSpareDescriptor() {
+  bool ShedWithSpareDescriptor(int listen_fd) {
     if (spare_fd_ < 0) return false;
     close(spare_fd_);
-    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
     std::string peer = fd >= 0 ? PeerAddress(fd) : "";
     if (fd >= 0) close(fd);
     spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -737,7 +760,7 @@ class StoreServer::Loop {
 
   ServerOptions options_;
   Clock::time_point start_;
-  int listen_fd_ = -1;
+  std::vector<int> listen_fds_;  // one, or several sharing the port (see Listen)
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
   int spare_fd_ = -1;  // given back when accept4 fails with EMFILE (see ShedWithSpareDescriptor)

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <random>
 #include <thread>
 
@@ -136,6 +137,53 @@ TEST(Server, NothingIsAcceptedBeforeAuthentication) {
   EXPECT_TRUE(peer.ClosedByServer());
   auto client = Connect(server);
   EXPECT_THROW(client->Get("k", 200ms), StoreTimeout) << "the unauthenticated set must not have happened";
+}
+
+// Listening sockets on `port`, from /proc/net/tcp and tcp6 (state 0A is LISTEN).
+int ListeningSockets(uint16_t port) {
+  char wanted[16];
+  std::snprintf(wanted, sizeof wanted, ":%04X ", port);
+  int count = 0;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    FILE* file = std::fopen(table, "r");
+    if (file == nullptr) continue;
+    char line[512];
+    while (std::fgets(line, sizeof line, file) != nullptr) {
+      const std::string text(line);
+      const size_t local = text.find(wanted);
+      if (local != std::string::npos && local < 60 && text.find(" 0A ") != std::string::npos) ++count;
+    }
+    std::fclose(file);
+  }
+  return count;
+}
+
+// More nodes than one accept queue holds: the leader listens on several sockets sharing
+// the port (SO_REUSEPORT), each connection lands on one of them, and a port held by another
+// leader still fails as before instead of being shared.
+TEST(Server, MoreNodesThanOneAcceptQueueHoldsShareThePortAndStillOwnIt) {
+  int somaxconn = 0;
+  if (FILE* file = std::fopen("/proc/sys/net/core/somaxconn", "r")) {
+    if (std::fscanf(file, "%d", &somaxconn) != 1) somaxconn = 0;
+    std::fclose(file);
+  }
+  if (somaxconn <= 0 || somaxconn > 8192) GTEST_SKIP() << "net.core.somaxconn is " << somaxconn << ": one queue is enough";
+  StoreServer server(Options(2 * somaxconn));
+  EXPECT_GE(ListeningSockets(server.port()), 2);
+  std::vector<std::unique_ptr<StoreClient>> clients;
+  for (int rank = 0; rank < 64; ++rank) {  // spread over the queues by the kernel's hash
+    clients.push_back(Connect(server));
+    clients.back()->Join(Node(rank), 2 * somaxconn);
+  }
+  EXPECT_EQ(server.roster().size(), 64u);
+  ServerOptions same_port = Options(2 * somaxconn);
+  same_port.port = server.port();
+  try {
+    StoreServer second(same_port);
+    FAIL() << "a second leader shared port " << server.port();
+  } catch (const StoreError& error) {
+    EXPECT_NE(std::string(error.what()).find("Address already in use"), std::string::npos) << error.what();
+  }
 }
 
 TEST(Server, OversizedUnauthenticatedFrameClosesTheConnection) {
