@@ -27,11 +27,13 @@
 
 #include "checkpoint/snapshot.h"
 #include "checkpoint/subprocess.h"
+#include "checkpoint/uploader.h"
 #include "launcher/bench_rendezvous.h"
 #include "launcher/exit_codes.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/client.h"
 #include "rendezvous/node_info.h"
+#include "rendezvous/server.h"
 #include "rendezvous/wire.h"
 
 namespace bt::launcher {
@@ -363,18 +365,12 @@ void WaitUntilListening(uint16_t port, pid_t leader) {
   }
 }
 
-std::string SelfBinary() {
-  char self[4096] = {};
-  const ssize_t length = readlink("/proc/self/exe", self, sizeof self - 1);
-  return length > 0 ? std::string(self, size_t(length)) : "bt-launch";
-}
-
 RunFigures RunOnce(int count) {
   const uint16_t port = FreePort();
   char root[] = "/tmp/bt-bench-rendezvous.XXXXXX";
   if (mkdtemp(root) == nullptr) throw LaunchFailure(kExitIo, "bench: cannot create a directory in /tmp");
   Swarm swarm(count, port);  // node infos built before the clock starts
-  const pid_t leader = StartLeader(SelfBinary(), count, port, root);
+  const pid_t leader = StartLeader(checkpoint::CurrentExecutable(), count, port, root);
   RunFigures figures;
   try {
     WaitUntilListening(port, leader);
@@ -405,18 +401,10 @@ double Median(std::vector<double> values) {
 int BenchRendezvous(const CliOptions& cli) {
   const int count = cli.bench_nodes;
   const int runs = cli.bench_runs;
-  rlimit files{};
-  getrlimit(RLIMIT_NOFILE, &files);
-  files.rlim_cur = std::max(files.rlim_max, rlim_t(count) + 1024);  // beyond the hard limit where root may
-  files.rlim_max = files.rlim_cur;
-  if (setrlimit(RLIMIT_NOFILE, &files) != 0) {
-    getrlimit(RLIMIT_NOFILE, &files);
-    files.rlim_cur = files.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &files);
-  }
-  if (rlim_t(count) + 64 > files.rlim_cur) {
+  const size_t file_limit = rendezvous::RaiseOpenFileLimit(size_t(count) + 1024);
+  if (size_t(count) + 64 > file_limit) {
     throw LaunchFailure(kExitUsage, "bench rendezvous: " + std::to_string(count) + " nodes need " + std::to_string(count + 64) +
-                                        " file descriptors; the limit is " + std::to_string(files.rlim_cur));
+                                        " file descriptors; the limit is " + std::to_string(file_limit));
   }
   spdlog::set_level(spdlog::level::warn);
   std::printf("%-6s %-4s %10s %10s %10s %10s %13s %8s\n", "nodes", "run", "join_s", "complete_s", "barrier_s", "exit_s",

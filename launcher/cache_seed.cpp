@@ -24,6 +24,7 @@
 #include "launcher/exit_codes.h"
 #include "launcher/ready.h"
 #include "launcher/supervisor.h"
+#include "rendezvous/node_info.h"
 
 namespace bt::launcher {
 namespace {
@@ -32,12 +33,6 @@ using Clock = std::chrono::steady_clock;
 constexpr const char* kSeedStoreKey = "bt/seed";
 constexpr std::chrono::seconds kWaitLogEvery{10};
 constexpr std::chrono::seconds kSeedPoll{1};
-
-std::string HostName() {
-  char name[256] = {};
-  gethostname(name, sizeof name - 1);
-  return name;
-}
 
 // Written next to the target, renamed over it: a reader sees the old content or the new.
 void WriteAtomically(const std::string& path, const std::string& text) {
@@ -78,7 +73,7 @@ class SeedLease {
         lease_path_(directory + "/" + key + ".lease"),
         marker_path_(directory + "/" + key + ".done"),
         lease_s_(lease_s),
-        me_{HostName(), getpid(), std::move(job_id), 0} {
+        me_{rendezvous::HostName(), getpid(), std::move(job_id), 0} {
     fd_ = open(lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd_ < 0) throw LaunchFailure(kExitIo, "cache seed: cannot open " + lock_path_ + ": " + std::strerror(errno));
   }
@@ -198,7 +193,7 @@ void SeedOnLeader(const env::JobConfig& config, const env::JobEnvironment& envir
     throw LaunchFailure(outcome.exit_code, what);
   }
   nlohmann::json marker = {{"key", key}, {"commands", settings.seed_commands}, {"job_id", environment.variables.at("BT_TRAINING_JOB_ID")},
-                           {"host", HostName()}, {"done_unix", int64_t(std::time(nullptr))}};
+                           {"host", rendezvous::HostName()}, {"done_unix", int64_t(std::time(nullptr))}};
   WriteAtomically(lease.marker_path(), marker.dump(2) + "\n");
   lease.Release();
   spdlog::info("cache seed: done; marker {}", lease.marker_path());

@@ -4,6 +4,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+
 #include <spdlog/spdlog.h>
 
 #include "launcher/exit_codes.h"
@@ -52,19 +55,20 @@ void FindBootstrapInterface(fabric::Inventory& inventory, const env::NodeIdentit
 
 // Node 0: every node's inventory, in rank order. A node whose inventory does not parse
 // is named, as is one that never published.
+// One get per node (it blocks until the key exists), all under one deadline.
 std::vector<fabric::NodeFabric> CollectInventories(rendezvous::Store& store, const std::vector<rendezvous::NodeInfo>& roster) {
-  std::vector<std::string> keys;
-  for (const auto& node : roster) keys.push_back(InventoryKey(node.rank));
-  try {
-    store.Wait(keys, kExchangeTimeout);
-  } catch (const rendezvous::StoreTimeout& error) {
-    throw LaunchFailure(kExitUnavailable, std::string("fabric: not every node published its inventory: ") + error.what());
-  }
+  const auto deadline = std::chrono::steady_clock::now() + kExchangeTimeout;
   std::vector<fabric::NodeFabric> nodes;
   for (const auto& node : roster) {
+    std::string text;
     try {
-      nodes.push_back({node.rank, node.host,
-                       fabric::Inventory::FromJson(nlohmann::json::parse(store.Get(InventoryKey(node.rank), kExchangeTimeout)))});
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      text = store.Get(InventoryKey(node.rank), std::max(left, std::chrono::milliseconds(1)));
+    } catch (const rendezvous::StoreTimeout&) {
+      throw LaunchFailure(kExitUnavailable, "fabric: " + node.Label() + " never published its inventory");
+    }
+    try {
+      nodes.push_back({node.rank, node.host, fabric::Inventory::FromJson(nlohmann::json::parse(text))});
     } catch (const std::exception& error) {
       throw LaunchFailure(kExitUnavailable, "fabric: the inventory of " + node.Label() + " is malformed: " + error.what());
     }
@@ -96,7 +100,7 @@ fabric::FabricPlan ExchangeAndPlan(const env::JobConfig& config, const env::Node
 }
 
 void LogPlan(const fabric::FabricPlan& plan, const fabric::NodePlan& node, bool is_leader) {
-  if (!plan.checked) {
+  if (!plan.checked()) {
     spdlog::info("fabric: launcher.fabric.require is \"none\": not checked; this node: {}", node.summary);
     return;
   }

@@ -25,6 +25,7 @@
 #include <spdlog/spdlog.h>
 
 #include "checkpoint/subprocess.h"
+#include "checkpoint/uploader.h"
 #include "launcher/exit_codes.h"
 #include "rendezvous/fabric/nccl_library.h"
 
@@ -244,12 +245,6 @@ class Worker {
   std::string buffer_;
 };
 
-std::string SelfPath() {
-  char self[4096] = {};
-  const ssize_t length = readlink("/proc/self/exe", self, sizeof self - 1);
-  return length > 0 ? std::string(self, size_t(length)) : "bt-launch";
-}
-
 std::string Key(const std::string& what, int rank) { return "bt/nccl/" + what + "/" + std::to_string(rank); }
 
 struct NodeAnswer {
@@ -342,7 +337,7 @@ void RunNcclPreflight(const env::JobConfig& config, const env::NodeIdentity& ide
   }
   const auto timeout = std::chrono::milliseconds(int64_t(settings.preflight_timeout_s * 1000));
   const auto deadline = Clock::now() + timeout;
-  Worker worker({SelfPath(), "nccl-preflight-worker", "--node-rank", std::to_string(identity.rank), "--bytes",
+  Worker worker({checkpoint::CurrentExecutable(), "nccl-preflight-worker", "--node-rank", std::to_string(identity.rank), "--bytes",
                  std::to_string(settings.preflight_bytes)},
                 environment.ToEnviron());
   const NodeAnswer mine = ParseFirstLine(worker.ReadLine(deadline));

@@ -78,10 +78,7 @@ constexpr const char* kVerdictKey = "bt/fabric/probe/verdict";
 std::string AgreeToProbe(rendezvous::Store& store, const env::NodeIdentity& identity, const std::string& my_skip,
                          std::chrono::milliseconds timeout) {
   store.Set(ReadyKey(identity.rank), my_skip.empty() ? "ok" : my_skip);
-  std::vector<std::string> keys;
-  for (int rank = 0; rank < identity.count; ++rank) keys.push_back(ReadyKey(rank));
-  store.Wait(keys, timeout);
-  for (int rank = 0; rank < identity.count; ++rank) {
+  for (int rank = 0; rank < identity.count; ++rank) {  // each get waits for its key
     const std::string answer = store.Get(ReadyKey(rank), timeout);
     if (answer != "ok") return "node " + std::to_string(rank) + ": " + answer;
   }

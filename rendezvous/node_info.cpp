@@ -54,13 +54,17 @@ std::string AddressText(const sockaddr* address) {
   return text;
 }
 
+std::string HostName() {
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  return name;
+}
+
 NodeInfo LocalNodeInfo(int rank) {
   NodeInfo info;
   info.rank = rank;
   info.pid = int(getpid());
-  char host[256] = {};
-  gethostname(host, sizeof host - 1);
-  info.host = host;
+  info.host = HostName();
   ifaddrs* interfaces = nullptr;
   if (getifaddrs(&interfaces) != 0) return info;
   for (ifaddrs* entry = interfaces; entry != nullptr; entry = entry->ifa_next) {

@@ -29,6 +29,9 @@ struct NodeInfo {
 // other families.
 std::string AddressText(const sockaddr* address);
 
+// gethostname(), "" when it fails.
+std::string HostName();
+
 // This host's name and non-loopback interface addresses.
 NodeInfo LocalNodeInfo(int rank);
 

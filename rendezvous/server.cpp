@@ -49,27 +49,15 @@ std::string PeerAddress(int fd) {
   return AddressText(reinterpret_cast<sockaddr*>(&address));
 }
 
-// Every node holds one connection: the soft limit on open files must cover them.
-// Returns the open-file limit now in force.
+// Every node holds one connection, and as many strangers may be proving the token (see
+// max_unauthenticated_): the open-file limit must cover both. Returns the limit in force.
 size_t RaiseFileLimit(int node_count) {
-  rlimit files{};
-  if (getrlimit(RLIMIT_NOFILE, &files) != 0) return 1024;
-  // Room for every node and as many strangers (see max_unauthenticated_): raising the hard
-  // limit works where the launcher may (root with CAP_SYS_RESOURCE), else the soft one
-  // goes up to the hard one.
-  const rlim_t wanted = 2 * rlim_t(node_count) + 1024;
-  if (files.rlim_max < wanted) {
-    rlimit raised{wanted, wanted};
-    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) return size_t(wanted);
-  }
-  files.rlim_cur = files.rlim_max;
-  setrlimit(RLIMIT_NOFILE, &files);
-  getrlimit(RLIMIT_NOFILE, &files);
-  if (rlim_t(node_count) + 64 > files.rlim_cur) {
+  const size_t limit = RaiseOpenFileLimit(2 * size_t(node_count) + 1024);
+  if (size_t(node_count) + 64 > limit) {
     spdlog::warn("the open-file limit is {} but {} nodes will connect: raise it (ulimit -n, or the container's "
-                 "nofile limit) or some nodes cannot join", long(files.rlim_cur), node_count);
+                 "nofile limit) or some nodes cannot join", limit, node_count);
   }
-  return size_t(std::min<rlim_t>(files.rlim_cur, rlim_t(1) << 30));
+  return limit;
 }
 
 int SomaxConn() {
@@ -788,6 +776,19 @@ class StoreServer::Loop {
   bool drained_ = false;
   std::atomic<bool> stop_requested_{false};
 };
+
+size_t RaiseOpenFileLimit(size_t wanted) {
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) != 0) return 1024;
+  if (files.rlim_max < wanted) {
+    rlimit raised{wanted, wanted};
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) return wanted;
+  }
+  files.rlim_cur = files.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &files);
+  getrlimit(RLIMIT_NOFILE, &files);
+  return size_t(std::min<rlim_t>(files.rlim_cur, rlim_t(1) << 30));
+}
 
 StoreServer::StoreServer(ServerOptions options) : loop_(std::make_unique<Loop>(std::move(options))) {
   port_ = loop_->port();

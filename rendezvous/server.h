@@ -35,6 +35,10 @@ struct ServerVerdict {
   std::string message;  // one line naming the failed node and cause, or the missing ranks
 };
 
+// Raises the soft open-file limit to the hard one, and the hard one to `wanted` where the
+// process may (root with CAP_SYS_RESOURCE). Returns the soft limit now in force.
+size_t RaiseOpenFileLimit(size_t wanted);
+
 class StoreServer {
  public:
   // Binds and listens; throws StoreError naming the port and the errno text.

@@ -75,7 +75,7 @@ NcclEnvironment ComputeNcclEnvironment(const FabricPlan& plan, const NodePlan& n
     builder.Offer("NCCL_SOCKET_IFNAME", "=" + inventory.bootstrap_interface, reason);
     builder.Offer("GLOO_SOCKET_IFNAME", inventory.bootstrap_interface, reason);  // Gloo matches the name exactly
   }
-  if (!plan.checked) return builder.Take();
+  if (!plan.checked()) return builder.Take();
   if (plan.use_rdma && !node.selection.ports.empty()) {
     std::string reason = std::to_string(node.selection.ports.size()) + " ACTIVE " + node.selection.link_layer +
                          " port(s) in PCI order";
@@ -87,10 +87,8 @@ NcclEnvironment ComputeNcclEnvironment(const FabricPlan& plan, const NodePlan& n
     builder.Offer("NCCL_IB_HCA", HcaList(node.selection), reason);
     if (node.selection.link_layer == "Ethernet") OfferGidIndex(builder, node, inventory, user_variable, nccl_version);
   } else if (!plan.use_rdma) {
-    bool none_has_rdma = true;
-    for (const NodePlan& other : plan.nodes) none_has_rdma = none_has_rdma && other.selection.link_layer.empty();
     builder.Offer("NCCL_IB_DISABLE", "1",
-                  none_has_rdma ? "no node has a usable RDMA port: sockets"
+                  plan.RanksWithoutRdma().size() == plan.nodes.size() ? "no node has a usable RDMA port: sockets"
                                 : "not every node has usable RDMA and launcher.fabric.require is \"" + PolicyName(plan.policy) +
                                       "\": sockets, the same transport on every node");
   }

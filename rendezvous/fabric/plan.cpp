@@ -186,16 +186,8 @@ class Checker {
   std::vector<Mismatch> rows_;
 };
 
-std::vector<int> RanksWithoutRdma(const FabricPlan& plan) {
-  std::vector<int> ranks;
-  for (const NodePlan& node : plan.nodes) {
-    if (node.selection.link_layer.empty()) ranks.push_back(node.rank);
-  }
-  return ranks;
-}
-
 void ApplyPolicy(FabricPlan& plan, const std::string& majority_layer) {
-  const std::vector<int> without = RanksWithoutRdma(plan);
+  const std::vector<int> without = plan.RanksWithoutRdma();
   if (plan.policy == env::FabricRequirement::kIb) {
     if (majority_layer == kNoRdma && without.size() == plan.nodes.size()) {
       plan.ok = false;
@@ -268,10 +260,7 @@ FabricPlan PlanFabric(const std::vector<NodeFabric>& nodes, env::FabricRequireme
   if (required == env::FabricRequirement::kAuto) {
     plan.policy = any_infiniband ? env::FabricRequirement::kIb : env::FabricRequirement::kAny;
   }
-  if (plan.policy == env::FabricRequirement::kNone || nodes.empty()) {
-    plan.checked = false;
-    return plan;
-  }
+  if (!plan.checked() || nodes.empty()) return plan;
   Checker checker(nodes, selections);
   plan.mismatches = checker.Run();
   ApplyPolicy(plan, checker.majority_layer());
@@ -319,7 +308,7 @@ nlohmann::json FabricPlan::ToJson() const {
                          {"ports", ports}, {"excluded", node.selection.excluded}});
   }
   return {{"policy", PolicyName(policy)}, {"ok", ok}, {"failure", failure}, {"use_rdma", use_rdma},
-          {"checked", checked}, {"mismatches", rows}, {"warnings", warnings}, {"nodes", node_list}};
+          {"mismatches", rows}, {"warnings", warnings}, {"nodes", node_list}};
 }
 
 FabricPlan FabricPlan::FromJson(const nlohmann::json& json) {
@@ -333,7 +322,6 @@ FabricPlan FabricPlan::FromJson(const nlohmann::json& json) {
     plan.ok = json.at("ok").get<bool>();
     plan.failure = json.at("failure").get<std::string>();
     plan.use_rdma = json.at("use_rdma").get<bool>();
-    plan.checked = json.at("checked").get<bool>();
     plan.warnings = json.at("warnings").get<std::vector<std::string>>();
     for (const auto& row : json.at("mismatches")) {
       plan.mismatches.push_back({row.at("rank").get<int>(), row.at("host").get<std::string>(),
@@ -356,6 +344,14 @@ FabricPlan FabricPlan::FromJson(const nlohmann::json& json) {
   } catch (const nlohmann::json::exception& error) {
     throw InventoryError(std::string("fabric plan from the leader: ") + error.what());
   }
+}
+
+std::vector<int> FabricPlan::RanksWithoutRdma() const {
+  std::vector<int> ranks;
+  for (const NodePlan& node : nodes) {
+    if (node.selection.link_layer.empty()) ranks.push_back(node.rank);
+  }
+  return ranks;
 }
 
 const NodePlan* FabricPlan::ForRank(int rank) const {

@@ -59,7 +59,6 @@ struct FabricPlan {
   bool ok = true;
   std::string failure;  // one line when !ok
   bool use_rdma = false;
-  bool checked = true;  // false under require = none
   std::vector<Mismatch> mismatches;
   std::vector<std::string> warnings;
   std::vector<NodePlan> nodes;  // in rank order
@@ -67,6 +66,8 @@ struct FabricPlan {
   nlohmann::json ToJson() const;
   static FabricPlan FromJson(const nlohmann::json& json);  // throws InventoryError
   const NodePlan* ForRank(int rank) const;
+  bool checked() const { return policy != env::FabricRequirement::kNone; }
+  std::vector<int> RanksWithoutRdma() const;
 };
 
 // Compares every node with the majority and applies the policy.

@@ -326,7 +326,7 @@ TEST(FabricPlan, NodeWithoutRdmaUnderEachPolicy) {
   EXPECT_NE(plan.warnings[0].find("node 2 has no usable RDMA port"), std::string::npos) << plan.warnings[0];
   plan = Plan({"ib8-ndr-a", "ib8-ndr-b", "no-rdma"}, FabricRequirement::kNone);
   EXPECT_TRUE(plan.ok);
-  EXPECT_FALSE(plan.checked);
+  EXPECT_FALSE(plan.checked());
   EXPECT_TRUE(plan.mismatches.empty());
   plan = Plan({"no-rdma", "no-rdma"}, FabricRequirement::kIb);
   EXPECT_FALSE(plan.ok);
