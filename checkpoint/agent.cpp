@@ -262,6 +262,12 @@ class CheckpointAgent::Impl {
         handled_[candidate.name] = fingerprint;
         continue;
       }
+      if (auto owner = journal_.CommittedByAnotherJob(candidate.name, fingerprint)) {
+        handled_[candidate.name] = fingerprint;
+        spdlog::info("checkpoints: {} was committed by job {} from this volume; not uploaded again as {}'s", candidate.name,
+                     *owner, options_.job_id);
+        continue;
+      }
       context.declared_by_leader = declared_.contains(candidate.name);
       if (!candidate.marked && !context.declared_by_leader && candidate.layout != Layout::kQuiet) {
         if (draining) NoteIncomplete(candidate.name, "waiting for " + candidate.waiting_for);

@@ -139,4 +139,13 @@ bool HandoffJournal::Reached(const std::string& name, const std::string& fingerp
   return false;
 }
 
+std::optional<std::string> HandoffJournal::CommittedByAnotherJob(const std::string& name,
+                                                                 const std::string& fingerprint) const {
+  for (const auto& [seq, entry] : entries_) {
+    if (entry.job_id == job_id_ || entry.state != HandoffState::kCommitted) continue;
+    if (entry.name == name && entry.snapshot && entry.snapshot->fingerprint == fingerprint) return entry.job_id;
+  }
+  return std::nullopt;
+}
+
 }  // namespace bt::checkpoint

@@ -48,6 +48,9 @@ class HandoffJournal {
   std::vector<JournalEntry> Unfinished() const;
   // The version of `name` with this fingerprint reached at least `state`.
   bool Reached(const std::string& name, const std::string& fingerprint, HandoffState state) const;
+  // Another job that committed this very version of `name` from this volume (a job run
+  // again on a volume an earlier job left checkpoints on): the version is that job's.
+  std::optional<std::string> CommittedByAnotherJob(const std::string& name, const std::string& fingerprint) const;
   const std::string& path() const { return path_; }
 
   void SetScope(std::string job_id, std::string destination);

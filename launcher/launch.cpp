@@ -281,9 +281,14 @@ int FabricSubcommand(const CliOptions& cli) {
   return 0;
 }
 
+// The listing reads every rank's part and talks to no node, so it needs no identity: when
+// none is given it reads as node 0 (the rank only places --root's node-local paths).
 int CheckpointsSubcommand(const CliOptions& cli) {
   Timeline timeline;
-  PreparedJob job = Prepare(cli, false, timeline);
+  CliOptions options = cli;
+  if (!options.identity.node_rank) options.identity.node_rank = "0";
+  if (!options.identity.leader_addr) options.identity.leader_addr = "127.0.0.1";
+  PreparedJob job = Prepare(options, false, timeline);
   return ListCheckpoints(job.config, job.environment, cli);
 }
 

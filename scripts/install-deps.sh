@@ -9,7 +9,8 @@ packages=(
   libssl-dev libxxhash-dev libibverbs-dev
   openmpi-bin libopenmpi-dev
   clang libclang-rt-14-dev
-  tini hyperfine iproute2 procps python3
+  tini hyperfine iproute2 procps python3 python3-yaml
+  python3-torch
   rclone
 )
 # s3rver (the S3 API server of the checkpoint tests) comes from npm: Debian's npm unless

@@ -282,6 +282,11 @@ TEST_F(CheckpointJob, ALaterJobLoadsTheLatestCheckpointByteIdentical) {
   ASSERT_EQ(second.exit_code, 0) << second.err;
   EXPECT_NE(second.out.find("global_step7"), std::string::npos) << "DeepSpeed's latest is written beside the tag";
   EXPECT_NE(second.err.find("loaded checkpoint global_step7 of job ckpt-job"), std::string::npos) << second.err;
+  // The first job's checkpoint, still on this volume, stays the first job's.
+  EXPECT_NE(second.err.find("global_step7 was committed by job ckpt-job from this volume; not uploaded again as second-job's"),
+            std::string::npos)
+      << second.err;
+  EXPECT_FALSE(fs::exists(Remote() + "/second-job/rank-0/global_step7")) << "another job's checkpoint uploaded as this job's";
 
   // The same load from a corrupted upload fails the node, naming the file.
   const std::string remote_file = RankDir() + "/global_step7/mp_rank_00_model_states.bin";

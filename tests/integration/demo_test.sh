@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The README's demo job (examples/train/demo.sh) with the built binary: two nodes train
+# with torchrun and gloo, checkpoints are committed, a second job loads the latest and
+# resumes from its step. Asserts on the output and on what reached the destination.
+set -euo pipefail
+BIN=$(realpath "$1")
+SOURCE_DIR=$(realpath "$2")
+[ -x /usr/bin/torchrun ] || { echo "SKIPPED: Debian's python3-torch (torchrun) is not installed"; exit 77; }
+out=$(mktemp /tmp/bt-demo-test.XXXXXX)
+trap 'rm -f "$out"' EXIT
+free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+export BT_RENDEZVOUS_PORT=$(free_port) MASTER_PORT=$(free_port)
+
+fail() { echo "FAIL: $*"; tail -n 40 "$out"; exit 1; }
+timeout -k 10 280 "$SOURCE_DIR/examples/train/demo.sh" "$BIN" >"$out" 2>&1 || fail "the demo exited $?"
+
+store=/tmp/bt-launch-demo/checkpoint-store
+echo "== job 1 trained on 4 workers and its loss went down"
+grep -q "train: 4 workers on 2 nodes, steps 1..60" "$out" || fail "job 1 did not start 4 workers"
+loss() { grep -o "train: step $1/[0-9]* loss [0-9.]*" "$out" | awk '{print $NF}'; }
+awk -v first="$(loss 10)" -v last="$(loss 60)" 'BEGIN { exit !(first > 0 && last < first / 2) }' \
+  || fail "loss did not halve: step 10 $(loss 10), step 60 $(loss 60)"
+
+echo "== every checkpoint of job 1 committed from both nodes, latest last"
+[ "$(cat "$store/demo-train/latest")" = checkpoint-60 ] || fail "demo-train/latest is not checkpoint-60"
+for rank in 0 1; do
+  for step in 20 40 60; do
+    [ -f "$store/demo-train/rank-$rank/checkpoint-$step.bt-manifest.json" ] || fail "rank $rank checkpoint-$step not committed"
+  done
+  cmp -s "$store/demo-train/rank-$rank/checkpoint-60/pytorch_model.bin" \
+    "/tmp/bt-launch-demo/nodes/node-$rank/tmp/loaded_checkpoints/rank-$rank/checkpoint-60/pytorch_model.bin" \
+    || fail "node $rank did not load checkpoint-60 byte-identical"
+done
+grep -q "checkpoint-20 .*huggingface" "$out" || fail "the listing between the jobs is missing"
+
+echo "== job 2 resumed at step 60 and trained on to 90, below job 1's last loss"
+grep -q "train: resumed from .*/rank-0/checkpoint-60 at step 60" "$out" || fail "job 2 did not resume from checkpoint-60"
+grep -q "train: 4 workers on 2 nodes, steps 61..90" "$out" || fail "job 2 did not continue from step 61"
+awk -v before="$(loss 60)" -v after="$(loss 90)" 'BEGIN { exit !(after < before) }' \
+  || fail "loss after resuming ($(loss 90)) is not below step 60's ($(loss 60))"
+[ "$(cat "$store/demo-train-resumed/latest")" = checkpoint-90 ] || fail "demo-train-resumed/latest is not checkpoint-90"
+[ ! -e "$store/demo-train-resumed/rank-0/checkpoint-60" ] || fail "job 1's checkpoint-60 was uploaded again as job 2's"
+
+echo "== weights staged once, the cache seeded once, every node ends with its timeline"
+[ "$(grep -c 'weights: staged file://' "$out")" -eq 1 ] || fail "the base model was not staged exactly once"
+[ "$(grep -c 'cache seed: running 1 command' "$out")" -eq 1 ] || fail "the dataset was not seeded exactly once"
+[ "$(grep -c '] .*timeline: identity.*(job exit 0), total' "$out")" -eq 4 ] || fail "not every node of both jobs ended with exit 0"
+echo "PASS"
