@@ -18,11 +18,18 @@ namespace {
 
 constexpr size_t kMaxSecretBytes = 1 << 20;
 
-// Launchers above us (mpirun, PMIx) leave these behind; a job that calls MPI_Init itself
-// would otherwise join *our* MPI world.
-bool IsMpiLauncherVariable(const std::string& name) {
-  for (const char* prefix : {"OMPI_", "PMIX_", "PMI_", "PRTE_"}) {
+// Launchers above us leave these behind, describing *our* process as a task of theirs.
+// mpirun, PMIx: a job that calls MPI_Init itself would join our MPI world. srun: the job's
+// processes are torchrun's workers, not Slurm tasks, and libraries that read the task
+// variables (Lightning's SLURMEnvironment: SLURM_NTASKS, SLURM_PROCID) would take one
+// node's launcher for the whole world. Slurm's job-level SLURM_JOB_* stay.
+bool IsLauncherTaskVariable(const std::string& name) {
+  for (const char* prefix : {"OMPI_", "PMIX_", "PMI_", "PRTE_", "SLURM_STEP_"}) {
     if (name.rfind(prefix, 0) == 0) return true;
+  }
+  for (const char* task : {"SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_STEPID",
+                           "SLURM_TASK_PID", "SLURM_GTIDS"}) {
+    if (name == task) return true;
   }
   return false;
 }
@@ -111,7 +118,7 @@ JobEnvironment BuildJobEnvironment(const JobConfig& config, const NodeIdentity& 
   JobEnvironment environment;
   const auto inherited_variables = ParseEnviron(inherited);
   for (const auto& [name, value] : inherited_variables) {
-    if (!IsMpiLauncherVariable(name) && name != kRendezvousTokenVariable) environment.variables[name] = value;
+    if (!IsLauncherTaskVariable(name) && name != kRendezvousTokenVariable) environment.variables[name] = value;
   }
   // The user's runtime.environment_variables come first: nothing below may replace them.
   auto secrets_dir_it = inherited_variables.find("BT_SECRETS_DIR");

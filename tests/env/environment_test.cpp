@@ -154,6 +154,18 @@ TEST_F(EnvironmentTest, MpiLauncherVariablesAreRemoved) {
   EXPECT_EQ(vars["OMPIX"], "keep");
 }
 
+TEST_F(EnvironmentTest, SlurmTaskVariablesAreRemovedJobVariablesKept) {
+  auto vars = Build("{}", {"SLURM_PROCID=1", "SLURM_LOCALID=0", "SLURM_NTASKS=2", "SLURM_NPROCS=2", "SLURM_STEP_ID=0",
+                           "SLURM_STEP_NODELIST=n[1-2]", "SLURM_JOB_ID=42", "SLURM_JOB_NODELIST=n[1-2]", "SLURM_NODEID=1"})
+                  .variables;
+  for (const char* removed : {"SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_STEP_ID", "SLURM_STEP_NODELIST"}) {
+    EXPECT_FALSE(vars.contains(removed)) << removed;
+  }
+  EXPECT_EQ(vars["SLURM_JOB_ID"], "42");
+  EXPECT_EQ(vars["SLURM_JOB_NODELIST"], "n[1-2]");
+  EXPECT_EQ(vars["SLURM_NODEID"], "1");
+}
+
 TEST_F(EnvironmentTest, RendezvousTokenStaysWithTheLauncher) {
   auto vars = Build("{}", {"BT_RENDEZVOUS_TOKEN=s3cret", "BT_RENDEZVOUS_PORT=29311"}).variables;
   EXPECT_FALSE(vars.contains("BT_RENDEZVOUS_TOKEN"));
