@@ -15,6 +15,7 @@ constexpr const char* kUsage =
     "       bt-launch rendezvous [--serve] [options] [--format table|json]   join (or lead) and print the roster\n"
     "       bt-launch checkpoints [--destination URI] [--job-id ID] [--verify] [--format table|json]   list committed checkpoints\n"
     "       bt-launch fabric [--sysfs-root DIR] [--format text|json]   this node's RDMA devices and the NCCL variables it would set\n"
+    "       bt-launch doctor [options] [--format table|json]   why a multi-node job will not start: one line per check, with the fix\n"
     "       bt-launch bench checkpoint [--dir DIR] [--format table|json]   checkpoint hashing, handoff and upload figures\n"
     "       bt-launch bench rendezvous [--nodes N] [--runs R]   N nodes arriving together at node 0's store\n"
     "       bt-launch --version\n";
@@ -26,6 +27,7 @@ Subcommand ParseSubcommand(const std::string& word) {
   if (word == "checkpoints") return Subcommand::kCheckpoints;
   if (word == "bench") return Subcommand::kBench;
   if (word == "fabric") return Subcommand::kFabric;
+  if (word == "doctor") return Subcommand::kDoctor;
   if (word == "upload-worker") return Subcommand::kUploadWorker;  // started by `run`, not by people
   if (word == "nccl-preflight-worker") return Subcommand::kNcclPreflightWorker;  // the same
   if (word == "--help" || word == "-h" || word == "help") return Subcommand::kHelp;
@@ -80,7 +82,7 @@ CliOptions ParseCommandLine(int argc, char** argv) {
       ("nodes", "bench rendezvous: number of nodes, node 0 included (default 1024)", cxxopts::value<int>())
       ("runs", "bench rendezvous: runs; the JSON line has the median (default 3)", cxxopts::value<int>())
       ("bytes", "nccl-preflight-worker: all-reduce size per GPU", cxxopts::value<size_t>())
-      ("sysfs-root", "run, rendezvous, fabric: read RDMA devices from DIR/class/infiniband (default: BT_SYSFS_ROOT, else /sys)",
+      ("sysfs-root", "run, rendezvous, fabric, doctor: read RDMA devices from DIR/class/infiniband (default: BT_SYSFS_ROOT, else /sys)",
        cxxopts::value<std::string>())
       ("h,help", "show this help");
   cxxopts::ParseResult result;

@@ -10,7 +10,7 @@
 
 namespace bt::launcher {
 
-enum class Subcommand { kRun, kEnv, kRendezvous, kCheckpoints, kBench, kFabric, kUploadWorker, kNcclPreflightWorker, kHelp, kVersion };
+enum class Subcommand { kRun, kEnv, kRendezvous, kCheckpoints, kBench, kFabric, kDoctor, kUploadWorker, kNcclPreflightWorker, kHelp, kVersion };
 
 struct CliOptions {
   Subcommand subcommand = Subcommand::kHelp;
@@ -31,7 +31,7 @@ struct CliOptions {
   int bench_runs = 3;                      // bench rendezvous --runs
   int parent_pid = 0;                      // upload-worker
   size_t preflight_bytes = size_t(1) << 28;  // nccl-preflight-worker --bytes
-  std::optional<std::string> sysfs_root;   // run, rendezvous, fabric: read devices from DIR/class/infiniband
+  std::optional<std::string> sysfs_root;   // run, rendezvous, fabric, doctor: read devices from DIR/class/infiniband
   std::string help_text;
 };
 

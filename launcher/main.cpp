@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "launcher/cli.h"
+#include "launcher/doctor.h"
 #include "launcher/exit_codes.h"
 #include "launcher/launch.h"
 #include "launcher/log.h"
@@ -27,6 +28,7 @@ int Dispatch(const bt::launcher::CliOptions& cli) {
     case Subcommand::kCheckpoints: return bt::launcher::CheckpointsSubcommand(cli);
     case Subcommand::kBench: return bt::launcher::BenchSubcommand(cli);
     case Subcommand::kFabric: return bt::launcher::FabricSubcommand(cli);
+    case Subcommand::kDoctor: return bt::launcher::DoctorSubcommand(cli);
     case Subcommand::kUploadWorker: return bt::launcher::UploadWorkerSubcommand(cli);
     case Subcommand::kNcclPreflightWorker: return bt::launcher::NcclPreflightWorker(cli);
     case Subcommand::kVersion: std::printf("bt-launch %s\n", BT_LAUNCH_VERSION); return 0;

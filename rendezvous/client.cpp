@@ -160,21 +160,30 @@ void WriteAll(int fd, const std::string& bytes) {
 
 // The server proves the token first by answering our nonce only after checking ours:
 // both sides learn that the other holds the token, and neither sends it.
-void AuthenticateToLeader(int fd, const std::string& token) {
+LeaderHandshake AuthenticateToLeader(int fd, const std::string& token) {
   FrameDecoder decoder(kMaxUnauthenticatedFrameBytes);
   auto deadline = Clock::now() + kHandshakeTimeout;
   Message hello = ReadFrameBlocking(fd, decoder, deadline);
   if (StringField(hello, "op") != "hello") throw StoreError("the leader spoke first with something other than hello");
   const std::string client_nonce = RandomNonce();
+  const auto sent = std::chrono::system_clock::now();
   WriteAll(fd, EncodeFrame({{"op", "auth"},
                             {"proof", BytesValue(ProveToken(token, BytesField(hello, "nonce"), "client"))},
                             {"nonce", BytesValue(client_nonce)}}));
   Message answer = ReadFrameBlocking(fd, decoder, deadline);
+  const auto received = std::chrono::system_clock::now();
   const std::string op = StringField(answer, "op");
   if (op == "reject") throw StoreError("the leader rejected this node: " + StringField(answer, "message"));
   if (op != "welcome" || !VerifyProof(token, client_nonce, "server", BytesField(answer, "proof"))) {
     throw StoreError("the leader failed to prove the job token: wrong BT_RENDEZVOUS_TOKEN, or not our leader");
   }
+  LeaderHandshake handshake;
+  handshake.round_trip = received - sent;
+  if (answer.contains("time_ns")) {
+    const auto midpoint = sent.time_since_epoch() + handshake.round_trip / 2;
+    handshake.clock_offset = std::chrono::nanoseconds(IntField(answer, "time_ns")) - midpoint;
+  }
+  return handshake;
 }
 
 std::unique_ptr<StoreClient> StoreClient::Connect(const ClientOptions& options) {

@@ -49,9 +49,17 @@ struct ConnectSchedule {
   static std::chrono::milliseconds Backoff(int attempt, uint32_t random);
 };
 
+// What the handshake learnt about the leader besides its proof.
+struct LeaderHandshake {
+  // The leader's wall clock minus ours, estimated at the midpoint of the auth round trip
+  // (uncertain by half of it); nullopt from a leader that does not send its clock.
+  std::optional<std::chrono::nanoseconds> clock_offset;
+  std::chrono::nanoseconds round_trip{0};
+};
+
 // The handshake a freshly connected socket goes through (docs/PROTOCOL.md): proves the
 // token to the leader and checks the leader's proof. Throws StoreError.
-void AuthenticateToLeader(int fd, const std::string& token);
+LeaderHandshake AuthenticateToLeader(int fd, const std::string& token);
 
 class StoreClient final : public Store {
  public:

@@ -401,7 +401,12 @@ class StoreServer::Loop {
     connection.authenticated = true;
     --unauthenticated_;
     connection.decoder.set_max_frame_bytes(kMaxFrameBytes);
-    Send(connection, {{"op", "welcome"}, {"proof", BytesValue(ProveToken(options_.token, BytesField(message, "nonce"), "server"))}});
+    // The wall clock lets a node (bt-launch doctor) measure its skew against the leader.
+    const int64_t wall_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                std::chrono::system_clock::now().time_since_epoch()).count();
+    Send(connection, {{"op", "welcome"},
+                      {"proof", BytesValue(ProveToken(options_.token, BytesField(message, "nonce"), "server"))},
+                      {"time_ns", wall_ns}});
   }
 
   void OnSet(Connection& connection, const Message& message) {

@@ -68,8 +68,25 @@ job second s3-job-2 "cmp \$BT_LOAD_CHECKPOINT_DIR/rank-0/checkpoint-5/model.safe
 timeout 120 "$BIN" run --config "$work/second.json" --root "$work/root" >"$work/out" 2>&1 || fail "loading job exited $?"
 grep -q "loaded checkpoint checkpoint-5 of job s3-job" "$work/out" || fail "nothing loaded"
 
+# doctor DESTINATION_VERDICT TEXT: `bt-launch doctor` on the first job's config.
+doctor() {
+  local code=0
+  timeout 120 "$BIN" doctor --config "$work/first.json" --root "$work/root" --format json >"$work/doctor" 2>"$work/out" || code=$?
+  python3 - "$work/doctor" "$1" "$2" <<'PY' || fail "doctor (exit $code): $(cat "$work/doctor")"
+import json, sys
+findings = {f["check"]: f for f in json.load(open(sys.argv[1]))["findings"]}
+destination = findings["destination"]
+assert destination["verdict"] == sys.argv[2] and sys.argv[3] in destination["detail"], destination
+PY
+  grep -q S3RVER "$work/doctor" "$work/out" && fail "doctor printed a credential"
+  return 0
+}
+echo "== doctor reaches the destination with the job's credentials, and says when it cannot"
+doctor ok "this job's latest: checkpoint-5"
+
 echo "== the server down for a while: retried, then committed"
 stop_server
+doctor FAIL "s3://ckpt/runs"
 job third s3-job-3 "$save && sleep 4"
 BT_SECRETS_DIR="$work/root/secrets" timeout 120 "$BIN" run --config "$work/third.json" --root "$work/root3" >"$work/out" 2>&1 &
 launcher=$!

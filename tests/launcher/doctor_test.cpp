@@ -1,0 +1,207 @@
+// `bt-launch doctor` through the real binary, each check made to fail the way it fails on
+// a cluster: no leader, a wrong token, a skewed clock (libfaketime on the leader), a name
+// that does not resolve, a 64 MiB /dev/shm (a tmpfs in a private mount namespace), GPUs
+// missing, locked memory limited on an RDMA host, a destination that is not a directory.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/support/launcher_process.h"
+
+namespace bt::testing {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+constexpr const char* kFakeTime = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+struct Doctor {
+  int exit_code;
+  nlohmann::json findings;
+  std::string err;
+
+  // The finding of `check`; fails the test when there is none.
+  nlohmann::json operator[](const std::string& check) const {
+    for (const auto& finding : findings) {
+      if (finding["check"] == check) return finding;
+    }
+    ADD_FAILURE() << "no finding for " << check << " in " << findings.dump(1);
+    return {{"verdict", ""}, {"detail", ""}, {"fix", ""}};
+  }
+};
+
+class DoctorTest : public ::testing::Test {
+ protected:
+  Doctor Run(std::vector<std::string> args, std::map<std::string, std::string> env = {},
+             const std::string& binary = BT_LAUNCH_BINARY, std::vector<std::string> prefix = {}) {
+    std::vector<std::string> argv = std::move(prefix);
+    for (const char* word : {"doctor", "--format", "json", "--root"}) argv.push_back(word);
+    argv.push_back(dir_.path() + "/root");
+    argv.insert(argv.end(), args.begin(), args.end());
+    env.try_emplace("BT_RENDEZVOUS_PORT", std::to_string(port_));
+    ProcessResult result = RunLauncher({argv, env, {"BT_JOB_CONFIG", "CUDA_VISIBLE_DEVICES", "BT_SYSFS_ROOT"}}, binary);
+    nlohmann::json parsed = nlohmann::json::parse(result.out, nullptr, false);
+    EXPECT_FALSE(parsed.is_discarded()) << result.out << result.err;
+    return {result.exit_code, parsed.is_discarded() ? nlohmann::json::array() : parsed["findings"], result.err};
+  }
+
+  std::vector<std::string> SecondNode() const { return {"--node-rank", "1", "--node-count", "2", "--leader-addr", "127.0.0.1"}; }
+
+  // Node 0 serving the rendezvous for two nodes, as `bt-launch rendezvous --serve` does.
+  LaunchSpec Leader(const std::string& token, std::map<std::string, std::string> env = {}) {
+    env["BT_RENDEZVOUS_TOKEN"] = token;
+    env["BT_RENDEZVOUS_PORT"] = std::to_string(port_);
+    return {{"rendezvous", "--serve", "--node-count", "2", "--leader-addr", "127.0.0.1", "--root", dir_.path() + "/leader"},
+            env, {"BT_JOB_CONFIG"}, std::nullopt, 60s};
+  }
+
+  TempDir dir_;
+  uint16_t port_ = FreePort();
+};
+
+TEST_F(DoctorTest, ASingleNodeWithNothingWrongExitsZero) {
+  Doctor doctor = Run({});
+  EXPECT_EQ(doctor.exit_code, 0) << doctor.findings.dump(1);
+  for (const char* check : {"config", "identity", "leader", "fabric", "/dev/shm", "memlock", "open files", "gpus", "scratch"}) {
+    EXPECT_NE(doctor[check]["verdict"], "FAIL") << check;
+  }
+  EXPECT_EQ(doctor["leader"]["verdict"], "skip");
+}
+
+TEST_F(DoctorTest, ALeaderNotRunningIsAFailureWithTheFix) {
+  Doctor doctor = Run(SecondNode(), {{"BT_RENDEZVOUS_TOKEN", "token-abcdef"}});
+  EXPECT_EQ(doctor.exit_code, 1);
+  EXPECT_EQ(doctor["leader port"]["verdict"], "FAIL");
+  EXPECT_NE(doctor["leader port"]["detail"].get<std::string>().find("Connection refused"), std::string::npos);
+  EXPECT_NE(doctor["leader port"]["fix"].get<std::string>().find("BT_RENDEZVOUS_PORT"), std::string::npos);
+  EXPECT_EQ(doctor["clock skew"]["verdict"], "skip");
+  EXPECT_EQ(doctor["leader name"]["verdict"], "WARN") << "loopback works for one host only";
+}
+
+TEST_F(DoctorTest, NodeZeroBeforeTheJobChecksThatItCanServeThePort) {
+  Doctor free_port = Run({"--node-rank", "0", "--node-count", "2", "--leader-addr", "127.0.0.1"});
+  EXPECT_EQ(free_port["leader port"]["verdict"], "ok") << free_port["leader port"].dump();
+
+  // Another program holds the port (bound, not listening: connections are refused).
+  int holder = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in any{};
+  any.sin_family = AF_INET;
+  any.sin_port = htons(port_);
+  ASSERT_EQ(bind(holder, reinterpret_cast<sockaddr*>(&any), sizeof any), 0);
+  Doctor taken = Run({"--node-rank", "0", "--node-count", "2", "--leader-addr", "127.0.0.1"});
+  close(holder);
+  EXPECT_EQ(taken.exit_code, 1);
+  EXPECT_EQ(taken["leader port"]["verdict"], "FAIL");
+  EXPECT_NE(taken["leader port"]["detail"].get<std::string>().find("Address already in use"), std::string::npos);
+}
+
+TEST_F(DoctorTest, ARunningLeaderChecksTheTokenAndTheClock) {
+  LauncherProcess leader(Leader("the-right-token"));
+  ASSERT_TRUE(leader.WaitForLog("serving the rendezvous", 20s));
+
+  Doctor right = Run(SecondNode(), {{"BT_RENDEZVOUS_TOKEN", "the-right-token"}});
+  EXPECT_EQ(right.exit_code, 0) << right.findings.dump(1);
+  EXPECT_EQ(right["leader port"]["verdict"], "ok");
+  EXPECT_EQ(right["token"]["verdict"], "ok");
+  EXPECT_EQ(right["clock skew"]["verdict"], "ok") << right["clock skew"].dump();
+
+  Doctor wrong = Run(SecondNode(), {{"BT_RENDEZVOUS_TOKEN", "a-wrong-token"}});
+  EXPECT_EQ(wrong.exit_code, 1);
+  EXPECT_EQ(wrong["token"]["verdict"], "FAIL");
+  EXPECT_NE(wrong["token"]["detail"].get<std::string>().find("wrong job token"), std::string::npos);
+  EXPECT_EQ(wrong.err.find("a-wrong-token"), std::string::npos) << "a token value was logged";
+  leader.Signal(SIGTERM);
+  leader.Finish();
+}
+
+TEST_F(DoctorTest, ALeaderTenMinutesAheadIsAClockFailure) {
+  if (access(kFakeTime, R_OK) != 0) GTEST_SKIP() << "SKIPPED: libfaketime (Debian's faketime) is not installed";
+  LauncherProcess leader(Leader("tok-clock", {{"LD_PRELOAD", kFakeTime}, {"FAKETIME", "+600s"}, {"FAKETIME_DONT_FAKE_MONOTONIC", "1"}}));
+  ASSERT_TRUE(leader.WaitForLog("serving the rendezvous", 20s));
+  Doctor doctor = Run(SecondNode(), {{"BT_RENDEZVOUS_TOKEN", "tok-clock"}});
+  leader.Signal(SIGTERM);
+  leader.Finish();
+  EXPECT_EQ(doctor.exit_code, 1);
+  EXPECT_EQ(doctor["clock skew"]["verdict"], "FAIL");
+  const std::string detail = doctor["clock skew"]["detail"];
+  EXPECT_NE(detail.find("behind the leader"), std::string::npos) << detail;
+  const double seconds = std::stod(detail.substr(detail.find(" is ") + 4));
+  EXPECT_NEAR(seconds, 600, 5) << detail;
+}
+
+TEST_F(DoctorTest, ALeaderNameThatDoesNotResolveFails) {
+  Doctor doctor = Run({"--node-rank", "1", "--node-count", "2", "--leader-addr", "trainer-0.no-such-service.invalid"});
+  EXPECT_EQ(doctor.exit_code, 1);
+  EXPECT_EQ(doctor["leader name"]["verdict"], "FAIL");
+  EXPECT_NE(doctor["leader name"]["detail"].get<std::string>().find("does not resolve"), std::string::npos);
+}
+
+TEST_F(DoctorTest, ABadConfigNamesTheFieldAndStops) {
+  Doctor doctor = Run({"--config", dir_.Write("bad.json", R"({"compute": {"node_count": "two"}})")});
+  EXPECT_EQ(doctor.exit_code, 1);
+  EXPECT_EQ(doctor["config"]["verdict"], "FAIL");
+  EXPECT_NE(doctor["config"]["detail"].get<std::string>().find("compute.node_count"), std::string::npos);
+  EXPECT_EQ(doctor.findings.size(), 1u) << "nothing else can be checked without a config";
+}
+
+TEST_F(DoctorTest, ADestinationThatIsNotADirectoryFails) {
+  const std::string file = dir_.Write("a-file", "x");
+  const std::string config = dir_.Write("job.json", R"({"runtime": {"checkpointing_config": {"enabled": true}},
+      "launcher": {"checkpoint": {"destination": "file://)" + file + R"(/checkpoints"}}})");
+  Doctor doctor = Run({"--config", config});
+  EXPECT_EQ(doctor.exit_code, 1);
+  EXPECT_EQ(doctor["destination"]["verdict"], "FAIL");
+  EXPECT_NE(doctor["destination"]["detail"].get<std::string>().find("is not a directory"), std::string::npos);
+  EXPECT_EQ(doctor["checkpoints"]["verdict"], "ok") << "BT_CHECKPOINT_DIR is under --root";
+}
+
+TEST_F(DoctorTest, SixtyFourMebibytesOfSharedMemoryFailAMultiGpuJob) {
+  if (geteuid() != 0) GTEST_SKIP() << "SKIPPED: mounting a tmpfs needs root";
+  const std::string config = dir_.Write("job.json", R"({"compute": {"accelerator": "H100:8"}})");
+  // Docker's default: a 64 MiB tmpfs, here in a mount namespace of the doctor's own.
+  const std::string script = "mount -t tmpfs -o size=64m tmpfs /dev/shm && exec \"$0\" \"$@\"";
+  Doctor doctor = Run({"--config", config}, {}, "/usr/bin/unshare", {"--mount", "sh", "-c", script, BT_LAUNCH_BINARY});
+  if (doctor.findings.empty()) GTEST_SKIP() << "SKIPPED: cannot mount a tmpfs here: " << doctor.err;
+  EXPECT_EQ(doctor["/dev/shm"]["verdict"], "FAIL");
+  EXPECT_NE(doctor["/dev/shm"]["detail"].get<std::string>().find("64 MiB"), std::string::npos);
+  EXPECT_NE(doctor["/dev/shm"]["fix"].get<std::string>().find("--shm-size"), std::string::npos);
+}
+
+TEST_F(DoctorTest, GpusFewerThanTheAcceleratorCountFail) {
+  const std::string sys = dir_.path() + "/host/sys";
+  fs::create_directories(sys);
+  for (int gpu = 0; gpu < 4; ++gpu) WriteFile(dir_.path() + "/host/dev/nvidia" + std::to_string(gpu));
+  WriteFile(dir_.path() + "/host/dev/nvidiactl");  // not a GPU
+  const std::string eight = dir_.Write("eight.json", R"({"compute": {"accelerator": "H100:8"}})");
+  Doctor missing = Run({"--config", eight, "--sysfs-root", sys});
+  EXPECT_EQ(missing["gpus"]["verdict"], "FAIL");
+  EXPECT_NE(missing["gpus"]["detail"].get<std::string>().find("4 in "), std::string::npos) << missing["gpus"].dump();
+
+  const std::string four = dir_.Write("four.json", R"({"compute": {"accelerator": "H100:4"}})");
+  EXPECT_EQ(Run({"--config", four, "--sysfs-root", sys})["gpus"]["verdict"], "ok");
+  Doctor hidden = Run({"--config", four, "--sysfs-root", sys}, {{"CUDA_VISIBLE_DEVICES", "0,1"}});
+  EXPECT_EQ(hidden["gpus"]["verdict"], "FAIL");
+  EXPECT_NE(hidden["gpus"]["fix"].get<std::string>().find("CUDA_VISIBLE_DEVICES"), std::string::npos);
+}
+
+TEST_F(DoctorTest, LimitedLockedMemoryFailsOnAnRdmaHost) {
+  const std::string rdma = std::string(BT_SOURCE_DIR) + "/tests/fixtures/fabric/ib8-ndr-a/sys";
+  Doctor doctor = Run({"--sysfs-root", rdma}, {}, "/usr/bin/prlimit", {"--memlock=65536:65536", BT_LAUNCH_BINARY});
+  EXPECT_EQ(doctor["memlock"]["verdict"], "FAIL") << doctor["memlock"].dump();
+  EXPECT_NE(doctor["memlock"]["detail"].get<std::string>().find("ibv_reg_mr"), std::string::npos);
+  EXPECT_NE(doctor["fabric"]["detail"].get<std::string>().find("InfiniBand"), std::string::npos) << doctor["fabric"].dump();
+
+  Doctor no_rdma = Run({}, {}, "/usr/bin/prlimit", {"--memlock=65536:65536", BT_LAUNCH_BINARY});
+  EXPECT_EQ(no_rdma["memlock"]["verdict"], "ok") << "locked memory matters only with RDMA";
+}
+
+}  // namespace
+}  // namespace bt::testing
