@@ -1,7 +1,6 @@
 #include "launcher/doctor.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -77,34 +76,6 @@ std::string AddressText(const sockaddr* address) {
                                                   : static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(address)->sin6_addr);
   inet_ntop(address->sa_family, raw, text, sizeof text);
   return text;
-}
-
-// A connect that gives up after `timeout`; the socket, or -1 with errno (ETIMEDOUT when the
-// peer never answered: a firewall that drops, unlike one that refuses).
-int ConnectWithin(const addrinfo* address, std::chrono::milliseconds timeout) {
-  int fd = socket(address->ai_family, address->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, address->ai_protocol);
-  if (fd < 0) return -1;
-  if (connect(fd, address->ai_addr, address->ai_addrlen) != 0 && errno != EINPROGRESS) {
-    const int error = errno;
-    close(fd);
-    errno = error;
-    return -1;
-  }
-  pollfd writable = {fd, POLLOUT, 0};
-  int error = 0;
-  socklen_t length = sizeof error;
-  if (poll(&writable, 1, int(timeout.count())) != 1) {
-    error = ETIMEDOUT;
-  } else {
-    getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length);
-  }
-  if (error != 0) {
-    close(fd);
-    errno = error;
-    return -1;
-  }
-  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // the handshake reads with its own deadline
-  return fd;
 }
 
 // Whether something could bind `port` on every address of this host now.
@@ -269,8 +240,7 @@ class Doctor {
     int fd = -1;
     int error = 0;
     for (const addrinfo* address = addresses; address != nullptr && fd < 0; address = address->ai_next) {
-      fd = ConnectWithin(address, kConnectTimeout);
-      if (fd < 0) error = errno;
+      fd = rendezvous::ConnectWithin(*address, kConnectTimeout, error);
     }
     if (fd < 0) {
       ReportUnreachable(where, error);

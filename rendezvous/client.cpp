@@ -28,36 +28,6 @@ int64_t MillisLeft(Clock::time_point deadline) {
   return std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
 }
 
-// One non-blocking connect bounded by `timeout`; returns the fd or -1 with `error` set.
-int ConnectOnce(const addrinfo& address, std::chrono::milliseconds timeout, std::string& error) {
-  int fd = socket(address.ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    error = std::string("socket: ") + std::strerror(errno);
-    return -1;
-  }
-  if (connect(fd, address.ai_addr, address.ai_addrlen) != 0 && errno != EINPROGRESS) {
-    error = std::strerror(errno);
-    close(fd);
-    return -1;
-  }
-  pollfd writable = {fd, POLLOUT, 0};
-  if (poll(&writable, 1, int(timeout.count())) != 1) {
-    error = "connect timed out";
-    close(fd);
-    return -1;
-  }
-  int status = 0;
-  socklen_t length = sizeof status;
-  getsockopt(fd, SOL_SOCKET, SO_ERROR, &status, &length);
-  if (status != 0) {
-    error = std::strerror(status);
-    close(fd);
-    return -1;
-  }
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  return fd;
-}
 
 }  // namespace
 
@@ -92,15 +62,15 @@ int ConnectWithBackoff(const ClientOptions& options, Clock::time_point deadline)
       last_error = std::string("cannot resolve ") + options.leader_host + ": " + gai_strerror(lookup);
     } else {
       for (addrinfo* address = addresses; address != nullptr; address = address->ai_next) {
-        std::string error;
+        int error = 0;
         auto attempt_timeout = std::min<std::chrono::milliseconds>(ConnectSchedule::AttemptTimeout(attempts),
                                                                    std::chrono::milliseconds(MillisLeft(deadline) + 1));
-        int fd = ConnectOnce(*address, attempt_timeout, error);
+        int fd = ConnectWithin(*address, attempt_timeout, error);
         if (fd >= 0) {
           freeaddrinfo(addresses);
           return fd;
         }
-        last_error = error;
+        last_error = error == ETIMEDOUT ? "connect timed out" : std::strerror(error);
       }
       freeaddrinfo(addresses);
     }
@@ -157,6 +127,31 @@ void WriteAll(int fd, const std::string& bytes) {
 }
 
 }  // namespace
+
+int ConnectWithin(const addrinfo& address, std::chrono::milliseconds timeout, int& error) {
+  int fd = socket(address.ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    error = errno;
+    return -1;
+  }
+  if (connect(fd, address.ai_addr, address.ai_addrlen) != 0 && errno != EINPROGRESS) {
+    error = errno;
+    close(fd);
+    return -1;
+  }
+  pollfd writable = {fd, POLLOUT, 0};
+  int status = ETIMEDOUT;
+  socklen_t length = sizeof status;
+  if (poll(&writable, 1, int(timeout.count())) == 1) getsockopt(fd, SOL_SOCKET, SO_ERROR, &status, &length);
+  if (status != 0) {
+    error = status;
+    close(fd);
+    return -1;
+  }
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return fd;
+}
 
 // The server proves the token first by answering our nonce only after checking ours:
 // both sides learn that the other holds the token, and neither sends it.

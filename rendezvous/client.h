@@ -4,6 +4,8 @@
 // heartbeat timeout counts as its loss.
 #pragma once
 
+#include <netdb.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -48,6 +50,10 @@ struct ConnectSchedule {
   // so that a cluster's nodes do not retry in lockstep. `random` is any uniform value.
   static std::chrono::milliseconds Backoff(int attempt, uint32_t random);
 };
+
+// One non-blocking connect bounded by `timeout`: the socket (still non-blocking), or -1
+// with `error` set to the errno, ETIMEDOUT when nothing answered (packets dropped).
+int ConnectWithin(const addrinfo& address, std::chrono::milliseconds timeout, int& error);
 
 // What the handshake learnt about the leader besides its proof.
 struct LeaderHandshake {
