@@ -162,7 +162,8 @@ std::unique_ptr<TcpPeers> TcpPeers::Join(const env::JobConfig& config, const env
                             std::string("stopped by ") + strsignal(*signal_number) + " while waiting for the leader");
       }
     }
-    throw LaunchFailure(kExitUnavailable, std::string("rendezvous failed: ") + error.what() + LoopbackHint(identity));
+    throw LaunchFailure(kExitUnavailable, std::string("rendezvous failed: ") + error.what() + LoopbackHint(identity) +
+                                              "; `bt-launch doctor` on this node checks the name, the port, the token and the clock");
   }
   try {
     peers->client_->Join(rendezvous::LocalNodeInfo(identity.rank), identity.count);

@@ -1,7 +1,5 @@
 #include "launcher/ready.h"
 
-#include <thread>
-
 #include <spdlog/spdlog.h>
 
 #include "launcher/exit_codes.h"
@@ -12,7 +10,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr std::chrono::seconds kPublishEvery{1};
 constexpr std::chrono::seconds kWaitLogEvery{10};
-constexpr std::chrono::milliseconds kReadyPoll{200};
+constexpr std::chrono::milliseconds kReadyCheck{500};
+constexpr const char* kAllReady = "bt/ready/all";
 constexpr std::chrono::seconds kPhaseReadTimeout{2};
 
 std::string PhaseKey(int rank) { return "bt/phase/" + std::to_string(rank); }
@@ -34,6 +33,16 @@ std::string DescribePhases(Peers& peers, const env::NodeIdentity& identity, bool
     text += (text.empty() ? "" : "; ") + std::string("node ") + std::to_string(rank) + " (" + host + ") " + phase;
   }
   return text;
+}
+
+// Waits up to kReadyCheck for the barrier to open.
+bool AllReady(rendezvous::Store& store) {
+  try {
+    store.Wait({kAllReady}, kReadyCheck);
+    return true;
+  } catch (const rendezvous::StoreTimeout&) {
+    return false;
+  }
 }
 
 }  // namespace
@@ -66,9 +75,12 @@ void WaitUntilAllReady(Peers& peers, const env::NodeIdentity& identity, Clock::t
   if (store == nullptr) return;  // the mpi backend: ranks start together under mpirun
   NodePhase(&peers, identity.rank).Publish("ready");
   try {
-    store->Add("bt/ready", 1);
+    // The last node to get ready opens the barrier; the others wait for that key on the
+    // leader, which answers the moment it is set, waking every kReadyCheck to look for a
+    // stop, the deadline and the next progress line.
+    if (store->Add("bt/ready", 1) == identity.count) store->Set(kAllReady, "1");
     auto last_log = Clock::now();
-    while (store->Add("bt/ready", 0) < identity.count) {
+    while (!AllReady(*store)) {
       CheckStop(&peers, signals);
       if (Clock::now() >= deadline) {
         throw LaunchFailure(kExitUnavailable, "nodes not ready by the weights deadline (launcher.weights.timeout_s): " +
@@ -78,7 +90,6 @@ void WaitUntilAllReady(Peers& peers, const env::NodeIdentity& identity, Clock::t
         spdlog::info("waiting for every node to be ready: {}", DescribePhases(peers, identity, true));
         last_log = Clock::now();
       }
-      std::this_thread::sleep_for(kReadyPoll);
     }
   } catch (const rendezvous::StoreError& error) {
     CheckStop(&peers, signals);  // the client's verdict names the leader's loss or a failed node

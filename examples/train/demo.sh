@@ -10,7 +10,7 @@ cd "$(dirname "$0")/../.."
 bt_launch=$(realpath "${1:-build/launcher/bt-launch}")
 root=/tmp/bt-launch-demo  # the configs name it: weights[] paths are absolute
 nodes=2
-job_timeout_s=${DEMO_JOB_TIMEOUT_S:-150}
+job_timeout_s=${DEMO_JOB_TIMEOUT_S:-150}  # then SIGTERM: bt-launch stops the job, drains, exits (SIGKILL 90 s later)
 # Debian's python3-torch: its python3 and torchrun ahead of any other Python on PATH.
 export PATH=/usr/bin:$PATH
 export BT_RENDEZVOUS_TOKEN=${BT_RENDEZVOUS_TOKEN:-demo-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')}
@@ -24,7 +24,7 @@ python3 examples/train/prepare.py base-model "$root/sources/base-model"
 run_job() {
   local config=$1 pids=() status=0
   for rank in $(seq 0 $((nodes - 1))); do
-    timeout -k 10 "$job_timeout_s" "$bt_launch" run --config "$config" --root "$root/nodes" \
+    timeout -k 90 "$job_timeout_s" "$bt_launch" run --config "$config" --root "$root/nodes" \
       --node-rank "$rank" --node-count "$nodes" --leader-addr 127.0.0.1 > >(sed -u "s/^/[node $rank] /") 2>&1 &
     pids+=($!)
   done

@@ -11,6 +11,7 @@ each node's first worker (Trainer's save_on_each_node: the directory is node-loc
 checkpoint-<step>/ with pytorch_model.bin, optimizer.pt, rng_state_<rank>.pth and
 trainer_state.json last; older ones rotated away beyond SAVE_TOTAL_LIMIT.
 """
+import gc
 import json
 import os
 import shutil
@@ -121,6 +122,11 @@ def main():
             dist.barrier()
     if rank == 0:
         print(f"train: done at step {step} in {time.monotonic() - started:.1f} s", flush=True)
+    # The DDP model goes first: if its Reducer held the last reference to the process group,
+    # the group's destructor would join gloo's threads with the GIL held while one of them
+    # waits for the GIL to free a tensor, a deadlock at exit (pytorch/pytorch#56297).
+    del model
+    gc.collect()
     dist.destroy_process_group()
 
 

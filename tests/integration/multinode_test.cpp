@@ -323,6 +323,7 @@ TEST(MultiNode, LoopbackLeaderWithoutALeaderIsExplained) {
   EXPECT_EQ(result.exit_code, 69);
   EXPECT_NE(result.err.find("never answered"), std::string::npos) << result.err;
   EXPECT_NE(result.err.find("is a loopback address"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("`bt-launch doctor` on this node"), std::string::npos) << result.err;
 }
 
 TEST(MultiNode, SigtermWhileWaitingForTheLeaderExits143) {

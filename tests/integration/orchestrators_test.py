@@ -24,6 +24,7 @@ writes its arguments and environment so the test can compare what each node was 
 Exit 77 (SKIPPED) where the machine cannot run a scenario; every process has a deadline and
 everything created is removed.
 """
+import fnmatch
 import json
 import os
 import re
@@ -490,7 +491,12 @@ def scenario_dockerfile(binary):
     work = tempfile.mkdtemp(prefix="bt-dockerfile.")
     try:
         src, prefix = os.path.join(work, "src"), os.path.join(work, "usr-local")
-        shutil.copytree(SOURCE, src, symlinks=True, ignore=shutil.ignore_patterns(".git", "build*", "Testing"))
+        ignored = [line.strip() for line in open(os.path.join(SOURCE, ".dockerignore"))
+                   if line.strip() and not line.startswith("#")]
+
+        def dockerignore(directory, names):  # what `COPY . /src` leaves out (top-level patterns)
+            return [name for name in names if directory == SOURCE and any(fnmatch.fnmatch(name, p) for p in ignored)]
+        shutil.copytree(SOURCE, src, symlinks=True, ignore=dockerignore)
         for step in cmake_steps:
             argv = [prefix if word == "/usr/local" else word for word in shlex.split(step)]
             result = subprocess.run(argv, cwd=src, capture_output=True, text=True, timeout=1200)
