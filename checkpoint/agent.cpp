@@ -262,6 +262,7 @@ class CheckpointAgent::Impl {
         handled_[candidate.name] = fingerprint;
         continue;
       }
+      if (journal_.HoldsMoreThan(candidate)) continue;  // being deleted: nothing new to upload
       if (auto owner = journal_.CommittedByAnotherJob(candidate.name, fingerprint)) {
         handled_[candidate.name] = fingerprint;
         spdlog::info("checkpoints: {} was committed by job {} from this volume; not uploaded again as {}'s", candidate.name,

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
@@ -146,6 +147,23 @@ std::optional<std::string> HandoffJournal::CommittedByAnotherJob(const std::stri
     if (entry.name == name && entry.snapshot && entry.snapshot->fingerprint == fingerprint) return entry.job_id;
   }
   return std::nullopt;
+}
+
+bool HandoffJournal::HoldsMoreThan(const Candidate& candidate) const {
+  const std::string base = candidate.is_directory ? candidate.name : ParentOf(candidate.name);
+  for (const auto& [seq, entry] : entries_) {
+    if (entry.name != candidate.name || !entry.snapshot || entry.state == HandoffState::kAbandoned) continue;
+    const auto& recorded = entry.snapshot->files;
+    if (recorded.size() <= candidate.files.size()) continue;
+    const bool all_kept = std::all_of(candidate.files.begin(), candidate.files.end(), [&](const FileEntry& file) {
+      const std::string relative = base.empty() ? file.path : file.path.substr(base.size() + 1);
+      return std::any_of(recorded.begin(), recorded.end(), [&](const SnapshotFile& kept) {
+        return kept.path == relative && kept.size == file.size && kept.mtime_ns == file.mtime_ns;
+      });
+    });
+    if (all_kept) return true;
+  }
+  return false;
 }
 
 }  // namespace bt::checkpoint

@@ -51,6 +51,10 @@ class HandoffJournal {
   // Another job that committed this very version of `name` from this volume (a job run
   // again on a volume an earlier job left checkpoints on): the version is that job's.
   std::optional<std::string> CommittedByAnotherJob(const std::string& name, const std::string& fingerprint) const;
+  // A recorded version of the candidate's checkpoint (any job's) that holds every one of its
+  // files unchanged, and more: the checkpoint is being deleted (rotation removes files one
+  // by one, the marker possibly last), not written anew, and is no new version.
+  bool HoldsMoreThan(const Candidate& candidate) const;
   const std::string& path() const { return path_; }
 
   void SetScope(std::string job_id, std::string destination);

@@ -152,6 +152,32 @@ TEST(Journal, ResumesUnfinishedAndSkipsACorruptTail) {
   EXPECT_TRUE(journal.Unfinished().empty());
 }
 
+TEST(Journal, AVersionLosingFilesIsBeingDeletedAndAnotherJobsCommitStaysItsOwn) {
+  TempDir dir;
+  const std::string root = dir.path() + "/ckpts";
+  WriteBytes(root + "/checkpoint-3/model.bin", "weights");
+  WriteBytes(root + "/checkpoint-3/optimizer.pt", "moments");
+  WriteBytes(root + "/checkpoint-3/trainer_state.json", "{}");
+  const Candidate whole = OnlyCandidate(root);
+  Snapshot snapshot = TakeSnapshot(root, whole, dir.path() + "/staging/1", 1);
+  HandoffJournal journal(dir.path() + "/journal.jsonl");
+  journal.SetScope("first-job", "file:///x");
+  journal.Record(1, "checkpoint-3", HandoffState::kSnapshotted, "", snapshot);
+  journal.Record(1, "checkpoint-3", HandoffState::kCommitted);
+  EXPECT_FALSE(journal.HoldsMoreThan(whole)) << "the version itself is not being deleted";
+
+  std::filesystem::remove(root + "/checkpoint-3/model.bin");  // rotation, one file at a time
+  EXPECT_TRUE(journal.HoldsMoreThan(OnlyCandidate(root)));
+  WriteBytes(root + "/checkpoint-3/optimizer.pt", "rewritten");  // not the recorded file any more
+  EXPECT_FALSE(journal.HoldsMoreThan(OnlyCandidate(root)));
+
+  journal.SetScope("second-job", "file:///x");
+  EXPECT_EQ(journal.CommittedByAnotherJob("checkpoint-3", Fingerprint(whole)), "first-job");
+  EXPECT_EQ(journal.CommittedByAnotherJob("checkpoint-3", "another-version"), std::nullopt);
+  journal.SetScope("first-job", "file:///x");
+  EXPECT_EQ(journal.CommittedByAnotherJob("checkpoint-3", Fingerprint(whole)), std::nullopt) << "its own job";
+}
+
 TEST(Watcher, SeesFilesInDirectoriesCreatedFasterThanTheWatchIsAdded) {
   TempDir dir;
   TreeWatcher watcher(dir.path(), env::WatchMode::kInotify, ".complete");

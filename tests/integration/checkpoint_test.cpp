@@ -89,6 +89,25 @@ TEST_F(CheckpointJob, CommitsEveryCheckpointEvenWhenRotationDeletesItRightAway) 
   EXPECT_TRUE(fs::is_empty(CheckpointDir() + "/.bt-checkpoint/staging")) << "staging is emptied after the upload";
 }
 
+TEST_F(CheckpointJob, ACheckpointDeletedFileByFileIsNotUploadedAgain) {
+  // Rotation removes a committed checkpoint one file at a time, the marker last; each step
+  // leaves a "complete" directory with fewer files, which must not replace the upload.
+  const std::string dir = "$BT_CHECKPOINT_DIR/checkpoint-1";
+  std::string wait_commit = "while [ ! -s " + Remote() + "/" + kJob + "/latest ]; do sleep 0.1; done";
+  std::string config = Config({HfSave(1) + " && " + wait_commit + " && rm " + dir + "/model.safetensors.bin && sleep 1.2 && rm " +
+                               dir + "/config.json && sleep 1.2 && rm -r " + dir + " && sleep 1"});
+  ProcessResult result = RunLauncher(Run(config));
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(fs::file_size(RankDir() + "/checkpoint-1/model.safetensors.bin"), 200000u) << "the upload was replaced";
+  const std::string manifest = ReadFile(RankDir() + "/checkpoint-1.bt-manifest.json");
+  EXPECT_NE(manifest.find("model.safetensors.bin"), std::string::npos) << manifest;
+  size_t handoffs = 0;
+  for (size_t at = result.err.find("checkpoint-1 is complete"); at != std::string::npos; at = result.err.find("checkpoint-1 is complete", at + 1)) {
+    ++handoffs;
+  }
+  EXPECT_EQ(handoffs, 1u) << result.err;
+}
+
 TEST_F(CheckpointJob, PollingFindsCheckpointsWithoutInotify) {
   // What NFS and FUSE volumes get: no events, only the periodic scan.
   nlohmann::json config = nlohmann::json::parse(ReadFile(Config({HfSave(1) + " && sleep 1.5 && " + HfSave(2)})));
