@@ -224,8 +224,7 @@ class Doctor {
   }
 
   bool ResolvesToThisHost(const std::vector<std::string>& resolved) {
-    const auto inventory = rendezvous::fabric::ReadInventory(rendezvous::fabric::SysfsRoot(cli_.sysfs_root));
-    for (const auto& interface : inventory.interfaces) {
+    for (const auto& interface : Fabric().inventory.interfaces) {
       for (const auto& address : interface.addresses) {
         for (const auto& candidate : resolved) {
           if (address == candidate) return true;
@@ -315,8 +314,14 @@ class Doctor {
                                    " bytes); whether it matches the leader's is checked once a leader runs");
   }
 
+  // This node's devices and interfaces, read once: the leader check needs the interfaces.
+  const FabricResult& Fabric() {
+    if (!fabric_) fabric_ = InspectFabric(config_, identity_, rendezvous::fabric::SysfsRoot(cli_.sysfs_root), environment_);
+    return *fabric_;
+  }
+
   void CheckFabric() {
-    const FabricResult fabric = InspectFabric(config_, identity_, rendezvous::fabric::SysfsRoot(cli_.sysfs_root), environment_);
+    const FabricResult& fabric = Fabric();
     rdma_ = !fabric.inventory.devices.empty();
     const std::string summary = fabric.plan.nodes.empty() ? "no RDMA" : fabric.plan.nodes.front().summary;
     if (!fabric.inventory.warnings.empty()) {
@@ -488,6 +493,7 @@ class Doctor {
   env::NodeIdentity identity_;
   env::JobEnvironment environment_;
   std::optional<RendezvousEndpoint> endpoint_;
+  std::optional<FabricResult> fabric_;
   bool token_checked_ = false;
   bool rdma_ = false;
 };

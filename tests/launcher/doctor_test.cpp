@@ -2,6 +2,9 @@
 // a cluster: no leader, a wrong token, a skewed clock (libfaketime on the leader), a name
 // that does not resolve, a 64 MiB /dev/shm (a tmpfs in a private mount namespace), GPUs
 // missing, locked memory limited on an RDMA host, a destination that is not a directory.
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -142,6 +145,25 @@ TEST_F(DoctorTest, ALeaderNameThatDoesNotResolveFails) {
   EXPECT_EQ(doctor.exit_code, 1);
   EXPECT_EQ(doctor["leader name"]["verdict"], "FAIL");
   EXPECT_NE(doctor["leader name"]["detail"].get<std::string>().find("does not resolve"), std::string::npos);
+}
+
+// The pod-1-points-at-itself mistake: a leader name that resolves to this host while this
+// node is not rank 0 (each node would wait for itself).
+TEST_F(DoctorTest, ALeaderAddressOfThisHostOnANonZeroRankIsAWarning) {
+  std::string own_address;
+  ifaddrs* interfaces = nullptr;
+  ASSERT_EQ(getifaddrs(&interfaces), 0);
+  for (ifaddrs* entry = interfaces; entry != nullptr && own_address.empty(); entry = entry->ifa_next) {
+    if (entry->ifa_addr == nullptr || entry->ifa_addr->sa_family != AF_INET || (entry->ifa_flags & IFF_LOOPBACK)) continue;
+    char text[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(entry->ifa_addr)->sin_addr, text, sizeof text);
+    own_address = text;
+  }
+  freeifaddrs(interfaces);
+  if (own_address.empty()) GTEST_SKIP() << "SKIPPED: this host has no non-loopback IPv4 address";
+  Doctor doctor = Run({"--node-rank", "1", "--node-count", "2", "--leader-addr", own_address});
+  EXPECT_EQ(doctor["leader name"]["verdict"], "WARN") << doctor["leader name"].dump();
+  EXPECT_NE(doctor["leader name"]["detail"].get<std::string>().find("this node is rank 1"), std::string::npos);
 }
 
 TEST_F(DoctorTest, ABadConfigNamesTheFieldAndStops) {
