@@ -440,6 +440,17 @@ def scenario_mpirun(binary):
         for rank, record in records.items():
             leaked = sorted(name for name in record["env"] if name.startswith(("OMPI_", "PMIX_", "PRTE_")))
             check(not leaked, f"node {rank}: MPI variables reached the job: {leaked[:5]}")
+
+        # With a hostfile: one rank per listed host, the first host leading. This machine is
+        # the only host there is, so the file lists it once (a comment and a blank line too).
+        hostfile = workspace.write(os.path.join(workspace.path, "hosts"), "# the job's hosts\n\nlocalhost slots=1\n")
+        os.remove(os.path.join(workspace.records, "torchrun-0.json"))
+        run = start(workspace, [os.path.join(EXAMPLES, "mpirun", "run.sh"), hostfile], env, "mpirun-hostfile.log")
+        codes = wait_all([run])
+        check(codes == [0], f"run.sh HOSTFILE exited {codes}:\n" + output_of(workspace, "mpirun-hostfile.log")[-3000:])
+        record = workspace.records_by_rank(1)[0]
+        check(record["env"]["MASTER_ADDR"] == "localhost" and record["env"]["BT_GROUP_SIZE"] == "1",
+              f"the hostfile's first host did not lead a one-node job: {record['env'].get('MASTER_ADDR')}")
     finally:
         workspace.remove()
 
