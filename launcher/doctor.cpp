@@ -1,8 +1,6 @@
 #include "launcher/doctor.h"
 
-#include <arpa/inet.h>
 #include <netdb.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -22,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/destination.h"
+#include "checkpoint/tree.h"
 #include "env/environment.h"
 #include "env/identity.h"
 #include "env/job_config.h"
@@ -30,6 +29,8 @@
 #include "launcher/fabric.h"
 #include "launcher/peers.h"
 #include "rendezvous/client.h"
+#include "rendezvous/node_info.h"
+#include "rendezvous/server.h"
 #include "rendezvous/fabric/inventory.h"
 
 namespace bt::launcher {
@@ -56,41 +57,10 @@ const char* VerdictName(Verdict verdict) {
   return "?";
 }
 
-std::string Gib(uint64_t bytes) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.1f GiB", double(bytes) / double(kGiB));
-  return text;
-}
-
-std::string Mib(uint64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
-
 std::string Join(const std::vector<std::string>& items, const std::string& separator = ", ") {
   std::string text;
   for (const auto& item : items) text += (text.empty() ? "" : separator) + item;
   return text;
-}
-
-std::string AddressText(const sockaddr* address) {
-  char text[INET6_ADDRSTRLEN] = "?";
-  const void* raw = address->sa_family == AF_INET ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(address)->sin_addr)
-                                                  : static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(address)->sin6_addr);
-  inet_ntop(address->sa_family, raw, text, sizeof text);
-  return text;
-}
-
-// Whether something could bind `port` on every address of this host now.
-std::optional<std::string> PortTaken(uint16_t port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return std::string(std::strerror(errno));
-  int yes = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);  // as the leader binds: TIME_WAIT does not count
-  sockaddr_in any{};
-  any.sin_family = AF_INET;
-  any.sin_port = htons(port);
-  std::optional<std::string> taken;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&any), sizeof any) != 0) taken = std::strerror(errno);
-  close(fd);
-  return taken;
 }
 
 // The directory, or the nearest folder above it that exists (where it would be created).
@@ -201,7 +171,7 @@ class Doctor {
       return;
     }
     std::vector<std::string> resolved;
-    for (addrinfo* address = addresses; address != nullptr; address = address->ai_next) resolved.push_back(AddressText(address->ai_addr));
+    for (addrinfo* address = addresses; address != nullptr; address = address->ai_next) resolved.push_back(rendezvous::AddressText(address->ai_addr));
     CheckLeaderName(resolved);
     ReachLeader(addresses);
     freeaddrinfo(addresses);
@@ -209,8 +179,7 @@ class Doctor {
 
   void CheckLeaderName(const std::vector<std::string>& resolved) {
     std::string detail = identity_.leader_addr + " -> " + Join(resolved);
-    const bool loopback = resolved.front().rfind("127.", 0) == 0 || resolved.front() == "::1";
-    if (loopback) {
+    if (IsLoopback(resolved.front())) {
       Add("leader name", Verdict::kWarn, detail + " (loopback)",
           "loopback works only when all " + std::to_string(identity_.count) + " nodes run on this host; give node 0's address");
       return;
@@ -224,14 +193,9 @@ class Doctor {
   }
 
   bool ResolvesToThisHost(const std::vector<std::string>& resolved) {
-    for (const auto& interface : Fabric().inventory.interfaces) {
-      for (const auto& address : interface.addresses) {
-        for (const auto& candidate : resolved) {
-          if (address == candidate) return true;
-        }
-      }
-    }
-    return false;
+    return std::any_of(resolved.begin(), resolved.end(), [&](const std::string& address) {
+      return !rendezvous::fabric::InterfaceWithAddress(Fabric().inventory.interfaces, address).empty();
+    });
   }
 
   void ReachLeader(const addrinfo* addresses) {
@@ -264,8 +228,8 @@ class Doctor {
   void ReportUnreachable(const std::string& where, int error) {
     if (identity_.rank == 0 && error == ECONNREFUSED) {
       // Before the job starts nobody serves yet: what matters is that node 0 will be able to.
-      if (auto taken = PortTaken(endpoint_->port)) {
-        Add("leader port", Verdict::kFail, "port " + std::to_string(endpoint_->port) + " cannot be bound here: " + *taken,
+      if (auto taken = rendezvous::PortUnavailable(endpoint_->port)) {
+        Add("leader port", Verdict::kFail, *taken + " here, where node 0 serves",
             "another program holds it: stop it, or set BT_RENDEZVOUS_PORT to a free port on every node");
       } else {
         Add("leader port", Verdict::kOk, "nothing serves " + where + " yet; node 0 can listen on port " + std::to_string(endpoint_->port));
@@ -347,7 +311,7 @@ class Doctor {
       return;
     }
     const uint64_t size = uint64_t(shm.f_blocks) * shm.f_frsize;
-    const std::string detail = Mib(size) + " (" + Mib(uint64_t(shm.f_bavail) * shm.f_frsize) + " free)";
+    const std::string detail = checkpoint::FormatBytes(size) + " (" + checkpoint::FormatBytes(uint64_t(shm.f_bavail) * shm.f_frsize) + " free)";
     if (size < kMinSharedMemoryBytes) {
       Add("/dev/shm", Gpus() > 1 ? Verdict::kFail : Verdict::kWarn, detail + ": too small (Docker's default is 64 MiB)",
           "NCCL between local GPUs and DataLoader workers fail with 'No space left' or bus errors: docker run "
@@ -363,10 +327,10 @@ class Doctor {
     if (memlock.rlim_cur == RLIM_INFINITY) {
       Add("memlock", Verdict::kOk, "unlimited");
     } else if (rdma_) {
-      Add("memlock", Verdict::kFail, Mib(memlock.rlim_cur) + ": RDMA registration (ibv_reg_mr) will fail with ENOMEM",
+      Add("memlock", Verdict::kFail, checkpoint::FormatBytes(memlock.rlim_cur) + ": RDMA registration (ibv_reg_mr) will fail with ENOMEM",
           "docker run --ulimit memlock=-1; on Kubernetes raise the container runtime's LimitMEMLOCK to infinity");
     } else {
-      Add("memlock", Verdict::kOk, Mib(memlock.rlim_cur) + " (enough without RDMA)");
+      Add("memlock", Verdict::kOk, checkpoint::FormatBytes(memlock.rlim_cur) + " (enough without RDMA)");
     }
 
     rlimit files{};
@@ -445,7 +409,7 @@ class Doctor {
     struct statvfs space {};
     statvfs(existing.c_str(), &space);
     const uint64_t free_bytes = uint64_t(space.f_bavail) * space.f_frsize;
-    const std::string detail = where + ": writable, " + Gib(free_bytes) + " free";
+    const std::string detail = where + ": writable, " + checkpoint::FormatBytes(free_bytes) + " free";
     if (free_bytes < kMinFreeBytes) {
       Add(check, Verdict::kWarn, detail, fix_prefix + "free space or a bigger volume: writes will fail with ENOSPC");
       return;

@@ -23,12 +23,6 @@ using rendezvous::PeerEvent;
 
 std::chrono::milliseconds Millis(double seconds) { return std::chrono::milliseconds(int64_t(seconds * 1000)); }
 
-bool IsLoopback(const std::string& host) {
-  if (host == "localhost" || host == "::1") return true;
-  in_addr address{};
-  return inet_pton(AF_INET, host.c_str(), &address) == 1 && (ntohl(address.s_addr) >> 24) == 127;
-}
-
 std::string LoopbackHint(const env::NodeIdentity& identity) {
   if (identity.count < 2 || !IsLoopback(identity.leader_addr)) return "";
   return "; the leader address " + identity.leader_addr +
@@ -54,6 +48,12 @@ void ReapExitedChildren() {
 }
 
 }  // namespace
+
+bool IsLoopback(const std::string& host) {
+  if (host == "localhost" || host == "::1") return true;
+  in_addr address{};
+  return inet_pton(AF_INET, host.c_str(), &address) == 1 && (ntohl(address.s_addr) >> 24) == 127;
+}
 
 std::unique_ptr<Peers> JoinPeers(const env::JobConfig& config, const env::NodeIdentity& identity,
                                  const std::string& job_id, SignalRouter& signals) {

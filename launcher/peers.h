@@ -29,6 +29,9 @@ struct RendezvousEndpoint {
 // overwritten in the process's original environment block. "" when neither is set.
 const std::string& RendezvousTokenFromEnvironment();
 
+// "localhost", ::1 or 127.0.0.0/8: an address that reaches node 0 only from its own host.
+bool IsLoopback(const std::string& host);
+
 // BT_RENDEZVOUS_PORT, else launcher.rendezvous.port; the token above, else derived.
 RendezvousEndpoint ResolveEndpoint(const env::JobConfig& config, const std::string& job_id);
 

@@ -813,4 +813,13 @@ ServerVerdict StoreServer::verdict() const { return loop_->verdict(); }
 std::vector<int> StoreServer::unreported() const { return loop_->unreported(); }
 std::vector<NodeInfo> StoreServer::roster() const { return loop_->roster(); }
 
+std::optional<std::string> PortUnavailable(uint16_t port) {
+  try {
+    for (int fd : Listen(port, -1, 1)) close(fd);  // backlog -1: bound, never listening
+    return std::nullopt;
+  } catch (const StoreError& error) {
+    return std::string(error.what());
+  }
+}
+
 }  // namespace bt::rendezvous

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -38,6 +39,10 @@ struct ServerVerdict {
 // Raises the soft open-file limit to the hard one, and the hard one to `wanted` where the
 // process may (root with CAP_SYS_RESOURCE). Returns the soft limit now in force.
 size_t RaiseOpenFileLimit(size_t wanted);
+
+// Why the leader could not bind `port` on this host now (every address, as it binds), or
+// nullopt when it could. `bt-launch doctor` asks on node 0 before the job starts.
+std::optional<std::string> PortUnavailable(uint16_t port);
 
 class StoreServer {
  public:
