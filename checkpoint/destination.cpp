@@ -15,6 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/file_copy.h"
+#include "checkpoint/hash.h"
 #include "checkpoint/subprocess.h"
 #include "checkpoint/tree.h"
 
@@ -68,8 +70,8 @@ void WriteFileAtomically(const std::string& path, const std::string& text) {
   SyncDirectory(directory);
 }
 
-// Copies one file under a temporary name and starts its writeback at once, so the disk
-// writes it while the next file is copied; Finish() then waits for the data and renames.
+// Copies each file under a temporary name, hashing it on the way (file_copy.h); Finish()
+// then makes every copy durable and renames them into place.
 class AtomicFileBatch {
  public:
   ~AtomicFileBatch() {
@@ -79,24 +81,23 @@ class AtomicFileBatch {
     }
   }
 
-  void Add(const std::string& from, const std::string& to) {
+  FileDigest Add(const std::string& from, const std::string& to, const std::function<void(uint64_t)>& on_bytes) {
     const std::string directory = ParentOf(to);
     Pending pending{directory + "/.bt-upload-" + std::to_string(getpid()) + "-" + BaseName(to), to, -1};
+    CopiedFile copied;
     try {
       MakeDirectories(directory);
-      CopyFile(from, pending.temporary);
+      copied = CopyHashing(from, pending.temporary, on_bytes);
     } catch (const std::runtime_error& error) {
       unlink(pending.temporary.c_str());
       throw DestinationError(error.what());
     }
-    pending.fd = open(pending.temporary.c_str(), O_WRONLY | O_CLOEXEC);
-    if (pending.fd < 0) Fail("cannot open " + pending.temporary);
-    struct stat info {};
-    // Large files start their writeback now; small ones wait for the one sync at the end.
-    if (fstat(pending.fd, &info) == 0 && info.st_size >= kStartWritebackFrom) {
-      sync_file_range(pending.fd, 0, 0, SYNC_FILE_RANGE_WRITE);
-    }
+    pending.fd = copied.fd;
+    // What went through the page cache starts its writeback now, so the disk writes it while
+    // the next file is copied; small files wait for the one sync at the end.
+    if (copied.buffered_bytes >= kStartWritebackFrom) sync_file_range(pending.fd, 0, 0, SYNC_FILE_RANGE_WRITE);
     pending_.push_back(std::move(pending));
+    return copied.digest;
   }
 
   // Many small files: one syncfs of the destination's filesystem costs one journal commit
@@ -132,6 +133,19 @@ class AtomicFileBatch {
   std::vector<Pending> pending_;
 };
 
+void AddFile(Manifest& manifest, const std::string& path, const FileDigest& digest) {
+  manifest.files.push_back(ManifestFile{path, digest.size, digest.xxh3_128});
+  manifest.total_bytes += digest.size;
+}
+
+// For backends that hand the staged files to another program: hashed first, while their
+// pages are still cached.
+void HashStagedFiles(const Snapshot& snapshot, Manifest& manifest) {
+  for (const SnapshotFile& file : snapshot.files) {
+    AddFile(manifest, file.path, HashFile(snapshot.staging_dir + "/" + file.path));
+  }
+}
+
 std::optional<std::string> ReadWholeFile(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
   if (!file) {
@@ -148,18 +162,20 @@ class FileDestination final : public Destination {
   explicit FileDestination(DestinationSpec spec) : spec_(std::move(spec)) {}
   std::string Describe() const override { return spec_.uri; }
 
-  void Upload(const Snapshot& snapshot, const Manifest& manifest, const std::string& rank_dir,
-              const Progress& progress) override {
+  Manifest Upload(const Snapshot& snapshot, Manifest manifest, const std::string& rank_dir,
+                  const Progress& progress) override {
     const std::string directory = JoinPath(Root(rank_dir), manifest.base());
     uint64_t done = 0;
     AtomicFileBatch batch;
     for (const SnapshotFile& file : snapshot.files) {
-      batch.Add(snapshot.staging_dir + "/" + file.path, directory + "/" + file.path);
-      done += file.size;
-      progress(done, snapshot.total_bytes);
+      FileDigest digest = batch.Add(snapshot.staging_dir + "/" + file.path, directory + "/" + file.path,
+                                    [&](uint64_t copied) { progress(done + copied, snapshot.total_bytes); });
+      AddFile(manifest, file.path, digest);
+      done += digest.size;
     }
     batch.Finish();
     WriteFileAtomically(Root(rank_dir) + "/" + ManifestName(manifest.name), manifest.ToJson().dump(2) + "\n");
+    return manifest;
   }
 
   void PublishLatest(const std::string& job_id, const std::string& name) override {
@@ -213,8 +229,9 @@ class RcloneDestination final : public Destination {
   explicit RcloneDestination(DestinationSpec spec) : spec_(std::move(spec)) {}
   std::string Describe() const override { return spec_.uri; }
 
-  void Upload(const Snapshot& snapshot, const Manifest& manifest, const std::string& rank_dir,
-              const Progress& progress) override {
+  Manifest Upload(const Snapshot& snapshot, Manifest manifest, const std::string& rank_dir,
+                  const Progress& progress) override {
+    HashStagedFiles(snapshot, manifest);
     const std::string list_path = snapshot.staging_dir + ".files";
     std::string list;
     for (const SnapshotFile& file : snapshot.files) list += file.path + "\n";
@@ -234,6 +251,7 @@ class RcloneDestination final : public Destination {
     if (result.exit_code != 0) throw DestinationError(DescribeRcloneFailure(result, last_error));
     progress(snapshot.total_bytes, snapshot.total_bytes);
     PutText(JoinPath(rank_dir, ManifestName(manifest.name)), manifest.ToJson().dump(2) + "\n");
+    return manifest;
   }
 
   void PublishLatest(const std::string& job_id, const std::string& name) override {
@@ -340,8 +358,9 @@ class SpoolDestination final : public Destination {
   explicit SpoolDestination(DestinationSpec spec) : spec_(std::move(spec)) {}
   std::string Describe() const override { return spec_.uri; }
 
-  void Upload(const Snapshot& snapshot, const Manifest& manifest, const std::string& rank_dir,
-              const Progress& progress) override {
+  Manifest Upload(const Snapshot& snapshot, Manifest manifest, const std::string& rank_dir,
+                  const Progress& progress) override {
+    HashStagedFiles(snapshot, manifest);
     nlohmann::json record = {{"type", "checkpoint"},
                              {"job_id", manifest.job_id},
                              {"node_rank", manifest.node_rank},
@@ -354,6 +373,7 @@ class SpoolDestination final : public Destination {
                              std::to_string(snapshot.seq);
     HandOff(stem, record);
     progress(snapshot.total_bytes, snapshot.total_bytes);
+    return manifest;
   }
 
   void PublishLatest(const std::string& job_id, const std::string& name) override {

@@ -1,5 +1,5 @@
 // Where committed checkpoints go, one interface with three backends:
-//   file://DIR   written by bt-launch itself (copy under a temporary name, then rename);
+//   file://DIR   written by bt-launch itself (hashing copy under a temporary name, fsync, rename);
 //   s3:// gs:// r2:// azure://   through rclone, with credentials in its environment only;
 //   spool://DIR  a handoff record per checkpoint for an external uploader, which acks it.
 // Layout under the destination: <job_id>/rank-<r>/<checkpoint>/<files>, the manifest beside
@@ -43,10 +43,12 @@ class Destination {
   virtual ~Destination() = default;
   virtual std::string Describe() const = 0;
 
-  // Data files first (read from snapshot.staging_dir), then the manifest. `rank_dir` is
-  // "<job_id>/rank-<r>". Throws DestinationError.
-  virtual void Upload(const Snapshot& snapshot, const Manifest& manifest, const std::string& rank_dir,
-                      const Progress& progress) = 0;
+  // Data files first (read from snapshot.staging_dir), then the manifest. `manifest` comes
+  // with its header (job, rank, name, layout, pointers) and no files: each backend adds every
+  // file's size and XXH3-128 (file:// as it copies them) and returns what it uploaded.
+  // `rank_dir` is "<job_id>/rank-<r>". Throws DestinationError.
+  virtual Manifest Upload(const Snapshot& snapshot, Manifest manifest, const std::string& rank_dir,
+                          const Progress& progress) = 0;
   // <job_id>/latest := name, after every node's part of it is uploaded.
   virtual void PublishLatest(const std::string& job_id, const std::string& name) = 0;
 

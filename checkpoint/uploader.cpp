@@ -25,7 +25,6 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/destination.h"
-#include "checkpoint/hash.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/snapshot.h"
 #include "checkpoint/subprocess.h"
@@ -86,7 +85,8 @@ std::optional<std::string> ChangedFile(const Snapshot& snapshot) {
   return std::nullopt;
 }
 
-Manifest BuildManifest(const Snapshot& snapshot, const UploaderConfig& config) {
+// The destination adds the files as it uploads them.
+Manifest ManifestHeader(const Snapshot& snapshot, const UploaderConfig& config) {
   Manifest manifest;
   manifest.job_id = config.job_id;
   manifest.node_rank = config.node_rank;
@@ -95,11 +95,6 @@ Manifest BuildManifest(const Snapshot& snapshot, const UploaderConfig& config) {
   manifest.is_directory = snapshot.is_directory;
   manifest.pointers = snapshot.pointers;
   manifest.created_unix = int64_t(std::time(nullptr));
-  for (const SnapshotFile& file : snapshot.files) {
-    FileDigest digest = HashFile(snapshot.staging_dir + "/" + file.path);
-    manifest.files.push_back(ManifestFile{file.path, digest.size, digest.xxh3_128});
-    manifest.total_bytes += digest.size;
-  }
   return manifest;
 }
 
@@ -128,10 +123,8 @@ class Worker {
   void Upload(const Snapshot& snapshot) {
     RetryUntilDone(snapshot.seq, snapshot.name, [&] {
       if (auto changed = ChangedFile(snapshot)) return Modified(snapshot, *changed);
-      Manifest manifest = BuildManifest(snapshot, config_);
-      if (auto changed = ChangedFile(snapshot)) return Modified(snapshot, *changed);
       auto last_progress = Clock::now();
-      destination_->Upload(snapshot, manifest, RankDir(), [&](uint64_t done, uint64_t total) {
+      destination_->Upload(snapshot, ManifestHeader(snapshot, config_), RankDir(), [&](uint64_t done, uint64_t total) {
         if (Clock::now() - last_progress < kProgressEvery && done < total) return;
         last_progress = Clock::now();
         Emit({UploaderEvent::Kind::kProgress, snapshot.seq, snapshot.name, "", done, total});

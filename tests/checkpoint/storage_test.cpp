@@ -210,15 +210,11 @@ Snapshot StageOne(const TempDir& dir) {
   return TakeSnapshot(root, OnlyCandidate(root), dir.path() + "/staging/4", 4);
 }
 
-Manifest ManifestOf(const Snapshot& snapshot) {
+Manifest HeaderOf(const Snapshot& snapshot) {
   Manifest manifest;
   manifest.job_id = "job";
   manifest.name = snapshot.name;
   manifest.layout = snapshot.layout;
-  for (const auto& file : snapshot.files) {
-    FileDigest digest = HashFile(snapshot.staging_dir + "/" + file.path);
-    manifest.files.push_back({file.path, digest.size, digest.xxh3_128});
-  }
   return manifest;
 }
 
@@ -226,10 +222,22 @@ TEST(FileDestination, WritesTheRemoteLayoutAndReadsItBack) {
   TempDir dir;
   Snapshot snapshot = StageOne(dir);
   auto destination = OpenDestination(ParseDestination("file://" + dir.path() + "/remote/", "test"));
-  destination->Upload(snapshot, ManifestOf(snapshot), "job/rank-1", [](uint64_t, uint64_t) {});
+  uint64_t last_done = 0;
+  Manifest uploaded = destination->Upload(snapshot, HeaderOf(snapshot), "job/rank-1", [&](uint64_t done, uint64_t total) {
+    EXPECT_EQ(total, snapshot.total_bytes);
+    last_done = done;
+  });
+  EXPECT_EQ(last_done, snapshot.total_bytes);
   destination->PublishLatest("job", "checkpoint-4");
+  // The digests were taken while copying: they must be those of the uploaded bytes.
+  ASSERT_EQ(uploaded.files.size(), 2u);
+  EXPECT_EQ(uploaded.total_bytes, snapshot.total_bytes);
+  for (const auto& file : uploaded.files) {
+    EXPECT_EQ(file.xxh3_128, HashFile(dir.path() + "/remote/job/rank-1/checkpoint-4/" + file.path).xxh3_128) << file.path;
+  }
+  Manifest stored = Manifest::FromJson(ReadFile(dir.path() + "/remote/job/rank-1/checkpoint-4.bt-manifest.json"), "test");
+  EXPECT_EQ(stored.ToJson(), uploaded.ToJson());
   EXPECT_EQ(ReadFile(dir.path() + "/remote/job/rank-1/checkpoint-4/weights/a.bin").size(), 70000u);
-  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/remote/job/rank-1/checkpoint-4.bt-manifest.json"));
   EXPECT_EQ(destination->ReadText("job/latest"), "checkpoint-4\n");
   EXPECT_EQ(destination->ReadText("job/nothing"), std::nullopt);
   EXPECT_EQ(destination->List("job", kManifestSuffix), (std::vector<std::string>{"rank-1/checkpoint-4.bt-manifest.json"}));
@@ -244,7 +252,7 @@ TEST(FileDestination, AnUnwritableDestinationIsAnErrorNamingThePath) {
   WriteBytes(dir.path() + "/blocker", "a file where a directory should be");
   auto destination = OpenDestination(ParseDestination("file://" + dir.path() + "/blocker/remote", "test"));
   try {
-    destination->Upload(snapshot, ManifestOf(snapshot), "job/rank-0", [](uint64_t, uint64_t) {});
+    destination->Upload(snapshot, HeaderOf(snapshot), "job/rank-0", [](uint64_t, uint64_t) {});
     FAIL();
   } catch (const DestinationError& error) {
     EXPECT_NE(std::string(error.what()).find("/blocker"), std::string::npos) << error.what();
@@ -266,7 +274,7 @@ TEST(SpoolDestination, HandsOffARecordAndWaitsForTheAck) {
     EXPECT_EQ(value["manifest"]["files"].size(), 2u);
     WriteBytes(record + ".ack", R"({"ok": true})");
   });
-  destination->Upload(snapshot, ManifestOf(snapshot), "job/rank-0", [](uint64_t, uint64_t) {});
+  destination->Upload(snapshot, HeaderOf(snapshot), "job/rank-0", [](uint64_t, uint64_t) {});
   sidecar.join();
   EXPECT_THROW(destination->ReadText("job/latest"), DestinationError);
 }

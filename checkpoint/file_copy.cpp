@@ -1,0 +1,106 @@
+#include "checkpoint/file_copy.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+
+namespace bt::checkpoint {
+namespace {
+
+// O_DIRECT wants buffers, offsets and lengths aligned to the logical block size: 4096
+// covers 512-byte and 4K devices. Larger chunks only add cache misses to the hashing.
+constexpr size_t kBlock = 4096;
+constexpr size_t kChunk = 4 << 20;
+
+[[noreturn]] void Throw(const std::string& what, int error) {
+  throw std::runtime_error(what + ": " + std::strerror(error));
+}
+
+struct OpenTarget {
+  int fd = -1;
+  bool direct = false;
+  uint64_t buffered_bytes = 0;
+};
+
+// EINVAL from open(O_DIRECT) is the filesystem saying it has no direct I/O.
+OpenTarget Create(const std::string& to) {
+  constexpr int kFlags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+  int fd = open(to.c_str(), kFlags | O_DIRECT, 0644);
+  if (fd >= 0) return {fd, true, 0};
+  if (errno != EINVAL) Throw("cannot create " + to, errno);
+  fd = open(to.c_str(), kFlags, 0644);
+  if (fd < 0) Throw("cannot create " + to, errno);
+  return {fd, false, 0};
+}
+
+void LeaveDirect(OpenTarget& target, const std::string& to) {
+  int flags = fcntl(target.fd, F_GETFL);
+  if (flags < 0 || fcntl(target.fd, F_SETFL, flags & ~O_DIRECT) != 0) Throw("cannot clear O_DIRECT on " + to, errno);
+  target.direct = false;
+}
+
+// Whole blocks go direct; the file's last partial block, or a write the filesystem refuses
+// to take direct (EINVAL: an alignment it does not support), goes through the page cache.
+void WriteAll(OpenTarget& target, const char* data, size_t size, const std::string& to) {
+  while (size > 0) {
+    size_t length = target.direct ? size - size % kBlock : size;
+    if (length == 0) {
+      LeaveDirect(target, to);
+      continue;
+    }
+    ssize_t written = write(target.fd, data, length);
+    if (written < 0 && errno == EINTR) continue;
+    if (written < 0 && errno == EINVAL && target.direct) {
+      LeaveDirect(target, to);
+      continue;
+    }
+    if (written < 0) Throw("cannot write " + to, errno);
+    if (written == 0) Throw("cannot write " + to, ENOSPC);
+    if (!target.direct) target.buffered_bytes += uint64_t(written);
+    data += written;
+    size -= size_t(written);
+  }
+}
+
+struct FreeDeleter {
+  void operator()(char* p) const { std::free(p); }
+};
+
+}  // namespace
+
+CopiedFile CopyHashing(const std::string& from, const std::string& to, const std::function<void(uint64_t)>& on_bytes) {
+  int source = open(from.c_str(), O_RDONLY | O_CLOEXEC);
+  if (source < 0) Throw("cannot open " + from, errno);
+  posix_fadvise(source, 0, 0, POSIX_FADV_SEQUENTIAL);
+  OpenTarget target;
+  try {
+    target = Create(to);
+    std::unique_ptr<char, FreeDeleter> buffer(static_cast<char*>(std::aligned_alloc(kBlock, kChunk)));
+    if (!buffer) Throw("cannot allocate a copy buffer for " + to, ENOMEM);
+    Hasher hasher;
+    uint64_t copied = 0;
+    while (true) {
+      ssize_t got = read(source, buffer.get(), kChunk);
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) Throw("cannot read " + from, errno);
+      if (got == 0) break;
+      hasher.Update(buffer.get(), size_t(got));
+      WriteAll(target, buffer.get(), size_t(got), to);
+      copied += uint64_t(got);
+      if (on_bytes) on_bytes(copied);
+    }
+    close(source);
+    return {target.fd, target.buffered_bytes, {copied, hasher.Hex()}};
+  } catch (...) {
+    close(source);
+    if (target.fd >= 0) close(target.fd);
+    throw;
+  }
+}
+
+}  // namespace bt::checkpoint
