@@ -5,6 +5,8 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <memory>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -193,6 +195,42 @@ TEST(Watcher, SeesFilesInDirectoriesCreatedFasterThanTheWatchIsAdded) {
   std::filesystem::create_directories(dir.path() + "/.bt-checkpoint/staging");
   watcher.ReadEvents();
   EXPECT_EQ(watcher.watch_count(), 4u) << "hidden staging directories are not watched";
+}
+
+// The kernel copies fs.inotify.max_queued_events into an inotify instance when it is
+// created. Lowered only while the watcher is created, it gives that watcher alone a tiny
+// queue; the system's value is back before the test makes any event.
+class InotifyQueueLimit {
+ public:
+  explicit InotifyQueueLimit(int events) {
+    original_ = ReadFile(kPath);
+    std::ofstream(kPath) << events << "\n";
+    lowered_ = std::stoi(ReadFile(kPath)) == events;
+  }
+  ~InotifyQueueLimit() { std::ofstream(kPath) << original_; }
+  bool lowered() const { return lowered_; }
+
+ private:
+  static constexpr const char* kPath = "/proc/sys/fs/inotify/max_queued_events";
+  std::string original_;
+  bool lowered_ = false;
+};
+
+TEST(Watcher, AQueueOverflowReWalksTheTreeAndWatchesTheDirectoriesItMissed) {
+  TempDir dir;
+  std::unique_ptr<TreeWatcher> watcher;
+  {
+    InotifyQueueLimit limit(16);
+    if (!limit.lowered()) GTEST_SKIP() << "SKIPPED: cannot lower fs.inotify.max_queued_events (needs root)";
+    watcher = std::make_unique<TreeWatcher>(dir.path(), env::WatchMode::kInotify, ".complete");
+  }
+  ASSERT_FALSE(watcher->polling()) << watcher->polling_reason();
+  for (int i = 0; i < 40; ++i) std::filesystem::create_directories(dir.path() + "/checkpoint-" + std::to_string(i));
+  EXPECT_TRUE(watcher->ReadEvents());
+  EXPECT_EQ(watcher->overflow_count(), 1u);
+  EXPECT_EQ(watcher->watch_count(), 41u) << "every directory, also those whose events the kernel dropped";
+  WriteBytes(dir.path() + "/checkpoint-39/trainer_state.json", "{}");
+  EXPECT_TRUE(watcher->ReadEvents()) << "a write in a directory whose creation event was dropped is seen";
 }
 
 TEST(Watcher, PollModeHasNoDescriptorAndSaysWhy) {
