@@ -177,13 +177,19 @@ class CheckpointAgent::Impl {
     auto next_board = Clock::now();
     auto last_drain_log = Clock::now();
     bool want_evaluation = true;
+    // A file that can end a checkpoint is judged after the shortest pause, not the pacing
+    // that keeps a burst of writes from costing more than a third of a core.
+    bool last_write_seen = false;
+    auto Pause = [&] { return last_write_seen ? kMinEvaluationGap : evaluation_gap; };
     while (true) {
       auto now = Clock::now();
       auto scan_every = Millis(watcher_->polling() ? options_.settings.poll_interval_s : options_.settings.scan_interval_s);
       auto next = std::min(last_evaluation + scan_every, options_.board ? next_board : Clock::time_point::max());
-      if (want_evaluation) next = std::min(next, last_evaluation + evaluation_gap);
+      if (want_evaluation) next = std::min(next, last_evaluation + Pause());
       if (draining) next = std::min(next, now + kBoardInterval);
-      int timeout = int(std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count()));
+      // Rounded up: rounded down, the last fraction of a millisecond before a due evaluation
+      // became a run of poll(0) calls, a busy loop beside the training.
+      int timeout = int(std::max<int64_t>(0, std::chrono::ceil<std::chrono::milliseconds>(next - now).count()));
       pollfd fds[3] = {{wake_fd_, POLLIN, 0}, {uploader_ ? uploader_->fd() : -1, POLLIN, 0}, {watcher_->fd(), POLLIN, 0}};
       poll(fds, 3, timeout);
       if (fds[0].revents & POLLIN) {
@@ -197,17 +203,20 @@ class CheckpointAgent::Impl {
         spdlog::info("checkpoints: the training has ended; committing what is complete (drain deadline in {} s)",
                      std::chrono::duration_cast<std::chrono::seconds>(drain_deadline_ - Clock::now()).count());
       }
-      if ((fds[2].revents & POLLIN) && watcher_->ReadEvents()) want_evaluation = true;
+      if ((fds[2].revents & POLLIN) && watcher_->ReadEvents()) {
+        want_evaluation = true;
+        last_write_seen = last_write_seen || watcher_->saw_last_write();
+      }
       if (fds[1].revents & (POLLIN | POLLHUP)) HandleUploaderEvents();
       now = Clock::now();
       bool scan_due = now >= last_evaluation + scan_every;
-      if (scan_due || (want_evaluation && now >= last_evaluation + evaluation_gap)) {
-        Evaluate(draining);
-        auto took = Clock::now() - now;
+      if (scan_due || (want_evaluation && now >= last_evaluation + Pause())) {
+        const Clock::duration judging = Evaluate(draining);
         evaluation_gap = std::max<std::chrono::milliseconds>(kMinEvaluationGap,
-                                                              std::chrono::duration_cast<std::chrono::milliseconds>(2 * took));
+                                                              std::chrono::duration_cast<std::chrono::milliseconds>(2 * judging));
         last_evaluation = Clock::now();
         want_evaluation = false;
+        last_write_seen = false;
       }
       if (options_.board && Clock::now() >= next_board) {
         if (draining && is_leader() && !declarations_closed) {
@@ -237,8 +246,12 @@ class CheckpointAgent::Impl {
   }
 
   // One pass over the tree: every candidate whose current version has not been handed off
-  // yet is judged, and handed off when complete.
-  void Evaluate(bool draining) {
+  // yet is judged, and handed off when complete. Returns the time spent judging: what a
+  // burst of writes would repeat, and what paces the next pass. Snapshots are left out, or
+  // a checkpoint saved right after a handoff would wait twice that handoff's time.
+  Clock::duration Evaluate(bool draining) {
+    const auto started = Clock::now();
+    Clock::duration handing_off{};
     const std::string& root = options_.checkpoint_dir;
     DirectoryTree tree = ScanTree(root, options_.settings.marker);
     WarnAboutSymlinks(tree);
@@ -280,7 +293,9 @@ class CheckpointAgent::Impl {
         if (draining) NoteIncomplete(candidate.name, verdict.reason);
         continue;
       }
+      const auto handoff_started = Clock::now();
       Handoff(candidate, verdict, fingerprint);
+      handing_off += Clock::now() - handoff_started;
     }
     for (const std::string& name : declared_) {
       if (present.contains(name) || reported_.contains(name)) {
@@ -293,6 +308,7 @@ class CheckpointAgent::Impl {
         ReportPart(name);
       }
     }
+    return Clock::now() - started - handing_off;
   }
 
   void NoteIncomplete(const std::string& name, const std::string& reason) {

@@ -26,6 +26,11 @@ bool EndsWith(const std::string& text, const std::string& suffix) {
   return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// torch.save's usual extensions: a checkpoint by itself at the top of the tree.
+bool IsTorchFile(const std::string& name) {
+  return EndsWith(name, ".pt") || EndsWith(name, ".pth") || EndsWith(name, ".bin") || EndsWith(name, ".safetensors");
+}
+
 // Digits after `prefix` ("checkpoint-120" → 120), or nullopt.
 std::optional<long long> NumberAfter(const std::string& name, const std::string& prefix) {
   if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size() || name.size() - prefix.size() > 18) return std::nullopt;
@@ -124,9 +129,7 @@ class Classifier {
       Add(file.path, Layout::kLightning, true, "", false);
       return;
     }
-    bool torch_file = EndsWith(name, ".pt") || EndsWith(name, ".pth") || EndsWith(name, ".bin") ||
-                      EndsWith(name, ".safetensors");
-    if (depth == 0 && torch_file) Add(file.path, Layout::kTorchSave, true, "", false);
+    if (depth == 0 && IsTorchFile(name)) Add(file.path, Layout::kTorchSave, true, "", false);
   }
 
   bool HasDcpFiles(const std::string& path) const {
@@ -298,6 +301,13 @@ const char* LayoutName(Layout layout) {
     case Layout::kQuiet: return "quiet-period";
   }
   return "unknown";
+}
+
+bool CanEndACheckpoint(const std::string& file_name, bool in_root, const std::string& marker) {
+  for (const char* last : {kHfStateFile, kDcpMetadata, kDeepSpeedPointer, kMegatronTracker, kLightningShardedMeta}) {
+    if (file_name == last) return true;
+  }
+  return file_name == marker || EndsWith(file_name, ".ckpt") || (in_root && IsTorchFile(file_name));
 }
 
 std::vector<Candidate> FindCandidates(const DirectoryTree& tree, const std::string& root, const std::string& marker) {

@@ -43,6 +43,12 @@ struct Candidate {
   int64_t last_change_ns = 0;  // newest mtime or ctime among the files
 };
 
+// Whether a file of this name, closed or renamed into place, can be the last write of a
+// checkpoint in some layout (trainer_state.json, .metadata, a pointer or tracker file, the
+// marker, a .ckpt; a torch.save file when `in_root`). The agent judges at once after one,
+// instead of pacing its passes as it does through a burst of writes.
+bool CanEndACheckpoint(const std::string& file_name, bool in_root, const std::string& marker);
+
 // Every checkpoint candidate in `tree`, marked or not. Reads pointer files under `root`.
 std::vector<Candidate> FindCandidates(const DirectoryTree& tree, const std::string& root, const std::string& marker);
 

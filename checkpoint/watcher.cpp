@@ -11,6 +11,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "checkpoint/layout.h"
 #include "checkpoint/tree.h"
 
 namespace bt::checkpoint {
@@ -111,6 +112,7 @@ bool TreeWatcher::ReadEvents() {
   alignas(inotify_event) char buffer[64 * 1024];
   bool changed = false;
   bool overflowed = false;
+  saw_last_write_ = false;
   while (inotify_fd_ >= 0) {
     ssize_t length = read(inotify_fd_, buffer, sizeof buffer);
     if (length < 0 && errno == EINTR) continue;
@@ -129,6 +131,10 @@ bool TreeWatcher::ReadEvents() {
       }
       auto watch = watches_.find(event->wd);
       if (watch == watches_.end() || event->len == 0) continue;
+      if ((event->mask & (IN_CLOSE_WRITE | IN_MOVED_TO)) && !(event->mask & IN_ISDIR) &&
+          CanEndACheckpoint(event->name, watch->second == root_, marker_)) {
+        saw_last_write_ = true;
+      }
       bool new_directory = (event->mask & IN_ISDIR) && (event->mask & (IN_CREATE | IN_MOVED_TO));
       if (new_directory && !IsIgnoredName(event->name, true, marker_)) WatchTree(watch->second + "/" + event->name);
     }

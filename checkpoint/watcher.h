@@ -30,6 +30,10 @@ class TreeWatcher {
   // whether anything changed; an overflow counts as a change and re-walks the whole tree.
   bool ReadEvents();
 
+  // Whether the last ReadEvents() saw a file closed or renamed into place that can end a
+  // checkpoint (CanEndACheckpoint).
+  bool saw_last_write() const { return saw_last_write_; }
+
   size_t watch_count() const { return watches_.size(); }
   size_t overflow_count() const { return overflows_; }
 
@@ -44,6 +48,7 @@ class TreeWatcher {
   std::map<int, std::string> watches_;  // watch descriptor → absolute directory path
   std::string polling_reason_;
   size_t overflows_ = 0;
+  bool saw_last_write_ = false;
 };
 
 // Why `path` cannot be watched with inotify (a network or FUSE filesystem), or "".

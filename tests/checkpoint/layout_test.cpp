@@ -278,6 +278,20 @@ TEST_F(LayoutTest, StagingAndHiddenNamesAreIgnored) {
   EXPECT_EQ(candidates[0].files[0].path, "checkpoint-6/trainer_state.json");
 }
 
+// The files each framework writes last (the tests above) end a checkpoint; its bulk does not.
+TEST(LastWrite, EveryLayoutsLastFileCanEndACheckpointItsBulkCannot) {
+  for (const char* last : {"trainer_state.json", ".metadata", "latest", "latest_checkpointed_iteration.txt", "meta.pt",
+                           "epoch=3-step=120.ckpt", ".complete"}) {
+    EXPECT_TRUE(CanEndACheckpoint(last, false, ".complete")) << last;
+  }
+  EXPECT_TRUE(CanEndACheckpoint("DONE", false, "DONE")) << "the configured marker";
+  EXPECT_TRUE(CanEndACheckpoint("model.pt", true, ".complete")) << "a torch.save file at the top";
+  for (const char* bulk : {"model.pt", "model.safetensors", "optimizer.bin", "__0_0.distcp", "config.json", "rng_state.pth",
+                           "mp_rank_00_model_states.pt"}) {
+    EXPECT_FALSE(CanEndACheckpoint(bulk, false, ".complete")) << bulk << " inside a checkpoint directory";
+  }
+}
+
 TEST_F(LayoutTest, SymlinksAreReportedNotFollowed) {
   Write("checkpoint-1/trainer_state.json", "{}");
   ASSERT_EQ(symlink("/etc/passwd", (dir_.path() + "/checkpoint-1/passwd").c_str()), 0);

@@ -233,6 +233,27 @@ TEST(Watcher, AQueueOverflowReWalksTheTreeAndWatchesTheDirectoriesItMissed) {
   EXPECT_TRUE(watcher->ReadEvents()) << "a write in a directory whose creation event was dropped is seen";
 }
 
+TEST(Watcher, FlagsAClosedFileThatCanEndACheckpoint) {
+  TempDir dir;
+  TreeWatcher watcher(dir.path(), env::WatchMode::kInotify, ".complete");
+  ASSERT_FALSE(watcher.polling()) << watcher.polling_reason();
+  std::filesystem::create_directories(dir.path() + "/checkpoint-1");
+  EXPECT_TRUE(watcher.ReadEvents());
+  EXPECT_FALSE(watcher.saw_last_write());
+  WriteBytes(dir.path() + "/checkpoint-1/model.safetensors", "weights");
+  EXPECT_TRUE(watcher.ReadEvents());
+  EXPECT_FALSE(watcher.saw_last_write()) << "the bulk of a checkpoint is paced";
+  WriteBytes(dir.path() + "/checkpoint-1/trainer_state.json", "{}");
+  EXPECT_TRUE(watcher.ReadEvents());
+  EXPECT_TRUE(watcher.saw_last_write());
+  WriteBytes(dir.path() + "/model.pt.tmp", "zip");
+  EXPECT_TRUE(watcher.ReadEvents());
+  EXPECT_FALSE(watcher.saw_last_write());
+  std::filesystem::rename(dir.path() + "/model.pt.tmp", dir.path() + "/model.pt");
+  EXPECT_TRUE(watcher.ReadEvents());
+  EXPECT_TRUE(watcher.saw_last_write()) << "a torch.save file renamed into place at the top";
+}
+
 TEST(Watcher, PollModeHasNoDescriptorAndSaysWhy) {
   TempDir dir;
   TreeWatcher watcher(dir.path(), env::WatchMode::kPoll, ".complete");
