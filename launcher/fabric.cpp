@@ -22,6 +22,10 @@ constexpr auto kExchangeTimeout = std::chrono::seconds(120);
 
 std::string InventoryKey(int rank) { return "bt/fabric/inventory/" + std::to_string(rank); }
 constexpr const char* kPlanKey = "bt/fabric/plan";
+constexpr const char* kPlanReadersKey = "bt/fabric/plan/readers";
+constexpr const char* kPlanReadByAllKey = "bt/fabric/plan/read-by-all";
+// How long node 0 keeps the store up for a failed plan to be read by every node.
+constexpr auto kFailedPlanReadTimeout = std::chrono::seconds(10);
 
 // The source address the kernel would route from to reach the leader: a UDP socket's
 // connect() picks it without sending anything. Used where no store connection proves it.
@@ -88,10 +92,21 @@ fabric::FabricPlan ExchangeAndPlan(const env::JobConfig& config, const env::Node
   if (identity.rank == 0) {
     const fabric::FabricPlan plan = fabric::PlanFabric(CollectInventories(*store, peers->Roster()), config.launcher.fabric.require);
     store->Set(kPlanKey, plan.ToJson().dump());
+    // A failed plan makes node 0 exit, which takes the store down: first let every node read
+    // it, or a node still reading gets "connection reset" instead of the failure's table.
+    if (!plan.ok && peers->Roster().size() > 1) {
+      try {
+        store->Wait({kPlanReadByAllKey}, kFailedPlanReadTimeout);
+      } catch (const rendezvous::StoreTimeout&) {
+        spdlog::warn("fabric: not every node read the failed plan within {} s", kFailedPlanReadTimeout.count());
+      }
+    }
     return plan;
   }
   try {
-    return fabric::FabricPlan::FromJson(nlohmann::json::parse(store->Get(kPlanKey, kExchangeTimeout)));
+    auto plan = fabric::FabricPlan::FromJson(nlohmann::json::parse(store->Get(kPlanKey, kExchangeTimeout)));
+    if (store->Add(kPlanReadersKey, 1) == int64_t(peers->Roster().size()) - 1) store->Set(kPlanReadByAllKey, "1");
+    return plan;
   } catch (const rendezvous::StoreTimeout&) {
     throw LaunchFailure(kExitUnavailable, "fabric: node 0 never published the fabric plan");
   } catch (const nlohmann::json::exception& error) {
