@@ -4,18 +4,15 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <stdexcept>
 
 namespace bt::checkpoint {
 namespace {
 
-// O_DIRECT wants buffers, offsets and lengths aligned to the logical block size: 4096
-// covers 512-byte and 4K devices. Larger chunks only add cache misses to the hashing.
+// O_DIRECT wants offsets and lengths aligned to the logical block size: 4096 covers
+// 512-byte and 4K devices. HashFile's buffer is aligned the same way.
 constexpr size_t kBlock = 4096;
-constexpr size_t kChunk = 4 << 20;
 
 [[noreturn]] void Throw(const std::string& what, int error) {
   throw std::runtime_error(what + ": " + std::strerror(error));
@@ -67,38 +64,18 @@ void WriteAll(OpenTarget& target, const char* data, size_t size, const std::stri
   }
 }
 
-struct FreeDeleter {
-  void operator()(char* p) const { std::free(p); }
-};
-
 }  // namespace
 
 CopiedFile CopyHashing(const std::string& from, const std::string& to, const std::function<void(uint64_t)>& on_bytes) {
-  int source = open(from.c_str(), O_RDONLY | O_CLOEXEC);
-  if (source < 0) Throw("cannot open " + from, errno);
-  posix_fadvise(source, 0, 0, POSIX_FADV_SEQUENTIAL);
-  OpenTarget target;
+  OpenTarget target = Create(to);
   try {
-    target = Create(to);
-    std::unique_ptr<char, FreeDeleter> buffer(static_cast<char*>(std::aligned_alloc(kBlock, kChunk)));
-    if (!buffer) Throw("cannot allocate a copy buffer for " + to, ENOMEM);
-    Hasher hasher;
-    uint64_t copied = 0;
-    while (true) {
-      ssize_t got = read(source, buffer.get(), kChunk);
-      if (got < 0 && errno == EINTR) continue;
-      if (got < 0) Throw("cannot read " + from, errno);
-      if (got == 0) break;
-      hasher.Update(buffer.get(), size_t(got));
-      WriteAll(target, buffer.get(), size_t(got), to);
-      copied += uint64_t(got);
-      if (on_bytes) on_bytes(copied);
-    }
-    close(source);
-    return {target.fd, target.buffered_bytes, {copied, hasher.Hex()}};
+    FileDigest digest = HashFile(from, [&](const char* data, size_t size, uint64_t done) {
+      WriteAll(target, data, size, to);
+      if (on_bytes) on_bytes(done);
+    });
+    return {target.fd, target.buffered_bytes, std::move(digest)};
   } catch (...) {
-    close(source);
-    if (target.fd >= 0) close(target.fd);
+    close(target.fd);
     throw;
   }
 }

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -28,12 +29,15 @@ class Hasher {
 std::string HashBytes(const void* data, size_t size);
 
 // Hashes a whole file with large sequential reads (the pages are usually still cached: the
-// checkpoint was written moments ago). Throws std::runtime_error naming the path.
+// checkpoint was written moments ago). `each_chunk`, when given, sees every chunk as it is
+// hashed, with the bytes read so far: the buffer is 4096-aligned, so a copy can write it
+// with O_DIRECT. Throws std::runtime_error naming the path (or what each_chunk throws).
 struct FileDigest {
   uint64_t size = 0;
   std::string xxh3_128;
 };
-FileDigest HashFile(const std::string& path);
+using ChunkSink = std::function<void(const char* data, size_t size, uint64_t done)>;
+FileDigest HashFile(const std::string& path, const ChunkSink& each_chunk = nullptr);
 
 // "avx2" or "sse2": which implementation Hasher uses on this CPU.
 const char* HashImplementation();
