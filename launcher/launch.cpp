@@ -128,6 +128,39 @@ void PrepareNode(const PreparedJob& job, const std::optional<checkpoint::Destina
   }
 }
 
+// A store exception escaping a phase becomes the launch failure that names the phase.
+template <typename Phases>
+void NameStoreFailures(const Timeline& timeline, Phases phases) {
+  try {
+    phases();
+  } catch (const rendezvous::StoreTimeout& error) {
+    throw StoreFailure(timeline.Current(), error);
+  } catch (const rendezvous::StoreError& error) {
+    throw StoreFailure(timeline.Current(), error);
+  }
+}
+
+// Every phase between the rendezvous and the run, through PreRunPeers: a failed peer or a
+// lost leader ends any of them at once, and a store failure names the phase it hit.
+void PrepareAfterRendezvous(PreparedJob& job, std::optional<rendezvous::fabric::Inventory> inventory,
+                            const std::optional<checkpoint::DestinationSpec>& destination, Peers* peers,
+                            SignalRouter& signals, Timeline& timeline) {
+  std::optional<PreRunPeers> pre_run;
+  if (peers) pre_run.emplace(*peers, signals);
+  Peers* phase_peers = pre_run ? &*pre_run : nullptr;
+  NameStoreFailures(timeline, [&] {
+    if (inventory) {
+      timeline.Begin("fabric");
+      PlanFabricPhase(job.config, job.identity, phase_peers, std::move(*inventory), job.environment);
+    }
+    if (job.config.launcher.fabric.nccl_preflight) {
+      timeline.Begin("nccl preflight");
+      RunNcclPreflight(job.config, job.identity, phase_peers, job.environment, [&] { CheckStop(phase_peers, signals); });
+    }
+    PrepareNode(job, destination, phase_peers, signals, timeline);
+  });
+}
+
 bool UsesCheckpoints(const env::JobConfig& config) {
   return config.runtime.checkpointing_config.enabled || config.runtime.load_checkpoint_config.enabled;
 }
@@ -151,15 +184,7 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
     peers = JoinPeers(job.config, job.identity, job.job_id(), signals);
   }
   try {
-    if (inventory) {
-      timeline.Begin("fabric");
-      PlanFabricPhase(job.config, job.identity, peers.get(), std::move(*inventory), job.environment);
-    }
-    if (job.config.launcher.fabric.nccl_preflight) {
-      timeline.Begin("nccl preflight");
-      RunNcclPreflight(job.config, job.identity, peers.get(), job.environment);
-    }
-    PrepareNode(job, destination, peers.get(), signals, timeline);
+    PrepareAfterRendezvous(job, std::move(inventory), destination, peers.get(), signals, timeline);
   } catch (const LaunchFailure& failure) {
     // The others are waiting in the ready barrier or for the seed: tell them now.
     if (peers) {
@@ -253,7 +278,10 @@ int RendezvousSubcommand(const CliOptions& cli) {
   JobOutcome outcome;
   std::optional<FabricResult> fabric;
   try {
-    fabric = PlanFabricPhase(job.config, job.identity, peers.get(), std::move(inventory), job.environment);
+    PreRunPeers pre_run(*peers, signals);
+    NameStoreFailures(timeline, [&] {
+      fabric = PlanFabricPhase(job.config, job.identity, &pre_run, std::move(inventory), job.environment);
+    });
   } catch (const LaunchFailure& failure) {
     spdlog::error("{}", failure.what());
     outcome.exit_code = failure.code();

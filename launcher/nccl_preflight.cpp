@@ -180,6 +180,13 @@ nlohmann::json MeasureAllReduce(const Cuda& cuda, const Nccl& nccl, int gpus, co
 
 // ---- the launcher's side ----
 
+// This node's worker failed (no answer, exited, an error line): this node's result, which
+// node 0 names in the verdict. A stop (signal, failed peer) is a plain LaunchFailure.
+class WorkerFailed : public LaunchFailure {
+ public:
+  explicit WorkerFailed(const std::string& message) : LaunchFailure(kExitUnavailable, message) {}
+};
+
 // The worker as a child with pipes both ways; SIGKILLed if the launcher dies.
 class Worker {
  public:
@@ -220,7 +227,9 @@ class Worker {
     }
   }
 
-  std::string ReadLine(Clock::time_point deadline) {
+  // NCCL's init can take minutes on a bad fabric: `check_stop` runs between polls, so a
+  // shutdown signal or a failed peer does not wait for the deadline.
+  std::string ReadLine(Clock::time_point deadline, const std::function<void()>& check_stop) {
     for (;;) {
       if (size_t newline = buffer_.find('\n'); newline != std::string::npos) {
         std::string line = buffer_.substr(0, newline);
@@ -228,12 +237,15 @@ class Worker {
         return line;
       }
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-      if (left <= 0) throw LaunchFailure(kExitUnavailable, "NCCL preflight: no answer from the worker before launcher.fabric.preflight_timeout_s");
+      if (left <= 0) throw WorkerFailed("NCCL preflight: no answer from the worker before launcher.fabric.preflight_timeout_s");
       pollfd entry{read_fd_, POLLIN, 0};
-      if (poll(&entry, 1, int(std::min<int64_t>(left, 1000))) <= 0) continue;
+      if (poll(&entry, 1, int(std::min<int64_t>(left, 1000))) <= 0) {
+        check_stop();
+        continue;
+      }
       char chunk[4096];
       const ssize_t got = read(read_fd_, chunk, sizeof chunk);
-      if (got <= 0) throw LaunchFailure(kExitUnavailable, "NCCL preflight: the worker exited without an answer");
+      if (got <= 0) throw WorkerFailed("NCCL preflight: the worker exited without an answer");
       buffer_.append(chunk, size_t(got));
     }
   }
@@ -260,7 +272,7 @@ NodeAnswer ParseFirstLine(const std::string& line) {
 
 nlohmann::json ParseResult(const std::string& line) {
   if (line.rfind("result ", 0) == 0) return nlohmann::json::parse(line.substr(7));
-  throw LaunchFailure(kExitUnavailable, "NCCL preflight failed: " + (line.rfind("error ", 0) == 0 ? line.substr(6) : line));
+  throw WorkerFailed("NCCL preflight failed: " + (line.rfind("error ", 0) == 0 ? line.substr(6) : line));
 }
 
 // Node 0: the slowest node (results in rank order), and whether it is below the floor.
@@ -327,7 +339,7 @@ int NcclPreflightWorker(const CliOptions& cli) {
 }
 
 void RunNcclPreflight(const env::JobConfig& config, const env::NodeIdentity& identity, Peers* peers,
-                      const env::JobEnvironment& environment) {
+                      const env::JobEnvironment& environment, const std::function<void()>& check_stop) {
   const auto& settings = config.launcher.fabric;
   if (!settings.nccl_preflight) return;
   rendezvous::Store* store = peers ? peers->store() : nullptr;
@@ -340,7 +352,7 @@ void RunNcclPreflight(const env::JobConfig& config, const env::NodeIdentity& ide
   Worker worker({checkpoint::CurrentExecutable(), "nccl-preflight-worker", "--node-rank", std::to_string(identity.rank), "--bytes",
                  std::to_string(settings.preflight_bytes)},
                 environment.ToEnviron());
-  const NodeAnswer mine = ParseFirstLine(worker.ReadLine(deadline));
+  const NodeAnswer mine = ParseFirstLine(worker.ReadLine(deadline, check_stop));
   // Every node's GPU count (or reason to skip): ranks are numbered node by node.
   int first_rank = 0, total_ranks = mine.gpus;
   std::string skip = mine.skip;
@@ -363,7 +375,7 @@ void RunNcclPreflight(const env::JobConfig& config, const env::NodeIdentity& ide
   }
   std::string id_hex;
   if (identity.rank == 0) {
-    const std::string line = worker.ReadLine(deadline);
+    const std::string line = worker.ReadLine(deadline, check_stop);
     if (line.rfind("id ", 0) != 0) {
       if (store != nullptr) store->Set("bt/nccl/id", "error " + line);  // the others stop waiting
       ParseResult(line);  // throws with the worker's error
@@ -377,8 +389,8 @@ void RunNcclPreflight(const env::JobConfig& config, const env::NodeIdentity& ide
   worker.Send("go " + id_hex + " " + std::to_string(total_ranks) + " " + std::to_string(first_rank));
   nlohmann::json result;
   try {
-    result = ParseResult(worker.ReadLine(deadline));
-  } catch (const LaunchFailure& failure) {
+    result = ParseResult(worker.ReadLine(deadline, check_stop));
+  } catch (const WorkerFailed& failure) {
     if (store == nullptr) throw;
     std::string text = failure.what();
     const std::string prefix = "NCCL preflight failed: ";

@@ -6,6 +6,8 @@
 // NCCL it is SKIPPED on every node with the reason.
 #pragma once
 
+#include <functional>
+
 #include "env/environment.h"
 #include "env/identity.h"
 #include "env/job_config.h"
@@ -15,8 +17,9 @@
 namespace bt::launcher {
 
 // `environment` is the job's (the NCCL variables the fabric phase chose included).
+// `check_stop` runs every second while the worker has not answered, and throws to stop.
 void RunNcclPreflight(const env::JobConfig& config, const env::NodeIdentity& identity, Peers* peers,
-                      const env::JobEnvironment& environment);
+                      const env::JobEnvironment& environment, const std::function<void()>& check_stop);
 
 // The child: speaks the line protocol on stdin/stdout described in nccl_preflight.cpp.
 int NcclPreflightWorker(const CliOptions& cli);

@@ -1,8 +1,9 @@
 #include "launcher/ready.h"
 
-#include <spdlog/spdlog.h>
+#include <algorithm>
+#include <functional>
 
-#include "launcher/exit_codes.h"
+#include <spdlog/spdlog.h>
 
 namespace bt::launcher {
 namespace {
@@ -13,6 +14,7 @@ constexpr std::chrono::seconds kWaitLogEvery{10};
 constexpr std::chrono::milliseconds kReadyCheck{500};
 constexpr const char* kAllReady = "bt/ready/all";
 constexpr std::chrono::seconds kPhaseReadTimeout{2};
+constexpr std::chrono::seconds kStopCheck{1};
 
 std::string PhaseKey(int rank) { return "bt/phase/" + std::to_string(rank); }
 
@@ -45,7 +47,84 @@ bool AllReady(rendezvous::Store& store) {
   }
 }
 
+// Blocking calls in slices of kStopCheck with `check_stop` between them; a broken store
+// calls it first too, so that the leader's verdict, when one came, is what the node says.
+class StopAwareStore final : public rendezvous::Store {
+ public:
+  StopAwareStore(rendezvous::Store& store, std::function<void()> check_stop)
+      : store_(store), check_stop_(std::move(check_stop)) {}
+
+  void Set(const std::string& key, const std::string& value) override {
+    Explained([&] { store_.Set(key, value); });
+  }
+
+  int64_t Add(const std::string& key, int64_t delta) override {
+    int64_t value = 0;
+    Explained([&] { value = store_.Add(key, delta); });
+    return value;
+  }
+
+  std::string Get(const std::string& key, std::chrono::milliseconds timeout) override {
+    std::string value;
+    if (Sliced(Clock::now() + timeout, [&](std::chrono::milliseconds slice) { value = store_.Get(key, slice); })) return value;
+    throw rendezvous::StoreTimeout("timed out after " + std::to_string(timeout.count()) + " ms waiting for " + key);
+  }
+
+  void Wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    const auto deadline = Clock::now() + timeout;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (Sliced(deadline, [&](std::chrono::milliseconds slice) { store_.Wait({keys[i]}, slice); })) continue;
+      std::string missing;
+      for (size_t j = i; j < keys.size(); ++j) missing += (missing.empty() ? "" : ", ") + keys[j];
+      throw rendezvous::StoreTimeout("timed out after " + std::to_string(timeout.count()) + " ms waiting for " + missing);
+    }
+  }
+
+ private:
+  template <typename Call>
+  void Explained(Call call) {
+    try {
+      call();
+    } catch (const rendezvous::StoreError&) {
+      check_stop_();
+      throw;
+    }
+  }
+
+  // True once `call(slice)` returns, false when `deadline` passes first.
+  template <typename Call>
+  bool Sliced(Clock::time_point deadline, Call call) {
+    while (true) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      try {
+        Explained([&] { call(std::clamp<std::chrono::milliseconds>(left, std::chrono::milliseconds(1), kStopCheck)); });
+        return true;
+      } catch (const rendezvous::StoreTimeout&) {
+      }
+      check_stop_();
+      if (Clock::now() >= deadline) return false;
+    }
+  }
+
+  rendezvous::Store& store_;
+  std::function<void()> check_stop_;
+};
+
 }  // namespace
+
+PreRunPeers::PreRunPeers(Peers& peers, SignalRouter& signals) : peers_(peers) {
+  if (peers.store() == nullptr) return;
+  store_ = std::make_unique<StopAwareStore>(*peers.store(), [this, &signals] { CheckStop(this, signals); });
+}
+
+PreRunPeers::~PreRunPeers() = default;
+
+LaunchFailure StoreFailure(const std::string& phase, const std::exception& error) {
+  if (dynamic_cast<const rendezvous::StoreTimeout*>(&error) != nullptr) {
+    return LaunchFailure(kExitUnavailable, phase + ": the other nodes did not answer in time (" + error.what() + ")");
+  }
+  return LaunchFailure(kExitUnavailable, phase + ": the rendezvous store failed (node 0 gone?): " + error.what());
+}
 
 NodePhase::NodePhase(Peers* peers, int rank) : store_(peers ? peers->store() : nullptr), rank_(rank) {}
 

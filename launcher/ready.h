@@ -5,9 +5,12 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "env/identity.h"
+#include "launcher/exit_codes.h"
 #include "launcher/peers.h"
 #include "launcher/signals.h"
 
@@ -29,6 +32,32 @@ class NodePhase {
 // Throws LaunchFailure when the launch must stop: 128+signal for a shutdown signal, 69 when
 // a peer failed (the leader's verdict).
 void CheckStop(Peers* peers, SignalRouter& signals);
+
+// The peers as every phase before the run sees them (fabric, probe, preflight, weights,
+// ready, seed). A blocking get or wait on their store wakes every second to CheckStop: a
+// node that failed, a lost leader or a shutdown signal ends it at once instead of at its
+// own timeout (120 s for the fabric plan), and a store that breaks is explained by the
+// leader's verdict when one came. Not for the run: CheckStop takes the launcher's signals.
+class PreRunPeers final : public Peers {
+ public:
+  PreRunPeers(Peers& peers, SignalRouter& signals);
+  ~PreRunPeers() override;
+
+  int Finish(const JobOutcome& outcome, SignalRouter& signals) override { return peers_.Finish(outcome, signals); }
+  void Report(const JobOutcome& outcome) override { peers_.Report(outcome); }
+  std::vector<rendezvous::NodeInfo> Roster() override { return peers_.Roster(); }
+  rendezvous::Store* store() override { return store_.get(); }
+  std::string LocalAddress() override { return peers_.LocalAddress(); }
+  int fd() const override { return peers_.fd(); }
+  std::optional<std::string> TakeStop() override { return peers_.TakeStop(); }
+
+ private:
+  Peers& peers_;
+  std::unique_ptr<rendezvous::Store> store_;  // null when `peers` has no store (mpi)
+};
+
+// A store call that failed during `phase`, as the launch failure (69) that says so.
+LaunchFailure StoreFailure(const std::string& phase, const std::exception& error);
 
 // Marks this node ready and waits for every other node until `deadline`. Throws
 // LaunchFailure 69 naming each node not ready, its host and its phase.

@@ -36,6 +36,8 @@ void Timeline::Annotate(const std::string& note) {
   if (!phases_.empty()) phases_.back().note = note;
 }
 
+std::string Timeline::Current() const { return phases_.empty() ? "" : phases_.back().name; }
+
 std::string Timeline::Render() const {
   std::string text;
   auto now = Clock::now();

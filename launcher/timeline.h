@@ -15,6 +15,7 @@ class Timeline {
   void End();
   std::string Render() const;            // "identity 0.2 ms, run 1.50 s (...), total 1.51 s"
   void Annotate(const std::string& note);  // appended to the current (or last) phase
+  std::string Current() const;             // the current (or last) phase's name; "" before the first
 
  private:
   struct Phase {

@@ -3,7 +3,10 @@
 // and the NCCL variables each node's job sees.
 #include <unistd.h>
 
+#include <csignal>
+
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -221,6 +224,62 @@ TEST(NcclPreflight, SkippedOnEveryNodeWithTheReasonWithoutGpus) {
     EXPECT_EQ(result.err.find("NCCL preflight passed"), std::string::npos) << result.err;
     EXPECT_NE(result.out.find("HCA="), std::string::npos) << "the training did not start";
   }
+}
+
+// Node 1's CUDA runtime fails as it loads. Node 0, waiting for node 1's GPU count, stops with
+// node 1's reason as soon as node 1 reports it, not at its own preflight deadline.
+TEST(NcclPreflight, ANodeWhoseWorkerDiesIsNamedOnEveryNodeAtOnce) {
+  FabricJob job({"no-rdma", "no-rdma"}, "", {{"nccl_preflight", true}, {"preflight_timeout_s", 60}});
+  auto results = job.RunAll("run", {{1, {{"LD_LIBRARY_PATH", BT_BROKEN_CUDA_DIR}, {"BT_TEST_CUDART", "exit"}}}});
+  for (const auto& result : results) {
+    EXPECT_EQ(result.exit_code, 69) << result.err;
+    EXPECT_EQ(result.out.find("HCA="), std::string::npos) << "the training started: " << result.out;
+    EXPECT_NE(result.err.find("NCCL preflight: the worker exited without an answer"), std::string::npos) << result.err;
+    EXPECT_EQ(result.err.find("internal error"), std::string::npos) << result.err;
+    EXPECT_LT(result.elapsed, 20s) << result.err;
+  }
+  EXPECT_NE(results[0].err.find("node 1 ("), std::string::npos) << results[0].err;
+}
+
+// A worker that never answers fails its node at launcher.fabric.preflight_timeout_s.
+TEST(NcclPreflight, ANodeWhoseWorkerHangsFailsAtTheDeadline) {
+  FabricJob job({"no-rdma", "no-rdma"}, "", {{"nccl_preflight", true}, {"preflight_timeout_s", 3}});
+  auto results = job.RunAll("run", {{1, {{"LD_LIBRARY_PATH", BT_BROKEN_CUDA_DIR}}}});
+  for (const auto& result : results) {
+    EXPECT_EQ(result.exit_code, 69) << result.err;
+    EXPECT_EQ(result.err.find("internal error"), std::string::npos) << result.err;
+  }
+  EXPECT_NE(results[1].err.find("NCCL preflight: no answer from the worker before launcher.fabric.preflight_timeout_s"),
+            std::string::npos) << results[1].err;
+}
+
+// Both nodes wait on workers that never answer (timeout 60 s). Killing node 0 stops node 1
+// within seconds with the leader named; SIGTERM stops a node at once with 143.
+TEST(NcclPreflight, ALostLeaderOrASigtermEndsAPreflightWaitAtOnce) {
+  FabricJob job({"no-rdma", "no-rdma"}, "", {{"nccl_preflight", true}, {"preflight_timeout_s", 60}});
+  const std::map<std::string, std::string> hanging = {{"LD_LIBRARY_PATH", BT_BROKEN_CUDA_DIR}};
+  {
+    LauncherProcess leader(job.Spec(0, "run", hanging));
+    LauncherProcess follower(job.Spec(1, "run", hanging));
+    ASSERT_TRUE(follower.WaitForLog("NCCL_IB_DISABLE=1", 20s));
+    ASSERT_TRUE(leader.WaitForLog("NCCL_IB_DISABLE=1", 20s));
+    leader.Signal(SIGKILL);
+    const ProcessResult result = follower.Finish();
+    EXPECT_EQ(result.exit_code, 69) << result.err;
+    EXPECT_NE(result.err.find("leader (node 0) lost"), std::string::npos) << result.err;
+    EXPECT_LT(result.elapsed, 30s) << result.err;
+  }
+  LauncherProcess leader(job.Spec(0, "run", hanging));
+  LauncherProcess follower(job.Spec(1, "run", hanging));
+  ASSERT_TRUE(follower.WaitForLog("NCCL_IB_DISABLE=1", 20s));
+  follower.Signal(SIGTERM);
+  const ProcessResult stopped = follower.Finish();
+  EXPECT_EQ(stopped.exit_code, 143) << stopped.err;
+  EXPECT_NE(stopped.err.find("stopped by Terminated before the start commands"), std::string::npos) << stopped.err;
+  const ProcessResult told = leader.Finish();
+  EXPECT_EQ(told.exit_code, 69) << told.err;
+  EXPECT_NE(told.err.find("node 1 ("), std::string::npos) << told.err;
+  EXPECT_LT(told.elapsed, 30s) << told.err;
 }
 
 // Hardware: one node, every GPU it has, the bus bandwidth logged.
