@@ -84,6 +84,16 @@ void HandoffJournal::Replay() {
 
 void HandoffJournal::Record(uint64_t seq, const std::string& name, HandoffState state, const std::string& detail,
                             const std::optional<Snapshot>& snapshot) {
+  Append(seq, name, state, detail, snapshot);
+  Sync();
+}
+
+void HandoffJournal::Sync() {
+  if (fdatasync(fd_) != 0) throw std::runtime_error("cannot sync the checkpoint journal " + path_ + ": " + std::strerror(errno));
+}
+
+void HandoffJournal::Append(uint64_t seq, const std::string& name, HandoffState state, const std::string& detail,
+                            const std::optional<Snapshot>& snapshot) {
   nlohmann::json line = {{"seq", seq},
                          {"job_id", job_id_},
                          {"destination", destination_},
@@ -99,7 +109,6 @@ void HandoffJournal::Record(uint64_t seq, const std::string& name, HandoffState 
     if (n < 0) throw std::runtime_error("cannot append to the checkpoint journal " + path_ + ": " + std::strerror(errno));
     written += size_t(n);
   }
-  if (fdatasync(fd_) != 0) throw std::runtime_error("cannot sync the checkpoint journal " + path_ + ": " + std::strerror(errno));
   JournalEntry& entry = entries_[seq];
   entry.seq = seq;
   entry.job_id = job_id_;

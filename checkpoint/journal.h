@@ -40,6 +40,10 @@ class HandoffJournal {
   // Records a state change; durable when it returns. Throws std::runtime_error on I/O errors.
   void Record(uint64_t seq, const std::string& name, HandoffState state, const std::string& detail = "",
               const std::optional<Snapshot>& snapshot = std::nullopt);
+  // Record without waiting for the disk: durable once the next Sync() or Record() returns.
+  void Append(uint64_t seq, const std::string& name, HandoffState state, const std::string& detail = "",
+              const std::optional<Snapshot>& snapshot = std::nullopt);
+  void Sync();
 
   uint64_t NextSeq() const { return next_seq_; }
   // This job's and destination's versions by their latest state.

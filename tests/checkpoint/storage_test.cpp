@@ -132,7 +132,8 @@ TEST(Journal, ResumesUnfinishedAndSkipsACorruptTail) {
   {
     HandoffJournal journal(path);
     journal.SetScope("job", "file:///x");
-    journal.Record(1, "checkpoint-1", HandoffState::kSnapshotted, "marker present", snapshot);
+    journal.Append(1, "checkpoint-1", HandoffState::kSnapshotted, "marker present", snapshot);  // as a handoff does
+    journal.Sync();
     snapshot.seq = 2;
     snapshot.name = "checkpoint-2";
     snapshot.fingerprint = "fp2";
