@@ -184,13 +184,22 @@ class FileDestination final : public Destination {
 
   std::optional<std::string> ReadText(const std::string& path) override { return ReadWholeFile(Root(path)); }
 
-  void Download(const std::string& remote_dir, const std::vector<std::string>& files, const std::string& local_dir) override {
+  void Download(const std::string& remote_dir, const std::vector<std::string>& files, const std::string& local_dir,
+                const BytesDone& on_bytes) override {
+    uint64_t done = 0;
+    bool in_callback = false;  // what on_bytes throws (a stop) is the caller's, passed on as it is
+    const auto report = [&](uint64_t copied) {
+      in_callback = true;
+      on_bytes(done + copied);
+      in_callback = false;
+    };
     for (const std::string& file : files) {
       const std::string target = local_dir + "/" + file;
       try {
         MakeDirectories(ParentOf(target));
-        CopyFile(Root(remote_dir) + "/" + file, target);
+        done += CopyFile(Root(remote_dir) + "/" + file, target, report);
       } catch (const std::runtime_error& error) {
+        if (in_callback) throw;
         throw DestinationError(error.what());
       }
     }
@@ -274,7 +283,8 @@ class RcloneDestination final : public Destination {
     throw DestinationError(DescribeRcloneFailure(result, last_error));
   }
 
-  void Download(const std::string& remote_dir, const std::vector<std::string>& files, const std::string& local_dir) override {
+  void Download(const std::string& remote_dir, const std::vector<std::string>& files, const std::string& local_dir,
+                const BytesDone& on_bytes) override {
     char list_path[] = "/tmp/bt-launch-files.XXXXXX";
     int fd = mkstemp(list_path);
     if (fd < 0) Fail("cannot create a file list in /tmp");
@@ -283,8 +293,19 @@ class RcloneDestination final : public Destination {
     for (const auto& file : files) list += file + "\n";
     WriteFileAtomically(list_path, list);
     std::string last_error;
-    ProcessResult result =
-        Rclone({"copy", "--files-from-raw", list_path, "--no-traverse", Remote(remote_dir), local_dir}, nullptr, last_error);
+    uint64_t done = 0;
+    ProcessResult result;
+    try {
+      result = Rclone(
+          {"copy", "--files-from-raw", list_path, "--no-traverse", Remote(remote_dir), local_dir},
+          [&](const nlohmann::json& line) {
+            if (line.contains("stats")) done = line["stats"].value("bytes", done);
+          },
+          last_error, [&] { on_bytes(done); });
+    } catch (...) {
+      unlink(list_path);
+      throw;
+    }
     unlink(list_path);
     if (result.exit_code != 0) throw DestinationError(DescribeRcloneFailure(result, last_error));
   }
@@ -330,7 +351,7 @@ class RcloneDestination final : public Destination {
 
   // One rclone run: JSON logs on stderr, the last error kept for the message.
   ProcessResult Rclone(std::vector<std::string> arguments, const std::function<void(const nlohmann::json&)>& on_line,
-                       std::string& last_error) {
+                       std::string& last_error, const std::function<void()>& every_second = nullptr) {
     std::vector<std::string> argv = {"rclone",         "--use-json-log", "--log-level",       "NOTICE",
                                      "--stats",        "2s",             "--stats-log-level", "NOTICE",
                                      "--retries",      "1",              "--low-level-retries", "3",
@@ -345,7 +366,7 @@ class RcloneDestination final : public Destination {
       }
       if (line.value("level", "") == "error") last_error = line.value("msg", text);
       if (on_line) on_line(line);
-    });
+    }, every_second);
   }
 
   DestinationSpec spec_;
@@ -382,7 +403,9 @@ class SpoolDestination final : public Destination {
   }
 
   std::optional<std::string> ReadText(const std::string&) override { throw WriteOnly(); }
-  void Download(const std::string&, const std::vector<std::string>&, const std::string&) override { throw WriteOnly(); }
+  void Download(const std::string&, const std::vector<std::string>&, const std::string&, const BytesDone&) override {
+    throw WriteOnly();
+  }
   std::vector<std::string> List(const std::string&, const std::string&) override { throw WriteOnly(); }
 
  private:

@@ -37,6 +37,7 @@ DestinationSpec ParseDestination(const std::string& uri, const std::string& orig
 
 // Called with bytes done and bytes in all.
 using Progress = std::function<void(uint64_t done, uint64_t total)>;
+using BytesDone = std::function<void(uint64_t done)>;
 
 class Destination {
  public:
@@ -54,8 +55,10 @@ class Destination {
 
   // Reading back (loading a checkpoint, `bt-launch checkpoints`). nullopt when absent.
   virtual std::optional<std::string> ReadText(const std::string& path) = 0;
+  // `on_bytes` sees the bytes downloaded so far at least once a second, and may throw to
+  // stop the download (what was written to `local_dir` is then the caller's to remove).
   virtual void Download(const std::string& remote_dir, const std::vector<std::string>& files,
-                        const std::string& local_dir) = 0;
+                        const std::string& local_dir, const BytesDone& on_bytes) = 0;
   // Paths under `remote_dir` (relative to it) that end with `suffix`, recursively.
   virtual std::vector<std::string> List(const std::string& remote_dir, const std::string& suffix) = 0;
 };

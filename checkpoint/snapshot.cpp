@@ -51,6 +51,28 @@ bool TryReflink(const std::string& from, const std::string& to) {
   return cloned;
 }
 
+struct ClosesOnExit {
+  int fd;
+  ~ClosesOnExit() {
+    if (fd >= 0) close(fd);
+  }
+  int Close() {
+    const int result = close(fd);
+    fd = -1;
+    return result;
+  }
+};
+
+void WriteAll(int fd, const char* data, size_t size, const std::string& path) {
+  while (size > 0) {
+    const ssize_t written = write(fd, data, size);
+    if (written < 0 && errno == EINTR) continue;
+    if (written < 0) ThrowErrno("cannot write " + path);
+    data += written;
+    size -= size_t(written);
+  }
+}
+
 StagingMethod Stage(const std::string& from, const std::string& to, uint64_t size) {
   if (size > kCopyBelowBytes) {
     if (TryReflink(from, to)) return StagingMethod::kReflink;
@@ -141,52 +163,43 @@ Snapshot TakeSnapshot(const std::string& root, const Candidate& candidate, const
   return snapshot;
 }
 
-void CopyFile(const std::string& from, const std::string& to) {
-  int source = open(from.c_str(), O_RDONLY | O_CLOEXEC);
+uint64_t CopyFile(const std::string& from, const std::string& to, const std::function<void(uint64_t)>& on_bytes) {
+  constexpr size_t kStep = 64 << 20;
+  const int source = open(from.c_str(), O_RDONLY | O_CLOEXEC);
   if (source < 0) {
     if (errno == ENOENT) throw SnapshotChanged(from + " disappeared while it was being copied");
     ThrowErrno("cannot open " + from);
   }
-  int target = open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (target < 0) {
-    int error = errno;
-    close(source);
-    errno = error;
-    ThrowErrno("cannot create " + to);
-  }
-  while (true) {
-    ssize_t copied = copy_file_range(source, nullptr, target, nullptr, 1 << 30, 0);
-    if (copied > 0) continue;
-    if (copied == 0) break;
-    if (errno == EINTR) continue;
-    if (errno != EXDEV && errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) {
-      int error = errno;
-      close(source);
-      close(target);
-      errno = error;
-      ThrowErrno("cannot copy " + from + " to " + to);
-    }
-    // Fallback: a plain read/write loop from where copy_file_range stopped.
-    char buffer[1 << 16];
-    ssize_t got;
-    while ((got = read(source, buffer, sizeof buffer)) > 0) {
-      for (ssize_t written = 0; written < got;) {
-        ssize_t n = write(target, buffer + written, size_t(got - written));
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) {
-          int error = errno;
-          close(source);
-          close(target);
-          errno = error;
-          ThrowErrno("cannot write " + to);
-        }
-        written += n;
+  const ClosesOnExit close_source{source};
+  const int target = open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (target < 0) ThrowErrno("cannot create " + to);
+  ClosesOnExit close_target{target};
+  uint64_t done = 0;
+  bool in_kernel = true;
+  std::vector<char> buffer;
+  for (;;) {
+    ssize_t copied = -1;
+    if (in_kernel) {
+      copied = copy_file_range(source, nullptr, target, nullptr, kStep, 0);
+      if (copied < 0 && errno == EINTR) continue;
+      if (copied < 0 && errno != EXDEV && errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) {
+        ThrowErrno("cannot copy " + from + " to " + to);
       }
+      in_kernel = copied >= 0;  // else these filesystems cannot: read and write from here on
     }
-    break;
+    if (!in_kernel) {
+      buffer.resize(kStep);
+      copied = read(source, buffer.data(), buffer.size());
+      if (copied < 0 && errno == EINTR) continue;
+      if (copied < 0) ThrowErrno("cannot read " + from);
+      WriteAll(target, buffer.data(), size_t(copied), to);
+    }
+    if (copied == 0) break;
+    done += uint64_t(copied);
+    if (on_bytes) on_bytes(done);
   }
-  close(source);
-  if (close(target) != 0) ThrowErrno("cannot write " + to);
+  if (close_target.Close() != 0) ThrowErrno("cannot write " + to);
+  return done;
 }
 
 void MakeDirectories(const std::string& path) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -58,8 +59,11 @@ Snapshot TakeSnapshot(const std::string& root, const Candidate& candidate, const
 // same version of a checkpoint.
 std::string Fingerprint(const Candidate& candidate);
 
-// Copies `from` to `to` (created, mode 0644), in the kernel where it can. Throws naming both.
-void CopyFile(const std::string& from, const std::string& to);
+// Copies `from` to `to` (created, mode 0644), in the kernel where it can, and returns the
+// bytes copied; `on_bytes`, when given, sees the bytes so far after every 64 MiB. Throws
+// SnapshotChanged when `from` is missing, std::runtime_error naming the path otherwise (or
+// what on_bytes throws).
+uint64_t CopyFile(const std::string& from, const std::string& to, const std::function<void(uint64_t)>& on_bytes = nullptr);
 
 // mkdir -p; throws naming the path.
 void MakeDirectories(const std::string& path);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstring>
 
@@ -21,7 +22,8 @@ std::vector<char*> CStringArray(const std::vector<std::string>& strings) {
 }
 
 ProcessResult RunProcess(const std::vector<std::string>& argv, const std::vector<std::string>& environ,
-                         const std::function<void(const std::string&)>& on_stderr_line) {
+                         const std::function<void(const std::string&)>& on_stderr_line,
+                         const std::function<void()>& every_second) {
   ProcessResult result;
   int out[2];
   int err[2];
@@ -61,8 +63,23 @@ ProcessResult RunProcess(const std::vector<std::string>& argv, const std::vector
   pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
   int open_count = 2;
   char buffer[16384];
+  auto last_tick = std::chrono::steady_clock::now();
   while (open_count > 0) {
-    if (poll(fds, 2, -1) < 0 && errno != EINTR) break;
+    if (poll(fds, 2, every_second ? 1000 : -1) < 0 && errno != EINTR) break;
+    if (every_second && std::chrono::steady_clock::now() - last_tick >= std::chrono::seconds(1)) {
+      last_tick = std::chrono::steady_clock::now();
+      try {
+        every_second();
+      } catch (...) {
+        kill(pid, SIGKILL);
+        for (const pollfd& entry : fds) {
+          if (entry.fd >= 0) close(entry.fd);
+        }
+        while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+        }
+        throw;
+      }
+    }
     for (int i = 0; i < 2; ++i) {
       if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       ssize_t got = read(fds[i].fd, buffer, sizeof buffer);

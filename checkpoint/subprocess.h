@@ -19,8 +19,11 @@ struct ProcessResult {
 };
 
 // Runs `argv` with exactly `environ`, calling `on_stderr_line` for each line it writes to
-// stderr; returns when it has exited.
+// stderr and `every_second`, when given, about once a second; returns when it has exited.
+// When `every_second` throws, the process is killed and reaped, and the exception goes on:
+// a stop does not wait for a transfer that may never end.
 ProcessResult RunProcess(const std::vector<std::string>& argv, const std::vector<std::string>& environ,
-                         const std::function<void(const std::string&)>& on_stderr_line);
+                         const std::function<void(const std::string&)>& on_stderr_line,
+                         const std::function<void()>& every_second = nullptr);
 
 }  // namespace bt::checkpoint

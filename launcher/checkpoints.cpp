@@ -26,6 +26,7 @@ using checkpoint::ManifestError;
 
 constexpr const char* kDefaultDestinationDir = "/var/lib/bt-launch/checkpoints";
 constexpr std::chrono::seconds kStoreGetTimeout{10};
+constexpr std::chrono::seconds kLoadLogEvery{10};
 
 std::string Trim(std::string text) {
   while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
@@ -117,6 +118,22 @@ class StoreCommitBoard final : public checkpoint::CommitBoard {
   int node_rank_;
 };
 
+// A download with a line every kLoadLogEvery: how much of what, and at what rate.
+void DownloadLogged(checkpoint::Destination& destination, const std::string& remote_dir, const Manifest& manifest,
+                    const std::string& local_dir, const std::string& what, const std::function<void()>& check_stop) {
+  const auto started = std::chrono::steady_clock::now();
+  auto last_log = started;
+  destination.Download(remote_dir, FilePaths(manifest), local_dir, [&](uint64_t done) {
+    check_stop();
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_log < kLoadLogEvery) return;
+    last_log = now;
+    const double seconds = std::chrono::duration<double>(now - started).count();
+    spdlog::info("loading {}: {} of {} ({}/s)", what, checkpoint::FormatBytes(done), checkpoint::FormatBytes(manifest.total_bytes),
+                 checkpoint::FormatBytes(uint64_t(double(done) / seconds)));
+  });
+}
+
 }  // namespace
 
 std::unique_ptr<checkpoint::CommitBoard> MakeStoreCommitBoard(rendezvous::Store& store, int node_count, int node_rank) {
@@ -163,7 +180,8 @@ checkpoint::DestinationSpec ResolveCheckpointDestination(const env::JobConfig& c
 }
 
 void LoadCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment,
-                     const checkpoint::DestinationSpec& destination_spec, int node_rank) {
+                     const checkpoint::DestinationSpec& destination_spec, int node_rank,
+                     const std::function<void()>& check_stop) {
   const auto& loading = config.runtime.load_checkpoint_config;
   if (loading.checkpoints.empty()) {
     throw LaunchFailure(kExitConfig, "runtime.load_checkpoint_config.checkpoints: empty; name the job to load from "
@@ -198,7 +216,13 @@ void LoadCheckpoints(const env::JobConfig& config, const env::JobEnvironment& en
       const std::string incoming = rank_dir + "/.bt-loading-" + std::to_string(getpid());
       checkpoint::RemoveTree(incoming);
       checkpoint::MakeDirectories(incoming);
-      destination->Download(checkpoint::JoinPath(remote_rank, manifest.base()), FilePaths(manifest), incoming);
+      try {
+        DownloadLogged(*destination, checkpoint::JoinPath(remote_rank, manifest.base()), manifest, incoming,
+                       "checkpoint " + name + " of job " + reference.job_id, check_stop);
+      } catch (...) {
+        checkpoint::RemoveTree(incoming);
+        throw;
+      }
       auto problems = CompareWithManifest(manifest, incoming);
       if (!problems.empty()) {
         checkpoint::RemoveTree(incoming);
@@ -302,7 +326,7 @@ int ListCheckpoints(const env::JobConfig& config, const env::JobEnvironment& env
         const std::string remote = checkpoint::JoinPath(RankDir(job_id, manifest.node_rank), manifest.base());
         std::vector<std::string> problems;
         try {
-          destination->Download(remote, FilePaths(manifest), temporary);
+          destination->Download(remote, FilePaths(manifest), temporary, [](uint64_t) {});
           problems = CompareWithManifest(manifest, temporary);
         } catch (const DestinationError& error) {
           problems.push_back(error.what());

@@ -2,6 +2,7 @@
 // commands, the agent that watches and hands off while they run, and the drain after.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,9 +28,12 @@ checkpoint::DestinationSpec ResolveCheckpointDestination(const env::JobConfig& c
                                                          const std::optional<std::string>& uri_override = std::nullopt);
 
 // Each load_checkpoint_config reference, this node's part, into
-// BT_LOAD_CHECKPOINT_DIR/rank-<r>/, verified against its manifest. Throws LaunchFailure(74).
+// BT_LOAD_CHECKPOINT_DIR/rank-<r>/, verified against its manifest, with its progress logged.
+// Throws LaunchFailure(74); `check_stop` runs at least once a second during a download and
+// throws to stop it (its partial files are removed).
 void LoadCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment,
-                     const checkpoint::DestinationSpec& destination, int node_rank);
+                     const checkpoint::DestinationSpec& destination, int node_rank,
+                     const std::function<void()>& check_stop);
 
 // The agent and the cross-node commit it uses; empty when checkpointing is off.
 struct CheckpointPhase {

@@ -116,7 +116,7 @@ void PrepareNode(const PreparedJob& job, const std::optional<checkpoint::Destina
   if (job.config.runtime.load_checkpoint_config.enabled) {
     timeline.Begin("load checkpoints");
     phase.Publish("loading checkpoints");
-    LoadCheckpoints(job.config, job.environment, *destination, job.identity.rank);
+    LoadCheckpoints(job.config, job.environment, *destination, job.identity.rank, [&] { CheckStop(peers, signals); });
   }
   if (peers) {
     timeline.Begin("ready");

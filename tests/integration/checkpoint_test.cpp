@@ -326,6 +326,55 @@ TEST_F(CheckpointJob, ALaterJobLoadsTheLatestCheckpointByteIdentical) {
       << missing.err;
 }
 
+// A load whose transfer never ends (rclone stuck on a dead network) stops at SIGTERM at once:
+// rclone killed, the partial download removed, 143. The stuck rclone is a script first in
+// PATH that serves `copyto` (latest, the manifest) from a local tree and hangs on `copy`.
+TEST_F(CheckpointJob, SigtermDuringAStuckLoadStopsAtOnceAndLeavesNothing) {
+  const std::string bucket = dir_.path() + "/s3";
+  const std::string deepspeed = "mkdir -p $BT_CHECKPOINT_DIR/global_step7 && head -c 300000 /dev/urandom > "
+                                "$BT_CHECKPOINT_DIR/global_step7/mp_rank_00_model_states.bin && echo global_step7 > "
+                                "$BT_CHECKPOINT_DIR/latest";
+  ProcessResult first = RunLauncher(Run(Config({deepspeed}, "file://" + bucket + "/ckpts/prefix")));
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+
+  const std::string bin = dir_.path() + "/bin";
+  fs::create_directories(bin);
+  const std::string started = dir_.path() + "/copy-started";
+  dir_.Write("bin/rclone", "#!/bin/sh\n"  // bt-launch puts the subcommand and its arguments first
+                           "case \"$1\" in\n"
+                           "  copy) echo $$ > " + started + "; exec sleep 300 ;;\n"
+                           "  copyto) cp \"" + bucket + "/${2#btdest:}\" \"$3\" 2>/dev/null || exit 3 ;;\n"
+                           "  *) exit 1 ;;\n"
+                           "esac\n");
+  fs::permissions(bin + "/rclone", fs::perms::owner_all);
+  nlohmann::json load = {{"load_checkpoint_config",
+                          {{"enabled", true}, {"checkpoints", {{{"typ", "baseten_latest_checkpoint"}, {"job_id", kJob}}}}}}};
+  nlohmann::json config = nlohmann::json::parse(ReadFile(Config({"echo trained"}, "s3://ckpts/prefix", 30, load.dump())));
+  config["runtime"]["checkpointing_config"]["enabled"] = false;
+  LaunchSpec spec = Run(dir_.Write("stuck-load.json", config.dump()));
+  spec.set_env = {{"PATH", bin + ":" + std::getenv("PATH")}, {"AWS_ACCESS_KEY_ID", "test-key-id"},
+                  {"AWS_SECRET_ACCESS_KEY", "test-secret-key-value"}, {"AWS_REGION", "us-east-1"}};
+  LauncherProcess launcher(spec);
+  for (int waited = 0; waited < 200 && !fs::exists(started); ++waited) std::this_thread::sleep_for(50ms);
+  if (!fs::exists(started)) {
+    launcher.Signal(SIGKILL);
+    FAIL() << "the download never started: " << launcher.Finish().err;
+  }
+  const pid_t rclone = std::stoi(ReadFile(started));
+  const auto signalled = std::chrono::steady_clock::now();
+  launcher.Signal(SIGTERM);
+  ProcessResult result = launcher.Finish();
+  EXPECT_EQ(result.exit_code, 143) << result.err;
+  EXPECT_LT(std::chrono::steady_clock::now() - signalled, 5s) << result.err;
+  EXPECT_NE(result.err.find("stopped by Terminated before the start commands"), std::string::npos) << result.err;
+  EXPECT_EQ(result.out.find("trained"), std::string::npos) << "the training started";
+  EXPECT_NE(kill(rclone, 0), 0) << "rclone is still running";
+  const std::string loads = dir_.path() + "/root/node-0/tmp/loaded_checkpoints/rank-0";
+  if (fs::exists(loads)) {
+    for (const auto& entry : fs::directory_iterator(loads)) ADD_FAILURE() << "left behind: " << entry.path();
+  }
+}
+
 // Two nodes on loopback with node-local checkpoint disks: node 0 writes the marker, node 1
 // only its shard, later. `latest` must wait for node 1's part.
 TEST_F(CheckpointJob, TwoNodesCommitLatestOnlyAfterEveryPartIsUploaded) {
