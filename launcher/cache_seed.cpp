@@ -161,7 +161,7 @@ void Announce(Peers* peers, const std::string& value) {
   if (peers == nullptr || peers->store() == nullptr) return;
   try {
     peers->store()->Set(kSeedStoreKey, value);
-  } catch (const std::exception& error) {
+  } catch (const rendezvous::StoreError& error) {  // a stop (LaunchFailure) goes on
     spdlog::warn("cache seed: cannot tell the other nodes: {}", error.what());
   }
 }

@@ -28,7 +28,8 @@ std::string DescribePhases(Peers& peers, const env::NodeIdentity& identity, bool
     std::string phase = "(no phase published)";
     try {
       phase = store->Get(PhaseKey(rank), kPhaseReadTimeout);
-    } catch (const std::exception&) {
+    } catch (const rendezvous::StoreTimeout&) {
+    } catch (const rendezvous::StoreError&) {  // a stop (LaunchFailure) goes on
     }
     if (phase == "ready" && !include_ready) continue;
     std::string host = rank < int(roster.size()) ? roster[size_t(rank)].host : "?";
@@ -134,7 +135,7 @@ void NodePhase::Publish(const std::string& phase) {
   last_ = Clock::now();
   try {
     store_->Set(PhaseKey(rank_), phase);
-  } catch (const std::exception& error) {
+  } catch (const rendezvous::StoreError& error) {  // a stop (LaunchFailure) goes on
     spdlog::debug("cannot publish this node's phase: {}", error.what());
   }
 }
