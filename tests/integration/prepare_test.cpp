@@ -180,6 +180,28 @@ TEST_F(Prepare, PlatformMountCompletingWhileWaitingLetsTheJobStart) {
   EXPECT_NE(result.out.find("started"), std::string::npos);
 }
 
+// Node 0 is ready; node 1 waits for a mount that never completes. Node 0 dies: node 1 stops
+// at once naming the leader, not at its own weights deadline (60 s).
+TEST_F(Prepare, LeaderLostWhileAFollowerWaitsForItsWeightsStopsItAtOnce) {
+  const uint16_t port = FreePort();
+  WriteFile(dir_.path() + "/ready-mount/.complete");
+  WriteFile(Mount() + "/shard-1", "partial");
+  json node0 = WithWeights(Config({"true"}), {{"source", "hf://org/a"}, {"mount_location", dir_.path() + "/ready-mount"}});
+  json node1 = WithWeights(Config({"true"}), {{"source", "hf://org/b"}, {"mount_location", Mount()}}, {{"timeout_s", 60}});
+  for (json* config : {&node0, &node1}) (*config)["compute"] = {{"node_count", 2}};
+  LauncherProcess leader(Node(Save(node0), 0, 2, port, "root"));
+  LauncherProcess follower(Node(Save(node1), 1, 2, port, "root"));
+  ASSERT_TRUE(follower.WaitForLog("waiting for the platform to mount it", 20s));
+  ASSERT_TRUE(leader.WaitForLog("all 2 nodes joined", 20s));
+  std::this_thread::sleep_for(1500ms);  // node 1 has published its phase through the leader's store
+  const auto killed = std::chrono::steady_clock::now();
+  leader.Signal(SIGKILL);
+  ProcessResult result = follower.Finish();
+  EXPECT_EQ(result.exit_code, 69) << result.err;
+  EXPECT_NE(result.err.find("leader (node 0) lost"), std::string::npos) << result.err;
+  EXPECT_LT(std::chrono::steady_clock::now() - killed, 15s) << result.err;
+}
+
 TEST_F(Prepare, ReadyBarrierNamesTheNodeStillPreparing) {
   const uint16_t port = FreePort();
   WriteFile(dir_.path() + "/ready-mount/.complete");
