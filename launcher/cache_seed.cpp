@@ -212,10 +212,7 @@ void WaitForLeader(Peers& peers, SignalRouter& signals) {
       }
       spdlog::info("cache seed: node 0 has seeded the project cache");
       return;
-    } catch (const rendezvous::StoreTimeout&) {
-    } catch (const rendezvous::StoreError& error) {
-      CheckStop(&peers, signals);
-      throw LaunchFailure(kExitUnavailable, std::string("cache seed: leader (node 0) lost: ") + error.what());
+    } catch (const rendezvous::StoreTimeout&) {  // a lost leader is PreRunPeers' to name
     }
     if (Clock::now() - last_log >= kWaitLogEvery) {
       spdlog::info("cache seed: still waiting for node 0 to seed the project cache");

@@ -118,13 +118,12 @@ PreRunPeers::PreRunPeers(Peers& peers, SignalRouter& signals) : peers_(peers) {
   store_ = std::make_unique<StopAwareStore>(*peers.store(), [this, &signals] { CheckStop(this, signals); });
 }
 
-PreRunPeers::~PreRunPeers() = default;
+LaunchFailure StoreFailure(const std::string& phase, const rendezvous::StoreTimeout& error) {
+  return LaunchFailure(kExitUnavailable, phase + ": the other nodes did not answer in time (" + error.what() + ")");
+}
 
-LaunchFailure StoreFailure(const std::string& phase, const std::exception& error) {
-  if (dynamic_cast<const rendezvous::StoreTimeout*>(&error) != nullptr) {
-    return LaunchFailure(kExitUnavailable, phase + ": the other nodes did not answer in time (" + error.what() + ")");
-  }
-  return LaunchFailure(kExitUnavailable, phase + ": the rendezvous store failed (node 0 gone?): " + error.what());
+LaunchFailure StoreFailure(const std::string& phase, const rendezvous::StoreError& error) {
+  return LaunchFailure(kExitUnavailable, phase + ": leader (node 0) lost: " + error.what());
 }
 
 NodePhase::NodePhase(Peers* peers, int rank) : store_(peers ? peers->store() : nullptr), rank_(rank) {}
@@ -154,26 +153,21 @@ void WaitUntilAllReady(Peers& peers, const env::NodeIdentity& identity, Clock::t
   rendezvous::Store* store = peers.store();
   if (store == nullptr) return;  // the mpi backend: ranks start together under mpirun
   NodePhase(&peers, identity.rank).Publish("ready");
-  try {
-    // The last node to get ready opens the barrier; the others wait for that key on the
-    // leader, which answers the moment it is set, waking every kReadyCheck to look for a
-    // stop, the deadline and the next progress line.
-    if (store->Add("bt/ready", 1) == identity.count) store->Set(kAllReady, "1");
-    auto last_log = Clock::now();
-    while (!AllReady(*store)) {
-      CheckStop(&peers, signals);
-      if (Clock::now() >= deadline) {
-        throw LaunchFailure(kExitUnavailable, "nodes not ready by the weights deadline (launcher.weights.timeout_s): " +
-                                                  DescribePhases(peers, identity, false));
-      }
-      if (Clock::now() - last_log >= kWaitLogEvery) {
-        spdlog::info("waiting for every node to be ready: {}", DescribePhases(peers, identity, true));
-        last_log = Clock::now();
-      }
+  // The last node to get ready opens the barrier; the others wait for that key on the
+  // leader, which answers the moment it is set, waking every kReadyCheck to look for a
+  // stop, the deadline and the next progress line. A lost leader is PreRunPeers' to name.
+  if (store->Add("bt/ready", 1) == identity.count) store->Set(kAllReady, "1");
+  auto last_log = Clock::now();
+  while (!AllReady(*store)) {
+    CheckStop(&peers, signals);
+    if (Clock::now() >= deadline) {
+      throw LaunchFailure(kExitUnavailable, "nodes not ready by the weights deadline (launcher.weights.timeout_s): " +
+                                                DescribePhases(peers, identity, false));
     }
-  } catch (const rendezvous::StoreError& error) {
-    CheckStop(&peers, signals);  // the client's verdict names the leader's loss or a failed node
-    throw LaunchFailure(kExitUnavailable, std::string("ready barrier: leader (node 0) lost: ") + error.what());
+    if (Clock::now() - last_log >= kWaitLogEvery) {
+      spdlog::info("waiting for every node to be ready: {}", DescribePhases(peers, identity, true));
+      last_log = Clock::now();
+    }
   }
   spdlog::info("all {} nodes are ready", identity.count);
 }

@@ -6,7 +6,6 @@
 
 #include <chrono>
 #include <memory>
-#include <stdexcept>
 #include <string>
 
 #include "env/identity.h"
@@ -41,7 +40,6 @@ void CheckStop(Peers* peers, SignalRouter& signals);
 class PreRunPeers final : public Peers {
  public:
   PreRunPeers(Peers& peers, SignalRouter& signals);
-  ~PreRunPeers() override;
 
   int Finish(const JobOutcome& outcome, SignalRouter& signals) override { return peers_.Finish(outcome, signals); }
   void Report(const JobOutcome& outcome) override { peers_.Report(outcome); }
@@ -57,7 +55,8 @@ class PreRunPeers final : public Peers {
 };
 
 // A store call that failed during `phase`, as the launch failure (69) that says so.
-LaunchFailure StoreFailure(const std::string& phase, const std::exception& error);
+LaunchFailure StoreFailure(const std::string& phase, const rendezvous::StoreTimeout& error);
+LaunchFailure StoreFailure(const std::string& phase, const rendezvous::StoreError& error);
 
 // Marks this node ready and waits for every other node until `deadline`. Throws
 // LaunchFailure 69 naming each node not ready, its host and its phase.
