@@ -22,6 +22,7 @@
 #include "checkpoint/tree.h"
 #include "checkpoint/uploader.h"
 #include "checkpoint/watcher.h"
+#include "storage/paths.h"
 
 namespace bt::checkpoint {
 namespace {
@@ -67,7 +68,7 @@ class CheckpointAgent::Impl {
       : options_(std::move(options)),
         state_dir_(StateDirectory(options_.checkpoint_dir)),
         staging_root_(state_dir_ + "/staging"),
-        journal_((MakeDirectories(staging_root_), state_dir_ + "/journal.jsonl")) {
+        journal_((storage::MakeDirectories(staging_root_), state_dir_ + "/journal.jsonl")) {
     journal_.SetScope(options_.job_id, options_.destination.uri);
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wake_fd_ < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
@@ -166,7 +167,7 @@ class CheckpointAgent::Impl {
       if (!keep.contains(seq)) stale.push_back(staging_root_ + "/" + name);
     }
     closedir(dir);
-    for (const auto& path : stale) RemoveTree(path);
+    for (const auto& path : stale) storage::RemoveTree(path);
   }
 
   void Run() {
@@ -366,7 +367,7 @@ class CheckpointAgent::Impl {
     journal_.Sync();
     spdlog::info("checkpoints: {} is complete ({}, {}): {} files, {}; snapshotted as {} and queued in {:.1f} ms",
                  candidate.name, LayoutName(candidate.layout), verdict.reason, snapshot.files.size(),
-                 FormatBytes(snapshot.total_bytes), MethodSummary(snapshot),
+                 storage::FormatBytes(snapshot.total_bytes), MethodSummary(snapshot),
                  std::chrono::duration<double, std::milli>(queued_in).count());
     if (options_.board && is_leader()) BoardCall([&] { options_.board->Declare(candidate.name); });
   }
@@ -424,8 +425,8 @@ class CheckpointAgent::Impl {
     if (Clock::now() - version.last_progress_log < kProgressLogEvery) return;
     version.last_progress_log = Clock::now();
     double seconds = std::chrono::duration<double>(Clock::now() - version.queued_at).count();
-    spdlog::info("checkpoints: uploading {}: {} of {} ({}/s)", version.name, FormatBytes(event.bytes_done),
-                 FormatBytes(event.bytes_total), FormatBytes(uint64_t(double(event.bytes_done) / std::max(seconds, 1e-3))));
+    spdlog::info("checkpoints: uploading {}: {} of {} ({}/s)", version.name, storage::FormatBytes(event.bytes_done),
+                 storage::FormatBytes(event.bytes_total), storage::FormatBytes(uint64_t(double(event.bytes_done) / std::max(seconds, 1e-3))));
   }
 
   void OnRetrying(Version& version, const UploaderEvent& event) {
@@ -453,13 +454,13 @@ class CheckpointAgent::Impl {
     version.bytes_done = version.bytes_total;
     journal_.Record(version.seq, version.name, HandoffState::kUploaded);
     double seconds = std::chrono::duration<double>(Clock::now() - version.queued_at).count();
-    spdlog::info("checkpoints: uploaded {} ({} in {:.1f} s)", version.name, FormatBytes(version.bytes_total), seconds);
+    spdlog::info("checkpoints: uploaded {} ({} in {:.1f} s)", version.name, storage::FormatBytes(version.bytes_total), seconds);
     RemoveStaging(version);
     if (options_.board) ReportPart(version.name);
   }
 
   void RemoveStaging(const Version& version) {
-    RemoveTree(version.staging_dir);
+    storage::RemoveTree(version.staging_dir);
     unlink(version.snapshot_path.c_str());
   }
 
@@ -561,7 +562,7 @@ class CheckpointAgent::Impl {
       left += version.bytes_total - std::min(version.bytes_done, version.bytes_total);
     }
     spdlog::info("checkpoints: draining: {} checkpoint(s) not committed yet, {} left to upload, {} s before the "
-                 "deadline", pending, FormatBytes(left),
+                 "deadline", pending, storage::FormatBytes(left),
                  std::chrono::duration_cast<std::chrono::seconds>(drain_deadline_ - Clock::now()).count());
   }
 
@@ -593,7 +594,7 @@ class CheckpointAgent::Impl {
     if (version.stage == Stage::kQueued) {
       const std::string& error = version.last_error.empty() ? last_destination_error_ : version.last_error;
       reason = error.empty()
-                   ? "upload not finished (" + FormatBytes(version.bytes_done) + " of " + FormatBytes(version.bytes_total) + ")"
+                   ? "upload not finished (" + storage::FormatBytes(version.bytes_done) + " of " + storage::FormatBytes(version.bytes_total) + ")"
                    : options_.destination.uri + " unavailable: " + error;
     } else if (board_error_) {
       reason = "uploaded, but the cross-node commit failed: " + *board_error_;

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/destination.h"
 #include "env/job_config.h"
+#include "storage/destination.h"
 
 namespace bt::checkpoint {
 
@@ -39,7 +39,7 @@ struct AgentOptions {
   std::string job_id;
   int node_rank = 0;
   int node_count = 1;
-  DestinationSpec destination;
+  storage::DestinationSpec destination;
   std::vector<std::string> uploader_environ;
   std::string uploader_binary;        // bt-launch itself (its `upload-worker` subcommand)
   CommitBoard* board = nullptr;       // null: this node commits on its own

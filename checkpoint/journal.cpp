@@ -11,6 +11,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include "storage/durable_file.h"
+#include "storage/paths.h"
+
 namespace bt::checkpoint {
 namespace {
 
@@ -103,12 +106,7 @@ void HandoffJournal::Append(uint64_t seq, const std::string& name, HandoffState 
   if (!detail.empty()) line["detail"] = detail;
   if (snapshot) line["snapshot"] = snapshot->ToJson();
   const std::string text = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-  for (size_t written = 0; written < text.size();) {
-    ssize_t n = write(fd_, text.data() + written, text.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw std::runtime_error("cannot append to the checkpoint journal " + path_ + ": " + std::strerror(errno));
-    written += size_t(n);
-  }
+  storage::WriteAll(fd_, text, "the checkpoint journal " + path_);
   JournalEntry& entry = entries_[seq];
   entry.seq = seq;
   entry.job_id = job_id_;
@@ -159,7 +157,7 @@ std::optional<std::string> HandoffJournal::CommittedByAnotherJob(const std::stri
 }
 
 bool HandoffJournal::HoldsMoreThan(const Candidate& candidate) const {
-  const std::string base = candidate.is_directory ? candidate.name : ParentOf(candidate.name);
+  const std::string base = candidate.is_directory ? candidate.name : storage::ParentOf(candidate.name);
   for (const auto& [seq, entry] : entries_) {
     if (entry.name != candidate.name || !entry.snapshot || entry.state == HandoffState::kAbandoned) continue;
     const auto& recorded = entry.snapshot->files;

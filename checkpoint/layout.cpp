@@ -1,4 +1,5 @@
 #include "checkpoint/layout.h"
+#include "storage/paths.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -66,9 +67,9 @@ struct TreeIndex {
   std::set<std::string> file_paths;
 
   explicit TreeIndex(const DirectoryTree& tree) {
-    for (const auto& directory : tree.directories) subdirectories[ParentOf(directory)].push_back(directory);
+    for (const auto& directory : tree.directories) subdirectories[storage::ParentOf(directory)].push_back(directory);
     for (const auto& file : tree.files) {
-      files[ParentOf(file.path)].push_back(&file);
+      files[storage::ParentOf(file.path)].push_back(&file);
       file_paths.insert(file.path);
     }
   }
@@ -106,17 +107,17 @@ class Classifier {
   }
 
   void ClassifyDirectory(const std::string& parent, const std::string& path, int depth) {
-    const std::string name = BaseName(path);
+    const std::string name = storage::BaseName(path);
     if (NumberAfter(name, "checkpoint-")) {
-      Add(path, Layout::kHuggingFace, index_.HasFile(JoinPath(path, kHfStateFile)), kHfStateFile);
+      Add(path, Layout::kHuggingFace, index_.HasFile(storage::JoinPath(path, kHfStateFile)), kHfStateFile);
     } else if (IsMegatronIteration(name)) {
       AddMegatron(parent, path);
     } else if (EndsWith(name, ".ckpt")) {
-      bool marked = index_.HasFile(JoinPath(path, kLightningShardedMeta)) || index_.HasFile(JoinPath(path, kDeepSpeedPointer));
+      bool marked = index_.HasFile(storage::JoinPath(path, kLightningShardedMeta)) || index_.HasFile(storage::JoinPath(path, kDeepSpeedPointer));
       Add(path, Layout::kLightningSharded, marked, "meta.pt");
     } else if (HasDcpFiles(path)) {
       AddDcp(path);
-    } else if (NumberAfter(name, "global_step") || index_.HasFile(JoinPath(parent, kDeepSpeedPointer))) {
+    } else if (NumberAfter(name, "global_step") || index_.HasFile(storage::JoinPath(parent, kDeepSpeedPointer))) {
       if (!AddDeepSpeed(parent, path) && !Visit(path, depth + 1) && depth == 0) AddGeneric(path);
     } else if (!Visit(path, depth + 1) && depth == 0) {
       AddGeneric(path);
@@ -124,7 +125,7 @@ class Classifier {
   }
 
   void ClassifyFile(const FileEntry& file, int depth) {
-    const std::string name = BaseName(file.path);
+    const std::string name = storage::BaseName(file.path);
     if (EndsWith(name, ".ckpt")) {
       Add(file.path, Layout::kLightning, true, "", false);
       return;
@@ -133,7 +134,7 @@ class Classifier {
   }
 
   bool HasDcpFiles(const std::string& path) const {
-    if (index_.HasFile(JoinPath(path, kDcpMetadata))) return true;
+    if (index_.HasFile(storage::JoinPath(path, kDcpMetadata))) return true;
     auto files = index_.files.find(path);
     if (files == index_.files.end()) return false;
     return std::any_of(files->second.begin(), files->second.end(),
@@ -141,7 +142,7 @@ class Classifier {
   }
 
   void AddDcp(const std::string& path) {
-    const std::string metadata = JoinPath(path, kDcpMetadata);
+    const std::string metadata = storage::JoinPath(path, kDcpMetadata);
     Candidate& candidate = Add(path, Layout::kTorchDcp, index_.HasFile(metadata), ".metadata");
     if (!candidate.marked) return;
     // Re-saving into the same directory rewrites the data while the old .metadata stays.
@@ -150,18 +151,18 @@ class Classifier {
       if (file.path == metadata) metadata_mtime = file.mtime_ns;
     }
     for (const FileEntry& file : tree_.files) {
-      if (ParentOf(file.path) == path && EndsWith(file.path, ".distcp") && file.mtime_ns > metadata_mtime) {
+      if (storage::ParentOf(file.path) == path && EndsWith(file.path, ".distcp") && file.mtime_ns > metadata_mtime) {
         candidate.marked = false;
-        candidate.waiting_for = "a new .metadata (" + BaseName(file.path) + " was written after the old one)";
+        candidate.waiting_for = "a new .metadata (" + storage::BaseName(file.path) + " was written after the old one)";
         return;
       }
     }
   }
 
   bool AddDeepSpeed(const std::string& parent, const std::string& path) {
-    const std::string pointer_path = JoinPath(parent, kDeepSpeedPointer);
-    const std::string tag = BaseName(path);
-    auto pointer = index_.HasFile(pointer_path) ? ReadPointer(JoinPath(root_, pointer_path)) : std::nullopt;
+    const std::string pointer_path = storage::JoinPath(parent, kDeepSpeedPointer);
+    const std::string tag = storage::BaseName(path);
+    auto pointer = index_.HasFile(pointer_path) ? ReadPointer(storage::JoinPath(root_, pointer_path)) : std::nullopt;
     if (!pointer && !NumberAfter(tag, "global_step")) return false;
     bool marked = false;
     if (pointer) {
@@ -177,9 +178,9 @@ class Classifier {
   }
 
   void AddMegatron(const std::string& parent, const std::string& path) {
-    const std::string tracker_path = JoinPath(parent, kMegatronTracker);
-    const std::string name = BaseName(path);
-    auto tracker = index_.HasFile(tracker_path) ? ReadPointer(JoinPath(root_, tracker_path)) : std::nullopt;
+    const std::string tracker_path = storage::JoinPath(parent, kMegatronTracker);
+    const std::string name = storage::BaseName(path);
+    auto tracker = index_.HasFile(tracker_path) ? ReadPointer(storage::JoinPath(root_, tracker_path)) : std::nullopt;
     bool marked = false;
     std::string content = name == "release" ? "release" : std::to_string(*NumberAfter(name, "iter_"));
     if (tracker) {
@@ -195,7 +196,7 @@ class Classifier {
   }
 
   void AddGeneric(const std::string& path) {
-    bool has_marker = index_.HasFile(JoinPath(path, marker_));
+    bool has_marker = index_.HasFile(storage::JoinPath(path, marker_));
     Add(path, has_marker ? Layout::kMarker : Layout::kQuiet, has_marker, marker_);
   }
 
@@ -338,13 +339,13 @@ Verdict Judge(const Candidate& candidate, const std::string& root, const std::se
               const JudgeContext& context) {
   if (candidate.files.empty()) return {false, "no files yet"};
   for (const FileEntry& file : candidate.files) {
-    if (open_writers.contains(JoinPath(root, file.path))) return {false, file.path + " is open for writing"};
+    if (open_writers.contains(storage::JoinPath(root, file.path))) return {false, file.path + " is open for writing"};
   }
   if (!candidate.marked && !context.declared_by_leader && candidate.layout != Layout::kQuiet) {
     return {false, "waiting for " + candidate.waiting_for};
   }
   for (const FileEntry& file : candidate.files) {
-    if (auto problem = CheckFileIntegrity(JoinPath(root, file.path))) return {false, file.path + ": " + *problem};
+    if (auto problem = CheckFileIntegrity(storage::JoinPath(root, file.path))) return {false, file.path + ": " + *problem};
   }
   if (candidate.layout == Layout::kQuiet && !context.declared_by_leader) {
     if (context.training_ended_ns && context.training_succeeded) return {true, "the training exited 0 with every file closed"};

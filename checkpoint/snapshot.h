@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/layout.h"
+#include "storage/destination.h"
 
 namespace bt::checkpoint {
 
@@ -42,6 +43,8 @@ struct Snapshot {
   uint64_t total_bytes = 0;
   std::string fingerprint;  // of the source files' identity: a new one means a new version
 
+  // What a destination uploads: the staged files, this version's number.
+  storage::StagedFiles Staged() const;
   nlohmann::json ToJson() const;
   static Snapshot FromJson(const nlohmann::json& value);  // throws nlohmann::json::exception
 };
@@ -58,15 +61,5 @@ Snapshot TakeSnapshot(const std::string& root, const Candidate& candidate, const
 // Identity of the candidate's files (path, size, mtime, inode): equal fingerprints mean the
 // same version of a checkpoint.
 std::string Fingerprint(const Candidate& candidate);
-
-// Copies `from` to `to` (created, mode 0644), in the kernel where it can, and returns the
-// bytes copied; `on_bytes`, when given, sees the bytes so far after every 64 MiB. Throws
-// SnapshotChanged when `from` is missing, std::runtime_error naming the path otherwise (or
-// what on_bytes throws).
-uint64_t CopyFile(const std::string& from, const std::string& to, const std::function<void(uint64_t)>& on_bytes = nullptr);
-
-// mkdir -p; throws naming the path.
-void MakeDirectories(const std::string& path);
-void RemoveTree(const std::string& path);
 
 }  // namespace bt::checkpoint

@@ -1,4 +1,5 @@
 #include "checkpoint/tree.h"
+#include "storage/paths.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -39,7 +40,7 @@ void ScanDirectory(int parent_fd, const std::string& relative, const std::string
     if (name == "." || name == "..") continue;
     struct stat info {};
     if (fstatat(fd, entry->d_name, &info, AT_SYMLINK_NOFOLLOW) != 0) continue;  // deleted meanwhile (rotation)
-    const std::string path = JoinPath(relative, std::string(name));
+    const std::string path = storage::JoinPath(relative, std::string(name));
     if (S_ISLNK(info.st_mode)) {
       tree.symlinks.push_back(path);
     } else if (S_ISDIR(info.st_mode)) {
@@ -113,35 +114,6 @@ std::set<std::string> OpenWriters(const std::string& root) {
   }
   closedir(proc);
   return writers;
-}
-
-std::string FormatBytes(uint64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double value = double(bytes);
-  int unit = 0;
-  while (value >= 1024 && unit < 4) {
-    value /= 1024;
-    ++unit;
-  }
-  char text[32];
-  std::snprintf(text, sizeof text, unit == 0 ? "%.0f %s" : "%.1f %s", value, units[unit]);
-  return text;
-}
-
-std::string JoinPath(const std::string& base, const std::string& relative) {
-  if (base.empty()) return relative;
-  if (relative.empty()) return base;
-  return base + "/" + relative;
-}
-
-std::string ParentOf(const std::string& relative) {
-  auto slash = relative.rfind('/');
-  return slash == std::string::npos ? "" : relative.substr(0, slash);
-}
-
-std::string BaseName(const std::string& relative) {
-  auto slash = relative.rfind('/');
-  return slash == std::string::npos ? relative : relative.substr(slash + 1);
 }
 
 }  // namespace bt::checkpoint

@@ -39,11 +39,4 @@ DirectoryTree ScanTree(const std::string& root, const std::string& marker);
 // is the one reliable "still being written" signal besides inotify's close events.
 std::set<std::string> OpenWriters(const std::string& root);
 
-// "1.2 GiB", "512 B": sizes in the logs and progress lines.
-std::string FormatBytes(uint64_t bytes);
-
-std::string JoinPath(const std::string& base, const std::string& relative);
-std::string ParentOf(const std::string& relative);  // "" at the top
-std::string BaseName(const std::string& relative);
-
 }  // namespace bt::checkpoint

@@ -24,10 +24,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/destination.h"
-#include "checkpoint/manifest.h"
 #include "checkpoint/snapshot.h"
-#include "checkpoint/subprocess.h"
+#include "storage/destination.h"
+#include "storage/manifest.h"
+#include "storage/paths.h"
+#include "storage/subprocess.h"
 
 namespace bt::checkpoint {
 namespace {
@@ -86,8 +87,8 @@ std::optional<std::string> ChangedFile(const Snapshot& snapshot) {
 }
 
 // The destination adds the files as it uploads them.
-Manifest ManifestHeader(const Snapshot& snapshot, const UploaderConfig& config) {
-  Manifest manifest;
+storage::Manifest ManifestHeader(const Snapshot& snapshot, const UploaderConfig& config) {
+  storage::Manifest manifest;
   manifest.job_id = config.job_id;
   manifest.node_rank = config.node_rank;
   manifest.name = snapshot.name;
@@ -101,10 +102,10 @@ Manifest ManifestHeader(const Snapshot& snapshot, const UploaderConfig& config) 
 class Worker {
  public:
   explicit Worker(const UploaderConfig& config) : config_(config) {
-    DestinationSpec spec = ParseDestination(config.destination_uri, "destination");
+    storage::DestinationSpec spec = storage::ParseDestination(config.destination_uri, "destination");
     // The launcher started this process with exactly rclone's environment.
     for (char** entry = environ; *entry != nullptr; ++entry) spec.rclone_environ.emplace_back(*entry);
-    destination_ = OpenDestination(spec);
+    destination_ = storage::OpenDestination(spec);
   }
 
   void Handle(const nlohmann::json& request) {
@@ -124,7 +125,7 @@ class Worker {
     RetryUntilDone(snapshot.seq, snapshot.name, [&] {
       if (auto changed = ChangedFile(snapshot)) return Modified(snapshot, *changed);
       auto last_progress = Clock::now();
-      destination_->Upload(snapshot, ManifestHeader(snapshot, config_), RankDir(), [&](uint64_t done, uint64_t total) {
+      destination_->Upload(snapshot.Staged(), ManifestHeader(snapshot, config_), RankDir(), [&](uint64_t done, uint64_t total) {
         if (Clock::now() - last_progress < kProgressEvery && done < total) return;
         last_progress = Clock::now();
         Emit({UploaderEvent::Kind::kProgress, snapshot.seq, snapshot.name, "", done, total});
@@ -154,7 +155,7 @@ class Worker {
       try {
         step();
         return;
-      } catch (const std::exception& error) {  // DestinationError, or a staged file unreadable
+      } catch (const std::exception& error) {  // storage::DestinationError, or a staged file unreadable
         UploaderEvent event{UploaderEvent::Kind::kRetrying, seq, name, error.what()};
         event.attempt = attempt;
         event.retry_in_s = delay;
@@ -166,18 +167,10 @@ class Worker {
   }
 
   UploaderConfig config_;
-  std::unique_ptr<Destination> destination_;
+  std::unique_ptr<storage::Destination> destination_;
 };
 
 }  // namespace
-
-std::string CurrentExecutable() {
-  char path[4096];
-  ssize_t length = readlink("/proc/self/exe", path, sizeof path - 1);
-  if (length <= 0) return "bt-launch";
-  path[length] = '\0';
-  return path;
-}
 
 int RunUploadWorker(const UploaderConfig& config, pid_t parent) {
   // Dies with the launcher (a restarted launcher resumes from the journal instead of racing
@@ -215,8 +208,8 @@ UploaderProcess::UploaderProcess(const std::string& binary, const UploaderConfig
   std::vector<std::string> argv = {binary,         "upload-worker", "--destination", config.destination_uri,
                                    "--job-id",     config.job_id,   "--node-rank",   std::to_string(config.node_rank),
                                    "--parent-pid", std::to_string(getpid())};
-  std::vector<char*> args = CStringArray(argv);
-  std::vector<char*> envp = CStringArray(environ);
+  std::vector<char*> args = storage::CStringArray(argv);
+  std::vector<char*> envp = storage::CStringArray(environ);
 
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);

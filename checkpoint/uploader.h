@@ -60,9 +60,6 @@ class UploaderProcess {
   std::string buffer_;
 };
 
-// The path of the running binary (/proc/self/exe): the uploader is bt-launch itself.
-std::string CurrentExecutable();
-
 // The worker's main: reads requests on stdin until it closes. Returns the exit code.
 int RunUploadWorker(const UploaderConfig& config, pid_t parent);
 

@@ -1,4 +1,5 @@
-// The phase sequence of one launch (DESIGN.md §1) behind each subcommand.
+// `bt-launch run`: the phase sequence of one launch (DESIGN.md §1), from identity to the
+// exit barrier. The other subcommands are in tools/.
 #pragma once
 
 #include "launcher/cli.h"
@@ -6,11 +7,5 @@
 namespace bt::launcher {
 
 int RunSubcommand(const CliOptions& cli);
-int EnvSubcommand(const CliOptions& cli);
-int RendezvousSubcommand(const CliOptions& cli);
-int CheckpointsSubcommand(const CliOptions& cli);
-int UploadWorkerSubcommand(const CliOptions& cli);
-int BenchSubcommand(const CliOptions& cli);
-int FabricSubcommand(const CliOptions& cli);
 
 }  // namespace bt::launcher

@@ -6,12 +6,14 @@
 #include <spdlog/spdlog.h>
 
 #include "launcher/cli.h"
-#include "launcher/doctor.h"
 #include "launcher/exit_codes.h"
 #include "launcher/launch.h"
 #include "launcher/log.h"
-#include "launcher/nccl_preflight.h"
-#include "launcher/peers.h"
+#include "launcher/phases/nccl_preflight.h"
+#include "launcher/supervision/peers.h"
+#include "launcher/tools/bench.h"
+#include "launcher/tools/commands.h"
+#include "launcher/tools/doctor.h"
 
 #ifndef BT_LAUNCH_VERSION
 #define BT_LAUNCH_VERSION "dev"

@@ -12,7 +12,7 @@ else
   # generator- and optimiser-specific breakage shows up here first.
   cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release -DBT_WERROR=ON >/dev/null
   cmake --build build-release
-  for unit_tests in env_tests rendezvous_tests checkpoint_tests launcher_unit_tests; do
+  for unit_tests in env_tests rendezvous_tests storage_tests checkpoint_tests launcher_unit_tests; do
     build-release/tests/$unit_tests --gtest_brief=1
   done
 fi

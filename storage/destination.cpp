@@ -1,4 +1,4 @@
-#include "checkpoint/destination.h"
+#include "storage/destination.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -15,12 +15,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/file_copy.h"
-#include "checkpoint/hash.h"
-#include "checkpoint/subprocess.h"
-#include "checkpoint/tree.h"
+#include "storage/durable_file.h"
+#include "storage/file_copy.h"
+#include "storage/hash.h"
+#include "storage/paths.h"
+#include "storage/subprocess.h"
 
-namespace bt::checkpoint {
+namespace bt::storage {
 namespace {
 
 constexpr const char* kRcloneRemote = "btdest";
@@ -30,44 +31,14 @@ constexpr off_t kStartWritebackFrom = 1 << 20;
 
 [[noreturn]] void Fail(const std::string& what) { throw DestinationError(what + ": " + std::strerror(errno)); }
 
-void SyncDirectory(const std::string& path) {
-  int fd = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  fsync(fd);
-  close(fd);
-}
-
-// Temporary name in the same directory, fsync, rename: readers see the old file or the new
-// one, never a part.
-void WriteFileAtomically(const std::string& path, const std::string& text) {
-  const std::string directory = ParentOf(path);
+// A manifest, `latest`, a file list or a spool record: durable_file.h's atomic write, its
+// failure this destination's error.
+void WriteDurably(const std::string& path, const std::string& text) {
   try {
-    MakeDirectories(directory);
+    WriteFileAtomically(path, text);
   } catch (const std::runtime_error& error) {
     throw DestinationError(error.what());
   }
-  const std::string temporary = directory + "/.bt-upload-" + std::to_string(getpid()) + "-" + BaseName(path);
-  int fd = open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) Fail("cannot create " + temporary);
-  for (size_t written = 0; written < text.size();) {
-    ssize_t n = write(fd, text.data() + written, text.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      close(fd);
-      unlink(temporary.c_str());
-      Fail("cannot write " + temporary);
-    }
-    written += size_t(n);
-  }
-  if (fsync(fd) != 0 || close(fd) != 0) {
-    unlink(temporary.c_str());
-    Fail("cannot write " + temporary);
-  }
-  if (rename(temporary.c_str(), path.c_str()) != 0) {
-    unlink(temporary.c_str());
-    Fail("cannot rename " + temporary + " to " + path);
-  }
-  SyncDirectory(directory);
 }
 
 // Copies each file under a temporary name, hashing it on the way (file_copy.h); Finish()
@@ -140,9 +111,9 @@ void AddFile(Manifest& manifest, const std::string& path, const FileDigest& dige
 
 // For backends that hand the staged files to another program: hashed first, while their
 // pages are still cached.
-void HashStagedFiles(const Snapshot& snapshot, Manifest& manifest) {
-  for (const SnapshotFile& file : snapshot.files) {
-    AddFile(manifest, file.path, HashFile(snapshot.staging_dir + "/" + file.path));
+void HashStagedFiles(const StagedFiles& staged, Manifest& manifest) {
+  for (const std::string& path : staged.paths) {
+    AddFile(manifest, path, HashFile(staged.dir + "/" + path));
   }
 }
 
@@ -162,24 +133,24 @@ class FileDestination final : public Destination {
   explicit FileDestination(DestinationSpec spec) : spec_(std::move(spec)) {}
   std::string Describe() const override { return spec_.uri; }
 
-  Manifest Upload(const Snapshot& snapshot, Manifest manifest, const std::string& rank_dir,
+  Manifest Upload(const StagedFiles& staged, Manifest manifest, const std::string& rank_dir,
                   const Progress& progress) override {
     const std::string directory = JoinPath(Root(rank_dir), manifest.base());
     uint64_t done = 0;
     AtomicFileBatch batch;
-    for (const SnapshotFile& file : snapshot.files) {
-      FileDigest digest = batch.Add(snapshot.staging_dir + "/" + file.path, directory + "/" + file.path,
-                                    [&](uint64_t copied) { progress(done + copied, snapshot.total_bytes); });
-      AddFile(manifest, file.path, digest);
+    for (const std::string& path : staged.paths) {
+      FileDigest digest = batch.Add(staged.dir + "/" + path, directory + "/" + path,
+                                    [&](uint64_t copied) { progress(done + copied, staged.total_bytes); });
+      AddFile(manifest, path, digest);
       done += digest.size;
     }
     batch.Finish();
-    WriteFileAtomically(Root(rank_dir) + "/" + ManifestName(manifest.name), manifest.ToJson().dump(2) + "\n");
+    WriteDurably(Root(rank_dir) + "/" + ManifestName(manifest.name), manifest.ToJson().dump(2) + "\n");
     return manifest;
   }
 
   void PublishLatest(const std::string& job_id, const std::string& name) override {
-    WriteFileAtomically(Root(job_id) + "/latest", name + "\n");
+    WriteDurably(Root(job_id) + "/latest", name + "\n");
   }
 
   std::optional<std::string> ReadText(const std::string& path) override { return ReadWholeFile(Root(path)); }
@@ -238,27 +209,27 @@ class RcloneDestination final : public Destination {
   explicit RcloneDestination(DestinationSpec spec) : spec_(std::move(spec)) {}
   std::string Describe() const override { return spec_.uri; }
 
-  Manifest Upload(const Snapshot& snapshot, Manifest manifest, const std::string& rank_dir,
+  Manifest Upload(const StagedFiles& staged, Manifest manifest, const std::string& rank_dir,
                   const Progress& progress) override {
-    HashStagedFiles(snapshot, manifest);
-    const std::string list_path = snapshot.staging_dir + ".files";
+    HashStagedFiles(staged, manifest);
+    const std::string list_path = staged.dir + ".files";
     std::string list;
-    for (const SnapshotFile& file : snapshot.files) list += file.path + "\n";
-    WriteFileAtomically(list_path, list);
+    for (const std::string& path : staged.paths) list += path + "\n";
+    WriteDurably(list_path, list);
     std::string last_error;
     ProcessResult result = Rclone(
-        {"copy", "--files-from-raw", list_path, "--no-traverse", snapshot.staging_dir,
+        {"copy", "--files-from-raw", list_path, "--no-traverse", staged.dir,
          Remote(JoinPath(rank_dir, manifest.base()))},
         [&](const nlohmann::json& line) {
           if (line.contains("stats")) {
             const auto& stats = line["stats"];
-            progress(stats.value("bytes", uint64_t(0)), snapshot.total_bytes);
+            progress(stats.value("bytes", uint64_t(0)), staged.total_bytes);
           }
         },
         last_error);
     unlink(list_path.c_str());
     if (result.exit_code != 0) throw DestinationError(DescribeRcloneFailure(result, last_error));
-    progress(snapshot.total_bytes, snapshot.total_bytes);
+    progress(staged.total_bytes, staged.total_bytes);
     PutText(JoinPath(rank_dir, ManifestName(manifest.name)), manifest.ToJson().dump(2) + "\n");
     return manifest;
   }
@@ -291,7 +262,7 @@ class RcloneDestination final : public Destination {
     close(fd);
     std::string list;
     for (const auto& file : files) list += file + "\n";
-    WriteFileAtomically(list_path, list);
+    WriteDurably(list_path, list);
     std::string last_error;
     uint64_t done = 0;
     ProcessResult result;
@@ -342,7 +313,7 @@ class RcloneDestination final : public Destination {
     int fd = mkstemp(temporary);
     if (fd < 0) Fail("cannot create a temporary file in /tmp");
     close(fd);
-    WriteFileAtomically(temporary, text);
+    WriteDurably(temporary, text);
     std::string last_error;
     ProcessResult result = Rclone({"copyto", temporary, Remote(path)}, nullptr, last_error);
     unlink(temporary);
@@ -379,21 +350,21 @@ class SpoolDestination final : public Destination {
   explicit SpoolDestination(DestinationSpec spec) : spec_(std::move(spec)) {}
   std::string Describe() const override { return spec_.uri; }
 
-  Manifest Upload(const Snapshot& snapshot, Manifest manifest, const std::string& rank_dir,
+  Manifest Upload(const StagedFiles& staged, Manifest manifest, const std::string& rank_dir,
                   const Progress& progress) override {
-    HashStagedFiles(snapshot, manifest);
+    HashStagedFiles(staged, manifest);
     nlohmann::json record = {{"type", "checkpoint"},
                              {"job_id", manifest.job_id},
                              {"node_rank", manifest.node_rank},
                              {"name", manifest.name},
-                             {"local_dir", snapshot.staging_dir},
+                             {"local_dir", staged.dir},
                              {"remote_dir", JoinPath(rank_dir, manifest.base())},
                              {"manifest_path", JoinPath(rank_dir, ManifestName(manifest.name))},
                              {"manifest", manifest.ToJson()}};
     const std::string stem = manifest.job_id + "--rank-" + std::to_string(manifest.node_rank) + "--" +
-                             std::to_string(snapshot.seq);
+                             std::to_string(staged.version);
     HandOff(stem, record);
-    progress(snapshot.total_bytes, snapshot.total_bytes);
+    progress(staged.total_bytes, staged.total_bytes);
     return manifest;
   }
 
@@ -419,7 +390,7 @@ class SpoolDestination final : public Destination {
     const std::string path = spec_.location + "/" + stem + ".json";
     const std::string ack = path + ".ack";
     unlink(ack.c_str());
-    WriteFileAtomically(path, record.dump(2) + "\n");
+    WriteDurably(path, record.dump(2) + "\n");
     while (true) {
       if (auto answer = ReadWholeFile(ack)) {
         nlohmann::json value = nlohmann::json::parse(*answer, nullptr, false);
@@ -573,4 +544,4 @@ std::string DescribeRcloneExit(int exit_code) {
   return exit_code > 128 ? "killed by a signal" : "unknown exit code";
 }
 
-}  // namespace bt::checkpoint
+}  // namespace bt::storage

@@ -14,10 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/manifest.h"
-#include "checkpoint/snapshot.h"
+#include "storage/manifest.h"
 
-namespace bt::checkpoint {
+namespace bt::storage {
 
 class DestinationError : public std::runtime_error {
  public:
@@ -29,6 +28,14 @@ struct DestinationSpec {
   std::string scheme;  // file, s3, gs, r2, azure, spool
   std::string location;  // after "scheme://": a directory, or bucket[/prefix]
   std::vector<std::string> rclone_environ;  // the whole environment rclone runs with
+};
+
+// The files of one upload, already staged where nothing else writes: `dir`/<path> each.
+struct StagedFiles {
+  std::string dir;
+  std::vector<std::string> paths;
+  uint64_t total_bytes = 0;
+  uint64_t version = 0;  // names the spool's record: a checkpoint saved again gets a new one
 };
 
 // Parses a destination URI. Throws DestinationError naming `origin` (the config field or
@@ -44,11 +51,11 @@ class Destination {
   virtual ~Destination() = default;
   virtual std::string Describe() const = 0;
 
-  // Data files first (read from snapshot.staging_dir), then the manifest. `manifest` comes
+  // Data files first (read from staged.dir), then the manifest. `manifest` comes
   // with its header (job, rank, name, layout, pointers) and no files: each backend adds every
   // file's size and XXH3-128 (file:// as it copies them) and returns what it uploaded.
   // `rank_dir` is "<job_id>/rank-<r>". Throws DestinationError.
-  virtual Manifest Upload(const Snapshot& snapshot, Manifest manifest, const std::string& rank_dir,
+  virtual Manifest Upload(const StagedFiles& staged, Manifest manifest, const std::string& rank_dir,
                           const Progress& progress) = 0;
   // <job_id>/latest := name, after every node's part of it is uploaded.
   virtual void PublishLatest(const std::string& job_id, const std::string& name) = 0;
@@ -77,4 +84,4 @@ std::vector<std::string> RcloneEnvironment(const std::string& scheme, const std:
 // rclone's documented exit codes, in words.
 std::string DescribeRcloneExit(int exit_code);
 
-}  // namespace bt::checkpoint
+}  // namespace bt::storage

@@ -1,4 +1,4 @@
-#include "checkpoint/file_copy.h"
+#include "storage/file_copy.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -6,8 +6,13 @@
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
+#include <string_view>
+#include <vector>
 
-namespace bt::checkpoint {
+#include "storage/durable_file.h"
+#include "storage/hash.h"
+
+namespace bt::storage {
 namespace {
 
 // O_DIRECT wants offsets and lengths aligned to the logical block size: 4096 covers
@@ -43,7 +48,7 @@ void LeaveDirect(OpenTarget& target, const std::string& to) {
 
 // Whole blocks go direct; the file's last partial block, or a write the filesystem refuses
 // to take direct (EINVAL: an alignment it does not support), goes through the page cache.
-void WriteAll(OpenTarget& target, const char* data, size_t size, const std::string& to) {
+void WriteChunk(OpenTarget& target, const char* data, size_t size, const std::string& to) {
   while (size > 0) {
     size_t length = target.direct ? size - size % kBlock : size;
     if (length == 0) {
@@ -70,7 +75,7 @@ CopiedFile CopyHashing(const std::string& from, const std::string& to, const std
   OpenTarget target = Create(to);
   try {
     FileDigest digest = HashFile(from, [&](const char* data, size_t size, uint64_t done) {
-      WriteAll(target, data, size, to);
+      WriteChunk(target, data, size, to);
       if (on_bytes) on_bytes(done);
     });
     return {target.fd, target.buffered_bytes, std::move(digest)};
@@ -80,4 +85,41 @@ CopiedFile CopyHashing(const std::string& from, const std::string& to, const std
   }
 }
 
-}  // namespace bt::checkpoint
+uint64_t CopyFile(const std::string& from, const std::string& to, const std::function<void(uint64_t)>& on_bytes) {
+  constexpr size_t kStep = 64 << 20;
+  const FileDescriptor source(open(from.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!source.valid()) {
+    if (errno == ENOENT) throw SourceMissing(from + " disappeared while it was being copied");
+    Throw("cannot open " + from, errno);
+  }
+  FileDescriptor target(open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (!target.valid()) Throw("cannot create " + to, errno);
+  uint64_t done = 0;
+  bool in_kernel = true;
+  std::vector<char> buffer;
+  for (;;) {
+    ssize_t copied = -1;
+    if (in_kernel) {
+      copied = copy_file_range(source.get(), nullptr, target.get(), nullptr, kStep, 0);
+      if (copied < 0 && errno == EINTR) continue;
+      if (copied < 0 && errno != EXDEV && errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) {
+        Throw("cannot copy " + from + " to " + to, errno);
+      }
+      in_kernel = copied >= 0;  // else these filesystems cannot: read and write from here on
+    }
+    if (!in_kernel) {
+      buffer.resize(kStep);
+      copied = read(source.get(), buffer.data(), buffer.size());
+      if (copied < 0 && errno == EINTR) continue;
+      if (copied < 0) Throw("cannot read " + from, errno);
+      WriteAll(target.get(), std::string_view(buffer.data(), size_t(copied)), to);
+    }
+    if (copied == 0) break;
+    done += uint64_t(copied);
+    if (on_bytes) on_bytes(done);
+  }
+  if (target.Close() != 0) Throw("cannot write " + to, errno);
+  return done;
+}
+
+}  // namespace bt::storage

@@ -8,11 +8,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
 #include <string>
 
-#include "checkpoint/hash.h"
+#include "storage/hash.h"
 
-namespace bt::checkpoint {
+namespace bt::storage {
 
 struct CopiedFile {
   int fd = -1;                  // the target, still open for writing: the caller syncs and closes it
@@ -25,4 +26,16 @@ struct CopiedFile {
 // call that failed; the target is then closed, and left for the caller to remove.
 CopiedFile CopyHashing(const std::string& from, const std::string& to, const std::function<void(uint64_t)>& on_bytes);
 
-}  // namespace bt::checkpoint
+// The source of a copy is gone: for a checkpoint, a rotation deleted it meanwhile.
+class SourceMissing : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Copies `from` to `to` (created, mode 0644), in the kernel where it can, and returns the
+// bytes copied; `on_bytes`, when given, sees the bytes so far after every 64 MiB. Throws
+// SourceMissing when `from` is missing, std::runtime_error naming the path otherwise (or
+// what on_bytes throws).
+uint64_t CopyFile(const std::string& from, const std::string& to, const std::function<void(uint64_t)>& on_bytes = nullptr);
+
+}  // namespace bt::storage

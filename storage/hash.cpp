@@ -1,4 +1,4 @@
-#include "checkpoint/hash.h"
+#include "storage/hash.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -9,9 +9,10 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "checkpoint/xxh3_impl.h"
+#include "storage/durable_file.h"
+#include "storage/xxh3_impl.h"
 
-namespace bt::checkpoint {
+namespace bt::storage {
 namespace {
 
 constexpr size_t kReadChunk = 4 << 20;
@@ -62,32 +63,26 @@ std::string HashBytes(const void* data, size_t size) {
 }
 
 FileDigest HashFile(const std::string& path, const ChunkSink& each_chunk) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
-  posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  const FileDescriptor file(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!file.valid()) throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
+  posix_fadvise(file.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
   std::unique_ptr<char, FreeDeleter> buffer(static_cast<char*>(std::aligned_alloc(kAlignment, kReadChunk)));
   Hasher hasher;
   FileDigest digest;
-  try {
-    if (!buffer) throw std::runtime_error("cannot allocate a read buffer for " + path);
-    while (true) {
-      ssize_t got = read(fd, buffer.get(), kReadChunk);
-      if (got < 0 && errno == EINTR) continue;
-      if (got < 0) throw std::runtime_error("cannot read " + path + ": " + std::strerror(errno));
-      if (got == 0) break;
-      hasher.Update(buffer.get(), size_t(got));
-      digest.size += uint64_t(got);
-      if (each_chunk) each_chunk(buffer.get(), size_t(got), digest.size);
-    }
-  } catch (...) {
-    close(fd);
-    throw;
+  if (!buffer) throw std::runtime_error("cannot allocate a read buffer for " + path);
+  while (true) {
+    ssize_t got = read(file.get(), buffer.get(), kReadChunk);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) throw std::runtime_error("cannot read " + path + ": " + std::strerror(errno));
+    if (got == 0) break;
+    hasher.Update(buffer.get(), size_t(got));
+    digest.size += uint64_t(got);
+    if (each_chunk) each_chunk(buffer.get(), size_t(got), digest.size);
   }
-  close(fd);
   digest.xxh3_128 = hasher.Hex();
   return digest;
 }
 
 const char* HashImplementation() { return &Implementation() == &detail::kXxh3Avx2 ? "avx2" : "sse2"; }
 
-}  // namespace bt::checkpoint
+}  // namespace bt::storage

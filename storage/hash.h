@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-namespace bt::checkpoint {
+namespace bt::storage {
 
 // Streaming XXH3-128; Hex() is the canonical big-endian form that `xxhsum -H2` prints.
 class Hasher {
@@ -42,4 +42,4 @@ FileDigest HashFile(const std::string& path, const ChunkSink& each_chunk = nullp
 // "avx2" or "sse2": which implementation Hasher uses on this CPU.
 const char* HashImplementation();
 
-}  // namespace bt::checkpoint
+}  // namespace bt::storage

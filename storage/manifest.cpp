@@ -1,8 +1,8 @@
-#include "checkpoint/manifest.h"
+#include "storage/manifest.h"
 
-#include "checkpoint/tree.h"
+#include "storage/paths.h"
 
-namespace bt::checkpoint {
+namespace bt::storage {
 
 std::string Manifest::base() const { return is_directory ? name : ParentOf(name); }
 
@@ -71,4 +71,4 @@ void ValidateCheckpointName(const std::string& name, const std::string& what) {
   }
 }
 
-}  // namespace bt::checkpoint
+}  // namespace bt::storage

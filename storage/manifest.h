@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace bt::checkpoint {
+namespace bt::storage {
 
 inline constexpr const char* kManifestFormat = "bt-checkpoint-manifest/1";
 inline constexpr const char* kManifestSuffix = ".bt-manifest.json";
@@ -52,4 +52,4 @@ std::string ManifestName(const std::string& checkpoint_name);
 // no "..", no empty or "." components. Throws ManifestError.
 void ValidateCheckpointName(const std::string& name, const std::string& what);
 
-}  // namespace bt::checkpoint
+}  // namespace bt::storage

@@ -1,4 +1,4 @@
-#include "checkpoint/subprocess.h"
+#include "storage/subprocess.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -11,7 +11,7 @@
 #include <csignal>
 #include <cstring>
 
-namespace bt::checkpoint {
+namespace bt::storage {
 
 std::vector<char*> CStringArray(const std::vector<std::string>& strings) {
   std::vector<char*> pointers;
@@ -109,4 +109,12 @@ ProcessResult RunProcess(const std::vector<std::string>& argv, const std::vector
   return result;
 }
 
-}  // namespace bt::checkpoint
+std::string CurrentExecutable() {
+  char path[4096];
+  ssize_t length = readlink("/proc/self/exe", path, sizeof path - 1);
+  if (length <= 0) return "bt-launch";
+  path[length] = '\0';
+  return path;
+}
+
+}  // namespace bt::storage

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-namespace bt::checkpoint {
+namespace bt::storage {
 
 // A NULL-terminated array of pointers into `strings`, as exec and posix_spawn take argv
 // and envp; valid while `strings` lives unchanged.
@@ -26,4 +26,8 @@ ProcessResult RunProcess(const std::vector<std::string>& argv, const std::vector
                          const std::function<void(const std::string&)>& on_stderr_line,
                          const std::function<void()>& every_second = nullptr);
 
-}  // namespace bt::checkpoint
+// The path of the running binary (/proc/self/exe): the uploader, the preflight worker and
+// the benchmark's simulated nodes are bt-launch itself.
+std::string CurrentExecutable();
+
+}  // namespace bt::storage

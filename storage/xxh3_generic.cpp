@@ -1,6 +1,6 @@
-#include "checkpoint/xxh3_impl.h"
-#include "checkpoint/xxh3_variant.inc"
+#include "storage/xxh3_impl.h"
+#include "storage/xxh3_variant.inc"
 
-namespace bt::checkpoint::detail {
+namespace bt::storage::detail {
 const Xxh3Functions kXxh3Generic = {Create, Destroy, Update, Digest};
 }

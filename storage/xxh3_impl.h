@@ -4,7 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace bt::checkpoint::detail {
+namespace bt::storage::detail {
 
 struct Xxh3Functions {
   void* (*create)();
@@ -16,4 +16,4 @@ struct Xxh3Functions {
 extern const Xxh3Functions kXxh3Generic;
 extern const Xxh3Functions kXxh3Avx2;
 
-}  // namespace bt::checkpoint::detail
+}  // namespace bt::storage::detail

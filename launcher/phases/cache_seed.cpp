@@ -1,4 +1,4 @@
-#include "launcher/cache_seed.h"
+#include "launcher/phases/cache_seed.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -20,11 +20,11 @@
 #include <openssl/evp.h>
 #include <spdlog/spdlog.h>
 
-#include "checkpoint/snapshot.h"
 #include "launcher/exit_codes.h"
-#include "launcher/ready.h"
-#include "launcher/supervisor.h"
+#include "launcher/phases/ready.h"
+#include "launcher/supervision/supervisor.h"
 #include "rendezvous/node_info.h"
+#include "storage/paths.h"
 
 namespace bt::launcher {
 namespace {
@@ -170,7 +170,7 @@ void SeedOnLeader(const env::JobConfig& config, const env::JobEnvironment& envir
   const auto& settings = config.launcher.cache;
   const std::string key = SeedKey(settings.seed_commands, settings.seed_key.value_or(""));
   const std::string directory = environment.variables.at("BT_PROJECT_CACHE_DIR") + "/.bt-seed";
-  checkpoint::MakeDirectories(directory);
+  storage::MakeDirectories(directory);
   SeedLease lease(directory, key, settings.lease_s, environment.variables.at("BT_TRAINING_JOB_ID"));
   if (!lease.Acquire([&] { CheckStop(peers, signals); })) {
     spdlog::info("cache seed: already done (key {}, {}); skipping", key.substr(0, 12), lease.marker_path());

@@ -11,8 +11,8 @@
 #include "env/environment.h"
 #include "env/identity.h"
 #include "env/job_config.h"
-#include "launcher/peers.h"
-#include "launcher/signals.h"
+#include "launcher/supervision/peers.h"
+#include "launcher/supervision/signals.h"
 
 namespace bt::launcher {
 

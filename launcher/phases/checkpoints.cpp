@@ -1,4 +1,4 @@
-#include "launcher/checkpoints.h"
+#include "launcher/phases/checkpoints.h"
 
 #include <unistd.h>
 
@@ -10,19 +10,18 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "checkpoint/hash.h"
-#include "checkpoint/manifest.h"
-#include "checkpoint/snapshot.h"
-#include "checkpoint/tree.h"
-#include "checkpoint/uploader.h"
 #include "launcher/exit_codes.h"
+#include "storage/hash.h"
+#include "storage/manifest.h"
+#include "storage/paths.h"
+#include "storage/subprocess.h"
 
 namespace bt::launcher {
 namespace {
 
-using checkpoint::DestinationError;
-using checkpoint::Manifest;
-using checkpoint::ManifestError;
+using storage::DestinationError;
+using storage::Manifest;
+using storage::ManifestError;
 
 constexpr const char* kDefaultDestinationDir = "/var/lib/bt-launch/checkpoints";
 constexpr std::chrono::seconds kStoreGetTimeout{10};
@@ -41,7 +40,7 @@ std::vector<std::string> CompareWithManifest(const Manifest& manifest, const std
   for (const auto& file : manifest.files) {
     const std::string path = local_dir + "/" + file.path;
     try {
-      checkpoint::FileDigest digest = checkpoint::HashFile(path);
+      storage::FileDigest digest = storage::HashFile(path);
       if (digest.size != file.size) {
         problems.push_back(file.path + ": " + std::to_string(digest.size) + " bytes, the manifest says " +
                            std::to_string(file.size));
@@ -119,7 +118,7 @@ class StoreCommitBoard final : public checkpoint::CommitBoard {
 };
 
 // A download with a line every kLoadLogEvery: how much of what, and at what rate.
-void DownloadLogged(checkpoint::Destination& destination, const std::string& remote_dir, const Manifest& manifest,
+void DownloadLogged(storage::Destination& destination, const std::string& remote_dir, const Manifest& manifest,
                     const std::string& local_dir, const std::string& what, const std::function<void()>& check_stop) {
   const auto started = std::chrono::steady_clock::now();
   auto last_log = started;
@@ -129,8 +128,8 @@ void DownloadLogged(checkpoint::Destination& destination, const std::string& rem
     if (now - last_log < kLoadLogEvery) return;
     last_log = now;
     const double seconds = std::chrono::duration<double>(now - started).count();
-    spdlog::info("loading {}: {} of {} ({}/s)", what, checkpoint::FormatBytes(done), checkpoint::FormatBytes(manifest.total_bytes),
-                 checkpoint::FormatBytes(uint64_t(double(done) / seconds)));
+    spdlog::info("loading {}: {} of {} ({}/s)", what, storage::FormatBytes(done), storage::FormatBytes(manifest.total_bytes),
+                 storage::FormatBytes(uint64_t(double(done) / seconds)));
   });
 }
 
@@ -140,7 +139,7 @@ std::unique_ptr<checkpoint::CommitBoard> MakeStoreCommitBoard(rendezvous::Store&
   return std::make_unique<StoreCommitBoard>(store, node_count, node_rank);
 }
 
-checkpoint::DestinationSpec ResolveCheckpointDestination(const env::JobConfig& config,
+storage::DestinationSpec ResolveCheckpointDestination(const env::JobConfig& config,
                                                          const env::JobEnvironment& environment,
                                                          const std::optional<std::string>& root,
                                                          const std::optional<std::string>& uri_override) {
@@ -163,13 +162,13 @@ checkpoint::DestinationSpec ResolveCheckpointDestination(const env::JobConfig& c
     origin = "the default destination";
   }
   try {
-    checkpoint::DestinationSpec spec = checkpoint::ParseDestination(uri, origin);
+    storage::DestinationSpec spec = storage::ParseDestination(uri, origin);
     std::optional<std::string> secret;
     if (settings.auth_secret_name) {
       secret = env::ReadSecretFile(environment.secrets_dir, *settings.auth_secret_name,
                                    "launcher.checkpoint.auth_secret_name");
     }
-    spec.rclone_environ = checkpoint::RcloneEnvironment(spec.scheme, secret, settings.auth_secret_name.value_or(""),
+    spec.rclone_environ = storage::RcloneEnvironment(spec.scheme, secret, settings.auth_secret_name.value_or(""),
                                                         environment.variables);
     return spec;
   } catch (const DestinationError& error) {
@@ -180,14 +179,14 @@ checkpoint::DestinationSpec ResolveCheckpointDestination(const env::JobConfig& c
 }
 
 void LoadCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment,
-                     const checkpoint::DestinationSpec& destination_spec, int node_rank,
+                     const storage::DestinationSpec& destination_spec, int node_rank,
                      const std::function<void()>& check_stop) {
   const auto& loading = config.runtime.load_checkpoint_config;
   if (loading.checkpoints.empty()) {
     throw LaunchFailure(kExitConfig, "runtime.load_checkpoint_config.checkpoints: empty; name the job to load from "
                                      "({\"typ\": \"baseten_latest_checkpoint\", \"job_id\": ...})");
   }
-  auto destination = checkpoint::OpenDestination(destination_spec);
+  auto destination = storage::OpenDestination(destination_spec);
   const std::string rank_dir = environment.variables.at("BT_LOAD_CHECKPOINT_DIR") + "/rank-" + std::to_string(node_rank);
   for (const env::CheckpointReference& reference : loading.checkpoints) {
     const std::string where = reference.config_path + ": ";
@@ -203,9 +202,9 @@ void LoadCheckpoints(const env::JobConfig& config, const env::JobEnvironment& en
         }
         name = Trim(*latest);
       }
-      checkpoint::ValidateCheckpointName(name, where + "checkpoint name");
+      storage::ValidateCheckpointName(name, where + "checkpoint name");
       const std::string remote_rank = RankDir(reference.job_id, node_rank);
-      const std::string manifest_path = remote_rank + "/" + checkpoint::ManifestName(name);
+      const std::string manifest_path = remote_rank + "/" + storage::ManifestName(name);
       auto text = destination->ReadText(manifest_path);
       if (!text) {
         throw LaunchFailure(kExitIo, where + "checkpoint " + name + " of job " + reference.job_id +
@@ -214,29 +213,29 @@ void LoadCheckpoints(const env::JobConfig& config, const env::JobEnvironment& en
       }
       Manifest manifest = Manifest::FromJson(*text, destination_spec.uri + "/" + manifest_path);
       const std::string incoming = rank_dir + "/.bt-loading-" + std::to_string(getpid());
-      checkpoint::RemoveTree(incoming);
-      checkpoint::MakeDirectories(incoming);
+      storage::RemoveTree(incoming);
+      storage::MakeDirectories(incoming);
       try {
-        DownloadLogged(*destination, checkpoint::JoinPath(remote_rank, manifest.base()), manifest, incoming,
+        DownloadLogged(*destination, storage::JoinPath(remote_rank, manifest.base()), manifest, incoming,
                        "checkpoint " + name + " of job " + reference.job_id, check_stop);
       } catch (...) {
-        checkpoint::RemoveTree(incoming);
+        storage::RemoveTree(incoming);
         throw;
       }
       auto problems = CompareWithManifest(manifest, incoming);
       if (!problems.empty()) {
-        checkpoint::RemoveTree(incoming);
+        storage::RemoveTree(incoming);
         throw LaunchFailure(kExitIo, where + "checkpoint " + name + " of job " + reference.job_id + " is corrupt: " +
                                          problems.front() + (problems.size() > 1 ? " (and " + std::to_string(problems.size() - 1) + " more)" : ""));
       }
-      const std::string target = checkpoint::JoinPath(rank_dir, manifest.base());
-      if (manifest.is_directory) checkpoint::RemoveTree(target);
+      const std::string target = storage::JoinPath(rank_dir, manifest.base());
+      if (manifest.is_directory) storage::RemoveTree(target);
       for (const auto& file : manifest.files) {
         const std::string to = target + "/" + file.path;
-        checkpoint::MakeDirectories(checkpoint::ParentOf(to));
+        storage::MakeDirectories(storage::ParentOf(to));
         std::filesystem::rename(incoming + "/" + file.path, to);
       }
-      checkpoint::RemoveTree(incoming);
+      storage::RemoveTree(incoming);
       for (const auto& [path, content] : manifest.pointers) {
         std::FILE* pointer = std::fopen((rank_dir + "/" + path).c_str(), "w");
         if (pointer == nullptr) throw std::runtime_error("cannot write " + rank_dir + "/" + path);
@@ -244,7 +243,7 @@ void LoadCheckpoints(const env::JobConfig& config, const env::JobEnvironment& en
         std::fclose(pointer);
       }
       spdlog::info("loaded checkpoint {} of job {} ({} files, {} bytes, verified) into {}", name, reference.job_id,
-                   manifest.files.size(), manifest.total_bytes, checkpoint::JoinPath(rank_dir, manifest.name));
+                   manifest.files.size(), manifest.total_bytes, storage::JoinPath(rank_dir, manifest.name));
     } catch (const DestinationError& error) {
       throw LaunchFailure(kExitIo, where + "cannot load from " + destination_spec.uri + ": " + error.what());
     } catch (const ManifestError& error) {
@@ -260,7 +259,7 @@ void LoadCheckpoints(const env::JobConfig& config, const env::JobEnvironment& en
 }
 
 CheckpointPhase StartCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment,
-                                 const checkpoint::DestinationSpec& destination, const env::NodeIdentity& identity,
+                                 const storage::DestinationSpec& destination, const env::NodeIdentity& identity,
                                  rendezvous::Store* store) {
   CheckpointPhase phase;
   if (!config.runtime.checkpointing_config.enabled) return phase;
@@ -272,7 +271,7 @@ CheckpointPhase StartCheckpoints(const env::JobConfig& config, const env::JobEnv
   options.node_count = identity.count;
   options.destination = destination;
   options.uploader_environ = destination.rclone_environ;
-  options.uploader_binary = checkpoint::CurrentExecutable();
+  options.uploader_binary = storage::CurrentExecutable();
   if (identity.count > 1 && store != nullptr) {
     phase.board = MakeStoreCommitBoard(*store, identity.count, identity.rank);
     options.board = phase.board.get();
@@ -305,14 +304,14 @@ bool DrainCheckpoints(CheckpointPhase& phase, const env::JobConfig& config, cons
 
 int ListCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment, const CliOptions& cli) {
   const std::string job_id = cli.job_id.value_or(environment.variables.at("BT_TRAINING_JOB_ID"));
-  checkpoint::DestinationSpec spec = ResolveCheckpointDestination(config, environment, cli.root, cli.destination);
-  auto destination = checkpoint::OpenDestination(spec);
+  storage::DestinationSpec spec = ResolveCheckpointDestination(config, environment, cli.root, cli.destination);
+  auto destination = storage::OpenDestination(spec);
   nlohmann::json rows = nlohmann::json::array();
   std::optional<std::string> latest;
   bool all_verified = true;
   try {
     if (auto text = destination->ReadText(job_id + "/latest")) latest = Trim(*text);
-    for (const std::string& path : destination->List(job_id, checkpoint::kManifestSuffix)) {
+    for (const std::string& path : destination->List(job_id, storage::kManifestSuffix)) {
       auto text = destination->ReadText(job_id + "/" + path);
       if (!text) continue;
       Manifest manifest = Manifest::FromJson(*text, spec.uri + "/" + job_id + "/" + path);
@@ -323,7 +322,7 @@ int ListCheckpoints(const env::JobConfig& config, const env::JobEnvironment& env
       if (cli.verify) {
         char temporary[] = "/tmp/bt-launch-verify.XXXXXX";
         if (mkdtemp(temporary) == nullptr) throw std::runtime_error("cannot create a directory in /tmp");
-        const std::string remote = checkpoint::JoinPath(RankDir(job_id, manifest.node_rank), manifest.base());
+        const std::string remote = storage::JoinPath(RankDir(job_id, manifest.node_rank), manifest.base());
         std::vector<std::string> problems;
         try {
           destination->Download(remote, FilePaths(manifest), temporary, [](uint64_t) {});
@@ -331,7 +330,7 @@ int ListCheckpoints(const env::JobConfig& config, const env::JobEnvironment& env
         } catch (const DestinationError& error) {
           problems.push_back(error.what());
         }
-        checkpoint::RemoveTree(temporary);
+        storage::RemoveTree(temporary);
         row["verified"] = problems.empty();
         row["problems"] = problems;
         all_verified &= problems.empty();

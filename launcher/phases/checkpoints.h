@@ -8,13 +8,13 @@
 #include <string>
 
 #include "checkpoint/agent.h"
-#include "checkpoint/destination.h"
 #include "env/environment.h"
 #include "env/identity.h"
 #include "env/job_config.h"
 #include "launcher/cli.h"
-#include "launcher/supervisor.h"
+#include "launcher/supervision/supervisor.h"
 #include "rendezvous/store.h"
+#include "storage/destination.h"
 
 namespace bt::launcher {
 
@@ -22,7 +22,7 @@ namespace bt::launcher {
 // beside the job (file://<root>/var/lib/bt-launch/checkpoints). Credentials from the
 // launcher.checkpoint.auth_secret_name secret, else the standard variables, into rclone's
 // environment only. Throws LaunchFailure(65).
-checkpoint::DestinationSpec ResolveCheckpointDestination(const env::JobConfig& config,
+storage::DestinationSpec ResolveCheckpointDestination(const env::JobConfig& config,
                                                          const env::JobEnvironment& environment,
                                                          const std::optional<std::string>& root,
                                                          const std::optional<std::string>& uri_override = std::nullopt);
@@ -32,7 +32,7 @@ checkpoint::DestinationSpec ResolveCheckpointDestination(const env::JobConfig& c
 // Throws LaunchFailure(74); `check_stop` runs at least once a second during a download and
 // throws to stop it (its partial files are removed).
 void LoadCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment,
-                     const checkpoint::DestinationSpec& destination, int node_rank,
+                     const storage::DestinationSpec& destination, int node_rank,
                      const std::function<void()>& check_stop);
 
 // The agent and the cross-node commit it uses; empty when checkpointing is off.
@@ -43,7 +43,7 @@ struct CheckpointPhase {
 
 // `store` is the rendezvous store (null for one node, or for the mpi backend).
 CheckpointPhase StartCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment,
-                                 const checkpoint::DestinationSpec& destination, const env::NodeIdentity& identity,
+                                 const storage::DestinationSpec& destination, const env::NodeIdentity& identity,
                                  rendezvous::Store* store);
 
 // Commits what is complete within launcher.checkpoint.drain_timeout_s. Returns false (after

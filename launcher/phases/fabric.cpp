@@ -1,4 +1,4 @@
-#include "launcher/fabric.h"
+#include "launcher/phases/fabric.h"
 
 #include <netdb.h>
 #include <sys/socket.h>
@@ -10,7 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "launcher/exit_codes.h"
-#include "launcher/rdma_probe.h"
+#include "launcher/phases/rdma_probe.h"
 #include "rendezvous/node_info.h"
 
 namespace bt::launcher {

@@ -8,7 +8,7 @@
 #include "env/environment.h"
 #include "env/identity.h"
 #include "env/job_config.h"
-#include "launcher/peers.h"
+#include "launcher/supervision/peers.h"
 #include "rendezvous/fabric/nccl_env.h"
 #include "rendezvous/fabric/plan.h"
 

@@ -3,7 +3,7 @@
 //   node 0's worker: "id HEX"               (ncclGetUniqueId; its root thread lives there)
 //   launcher: "go ID_HEX TOTAL_RANKS FIRST_RANK"
 //   worker: "result {json}" | "error TEXT"
-#include "launcher/nccl_preflight.h"
+#include "launcher/phases/nccl_preflight.h"
 
 #include <dlfcn.h>
 #include <poll.h>
@@ -24,10 +24,9 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "checkpoint/subprocess.h"
-#include "checkpoint/uploader.h"
 #include "launcher/exit_codes.h"
 #include "rendezvous/fabric/nccl_library.h"
+#include "storage/subprocess.h"
 
 namespace bt::launcher {
 namespace {
@@ -193,8 +192,8 @@ class Worker {
   Worker(const std::vector<std::string>& argv, const std::vector<std::string>& environ) {
     int to_child[2], from_child[2];
     if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0) throw LaunchFailure(kExitInternal, "pipe2 failed");
-    auto args = checkpoint::CStringArray(argv);
-    auto envp = checkpoint::CStringArray(environ);
+    auto args = storage::CStringArray(argv);
+    auto envp = storage::CStringArray(environ);
     pid_ = fork();
     if (pid_ == 0) {
       sigset_t all;
@@ -349,7 +348,7 @@ void RunNcclPreflight(const env::JobConfig& config, const env::NodeIdentity& ide
   }
   const auto timeout = std::chrono::milliseconds(int64_t(settings.preflight_timeout_s * 1000));
   const auto deadline = Clock::now() + timeout;
-  Worker worker({checkpoint::CurrentExecutable(), "nccl-preflight-worker", "--node-rank", std::to_string(identity.rank), "--bytes",
+  Worker worker({storage::CurrentExecutable(), "nccl-preflight-worker", "--node-rank", std::to_string(identity.rank), "--bytes",
                  std::to_string(settings.preflight_bytes)},
                 environment.ToEnviron());
   const NodeAnswer mine = ParseFirstLine(worker.ReadLine(deadline, check_stop));

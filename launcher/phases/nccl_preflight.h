@@ -12,7 +12,7 @@
 #include "env/identity.h"
 #include "env/job_config.h"
 #include "launcher/cli.h"
-#include "launcher/peers.h"
+#include "launcher/supervision/peers.h"
 
 namespace bt::launcher {
 

@@ -1,4 +1,4 @@
-#include "launcher/rdma_probe.h"
+#include "launcher/phases/rdma_probe.h"
 
 #include <dlfcn.h>
 

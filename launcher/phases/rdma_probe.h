@@ -6,8 +6,8 @@
 
 #include "env/identity.h"
 #include "env/job_config.h"
-#include "launcher/fabric.h"
-#include "launcher/peers.h"
+#include "launcher/phases/fabric.h"
+#include "launcher/supervision/peers.h"
 
 namespace bt::launcher {
 

@@ -1,4 +1,4 @@
-#include "launcher/ready.h"
+#include "launcher/phases/ready.h"
 
 #include <algorithm>
 #include <functional>

@@ -10,8 +10,9 @@
 
 #include "env/identity.h"
 #include "launcher/exit_codes.h"
-#include "launcher/peers.h"
-#include "launcher/signals.h"
+#include "launcher/supervision/peers.h"
+#include "launcher/supervision/signals.h"
+#include "launcher/timeline.h"
 
 namespace bt::launcher {
 
@@ -57,6 +58,20 @@ class PreRunPeers final : public Peers {
 // A store call that failed during `phase`, as the launch failure (69) that says so.
 LaunchFailure StoreFailure(const std::string& phase, const rendezvous::StoreTimeout& error);
 LaunchFailure StoreFailure(const std::string& phase, const rendezvous::StoreError& error);
+
+// A store exception escaping `phases` becomes the launch failure that names the timeline's
+// current phase.
+template <typename Phases>
+void NameStoreFailures(const Timeline& timeline, Phases phases) {
+  try {
+    phases();
+  } catch (const rendezvous::StoreTimeout& error) {
+    throw StoreFailure(timeline.Current(), error);
+  } catch (const rendezvous::StoreError& error) {
+    throw StoreFailure(timeline.Current(), error);
+  }
+}
+
 
 // Marks this node ready and waits for every other node until `deadline`. Throws
 // LaunchFailure 69 naming each node not ready, its host and its phase.

@@ -1,4 +1,4 @@
-#include "launcher/weights.h"
+#include "launcher/phases/weights.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -17,11 +17,11 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "checkpoint/destination.h"
-#include "checkpoint/snapshot.h"
-#include "checkpoint/subprocess.h"
-#include "checkpoint/tree.h"
 #include "launcher/exit_codes.h"
+#include "storage/destination.h"
+#include "storage/file_copy.h"
+#include "storage/paths.h"
+#include "storage/subprocess.h"
 
 namespace bt::launcher {
 namespace {
@@ -47,12 +47,12 @@ struct MountState {
 };
 
 void Walk(const std::string& root, const std::string& relative, MountState& state) {
-  DIR* dir = opendir(checkpoint::JoinPath(root, relative).c_str());
+  DIR* dir = opendir(storage::JoinPath(root, relative).c_str());
   if (dir == nullptr) return;
   while (dirent* entry = readdir(dir)) {
     std::string name = entry->d_name;
     if (name == "." || name == "..") continue;
-    const std::string path = checkpoint::JoinPath(relative, name);
+    const std::string path = storage::JoinPath(relative, name);
     struct stat info {};
     if (lstat((root + "/" + path).c_str(), &info) != 0) continue;
     if (S_ISDIR(info.st_mode)) {
@@ -100,7 +100,7 @@ std::vector<SourceFile> Select(const std::vector<SourceFile>& files, const env::
 }
 
 void ListLocal(const std::string& root, const std::string& relative, std::vector<SourceFile>& files) {
-  DIR* dir = opendir(checkpoint::JoinPath(root, relative).c_str());
+  DIR* dir = opendir(storage::JoinPath(root, relative).c_str());
   if (dir == nullptr) return;
   std::vector<std::string> names;
   while (dirent* entry = readdir(dir)) {
@@ -110,7 +110,7 @@ void ListLocal(const std::string& root, const std::string& relative, std::vector
   closedir(dir);
   std::sort(names.begin(), names.end());
   for (const std::string& name : names) {
-    const std::string path = checkpoint::JoinPath(relative, name);
+    const std::string path = storage::JoinPath(relative, name);
     struct stat info {};
     if (stat((root + "/" + path).c_str(), &info) != 0) continue;  // a dangling link
     if (S_ISDIR(info.st_mode)) {
@@ -127,7 +127,7 @@ class MountLock {
   MountLock(const std::string& mount, const WeightsHooks& hooks) {
     const std::filesystem::path path(mount);
     const std::string lock = (path.parent_path() / ("." + path.filename().string() + ".bt-weights.lock")).string();
-    checkpoint::MakeDirectories(path.parent_path().string());
+    storage::MakeDirectories(path.parent_path().string());
     fd_ = open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd_ < 0) throw LaunchFailure(kExitIo, "weights: cannot create the lock " + lock + ": " + std::strerror(errno));
     auto logged = Clock::now() - kProgressEvery;
@@ -167,7 +167,7 @@ class Stager {
                                        ": not staged by bt-launch; remove it, or set launcher.weights.mode to \"wait\"");
     }
     staging_ = (path.parent_path() / (prefix + std::to_string(getpid()))).string();
-    checkpoint::MakeDirectories(staging_);
+    storage::MakeDirectories(staging_);
     if (Scheme(weights_.source) == "file") {
       StageLocal();
     } else {
@@ -179,7 +179,7 @@ class Stager {
       throw LaunchFailure(kExitIo, "weights: cannot rename " + staging_ + " to " + mount + ": " + std::strerror(errno));
     }
     WriteSentinel(mount);
-    spdlog::info("weights: staged {} into {} ({} files, {})", weights_.source, mount, staged_files_, checkpoint::FormatBytes(staged_bytes_));
+    spdlog::info("weights: staged {} into {} ({} files, {})", weights_.source, mount, staged_files_, storage::FormatBytes(staged_bytes_));
   }
 
  private:
@@ -188,7 +188,7 @@ class Stager {
     for (const auto& entry : std::filesystem::directory_iterator(parent, error)) {
       if (entry.path().filename().string().rfind(prefix, 0) != 0) continue;
       spdlog::warn("weights: removing {}, left by a staging that did not finish", entry.path().string());
-      checkpoint::RemoveTree(entry.path().string());
+      storage::RemoveTree(entry.path().string());
     }
   }
 
@@ -210,12 +210,12 @@ class Stager {
     for (const auto& file : selected) total += file.size;
     const bool same_filesystem = SameFilesystem(base, staging_);
     spdlog::info("weights: staging {} into {} ({} files, {}, {})", weights_.source, weights_.mount_location, selected.size(),
-                 checkpoint::FormatBytes(total), same_filesystem ? "hard links" : "copies");
+                 storage::FormatBytes(total), same_filesystem ? "hard links" : "copies");
     for (const auto& file : selected) {
       const std::string from = base + "/" + file.path;
       const std::string to = staging_ + "/" + file.path;
-      checkpoint::MakeDirectories(checkpoint::ParentOf(to));
-      if (!same_filesystem || link(from.c_str(), to.c_str()) != 0) checkpoint::CopyFile(from, to);
+      storage::MakeDirectories(storage::ParentOf(to));
+      if (!same_filesystem || link(from.c_str(), to.c_str()) != 0) storage::CopyFile(from, to);
       ++staged_files_;
       staged_bytes_ += file.size;
       Progress(total);
@@ -230,8 +230,8 @@ class Stager {
     const std::string scheme = Scheme(weights_.source) == "cw" ? "s3" : Scheme(weights_.source);
     std::vector<std::string> rclone_env;
     try {
-      rclone_env = checkpoint::RcloneEnvironment(scheme, secret, weights_.auth_secret_name.value_or(""), environment_.variables);
-    } catch (const checkpoint::DestinationError& error) {
+      rclone_env = storage::RcloneEnvironment(scheme, secret, weights_.auth_secret_name.value_or(""), environment_.variables);
+    } catch (const storage::DestinationError& error) {
       throw LaunchFailure(kExitConfig, where_ + ".auth_secret_name: " + error.what());
     }
     const std::string remote = "btdest:" + AfterScheme(weights_.source);
@@ -274,13 +274,13 @@ class Stager {
     std::vector<std::string> argv = {"rclone", "--use-json-log", "--log-level", "NOTICE", "--retries", "3"};
     argv.insert(argv.end(), arguments.begin(), arguments.end());
     std::string last_error;
-    auto result = checkpoint::RunProcess(argv, rclone_env, [&](const std::string& text) {
+    auto result = storage::RunProcess(argv, rclone_env, [&](const std::string& text) {
       auto line = nlohmann::json::parse(text, nullptr, false);
       if (line.is_object() && line.value("level", "") == "error") last_error = line.value("msg", text);
     });
     if (result.exit_code != 0) {
       std::string why = !result.spawn_error.empty() ? result.spawn_error : "rclone exited " + std::to_string(result.exit_code) +
-                                                                                " (" + checkpoint::DescribeRcloneExit(result.exit_code) + ")";
+                                                                                " (" + storage::DescribeRcloneExit(result.exit_code) + ")";
       throw LaunchFailure(kExitIo, where_ + ": cannot stage " + weights_.source + ": " + why + (last_error.empty() ? "" : ": " + last_error));
     }
     return result.output;
@@ -296,12 +296,12 @@ class Stager {
     hooks_.check_stop();
     if (Clock::now() >= deadline_) {
       throw LaunchFailure(kExitIo, "weights not complete after launcher.weights.timeout_s: " + weights_.mount_location +
-                                       " (from " + weights_.source + "): still staging, " + checkpoint::FormatBytes(staged_bytes_) + " of " +
-                                       checkpoint::FormatBytes(total));
+                                       " (from " + weights_.source + "): still staging, " + storage::FormatBytes(staged_bytes_) + " of " +
+                                       storage::FormatBytes(total));
     }
     if (Clock::now() - last_report_ < kProgressEvery && staged_bytes_ < total) return;
     last_report_ = Clock::now();
-    std::string line = "staging " + weights_.mount_location + ": " + checkpoint::FormatBytes(staged_bytes_) + " of " + checkpoint::FormatBytes(total);
+    std::string line = "staging " + weights_.mount_location + ": " + storage::FormatBytes(staged_bytes_) + " of " + storage::FormatBytes(total);
     spdlog::info("weights: {}", line);
     if (hooks_.report) hooks_.report(line);
   }
@@ -332,7 +332,7 @@ std::string DescribeMissing(const env::WeightsSource& weights) {
     text += std::string(state.sentinel ? "" : ", ") + std::to_string(state.temporary.size()) + " .tmp file(s) left (" +
             state.temporary.front() + ")";
   }
-  return text + "; " + std::to_string(state.files) + " files, " + checkpoint::FormatBytes(state.bytes) + " present";
+  return text + "; " + std::to_string(state.files) + " files, " + storage::FormatBytes(state.bytes) + " present";
 }
 
 void WaitForMounts(const std::vector<const env::WeightsSource*>& mounts, Clock::time_point deadline, const WeightsHooks& hooks) {
@@ -368,8 +368,8 @@ void WaitForMounts(const std::vector<const env::WeightsSource*>& mounts, Clock::
     }
     double seconds = std::chrono::duration<double>(Clock::now() - started).count();
     std::string line = "waiting for " + waiting.front()->mount_location + (waiting.size() > 1 ? " and " + std::to_string(waiting.size() - 1) + " more" : "") +
-                       ": " + std::to_string(files) + " files, " + checkpoint::FormatBytes(bytes) + " present (" +
-                       checkpoint::FormatBytes(uint64_t(double(bytes) / std::max(seconds, 1.0))) + "/s)";
+                       ": " + std::to_string(files) + " files, " + storage::FormatBytes(bytes) + " present (" +
+                       storage::FormatBytes(uint64_t(double(bytes) / std::max(seconds, 1.0))) + "/s)";
     if (tty) {
       std::fprintf(stderr, "\r[weights] %-100s", line.c_str());
     } else if (Clock::now() - last_log >= kProgressEvery) {

@@ -5,8 +5,8 @@
 #include <spdlog/spdlog.h>
 
 #include "launcher/exit_codes.h"
-#include "launcher/peers.h"
 #include "launcher/plugin.h"
+#include "launcher/supervision/peers.h"
 #include "rendezvous/mpi_exchange.h"
 
 namespace bt::launcher {

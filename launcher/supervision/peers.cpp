@@ -1,4 +1,4 @@
-#include "launcher/peers.h"
+#include "launcher/supervision/peers.h"
 
 #include <arpa/inet.h>
 #include <poll.h>

@@ -11,8 +11,8 @@
 
 #include "env/identity.h"
 #include "env/job_config.h"
-#include "launcher/signals.h"
-#include "launcher/supervisor.h"
+#include "launcher/supervision/signals.h"
+#include "launcher/supervision/supervisor.h"
 #include "rendezvous/client.h"
 #include "rendezvous/server.h"
 

@@ -1,4 +1,4 @@
-#include "launcher/signals.h"
+#include "launcher/supervision/signals.h"
 
 #include <sys/signalfd.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "launcher/supervisor.h"
+#include "launcher/supervision/supervisor.h"
 
 #include <poll.h>
 #include <spawn.h>

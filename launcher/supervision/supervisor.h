@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "launcher/signals.h"
+#include "launcher/supervision/signals.h"
 
 namespace bt::launcher {
 

@@ -1,6 +1,8 @@
 // `bt-launch bench checkpoint`: manifest hashing speed, the handoff latency of the agent (last
 // write of a checkpoint → snapshotted and queued) and a file:// upload against `cp -r` of the
 // same bytes in the same run. A table, then one JSON line.
+#include "launcher/tools/bench.h"
+
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,14 +22,16 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "launcher/tools/bench.h"
+
 #include "checkpoint/agent.h"
-#include "checkpoint/destination.h"
-#include "checkpoint/hash.h"
 #include "checkpoint/snapshot.h"
-#include "checkpoint/uploader.h"
-#include "launcher/bench_rendezvous.h"
 #include "launcher/exit_codes.h"
-#include "launcher/launch.h"
+#include "launcher/tools/bench_rendezvous.h"
+#include "storage/destination.h"
+#include "storage/hash.h"
+#include "storage/paths.h"
+#include "storage/subprocess.h"
 
 namespace bt::launcher {
 namespace {
@@ -91,11 +95,11 @@ int RunCommand(const std::vector<std::string>& argv) {
 double MeasureHashing(const std::string& dir) {
   const std::string path = dir + "/hash-input";
   WriteFile(path, kHashFileBytes, 1);
-  checkpoint::HashFile(path);  // warm the page cache
+  storage::HashFile(path);  // warm the page cache
   std::vector<double> rates;
   for (int run = 0; run < kRuns; ++run) {
     auto start = Clock::now();
-    checkpoint::HashFile(path);
+    storage::HashFile(path);
     rates.push_back(double(kHashFileBytes) / Seconds(Clock::now() - start) / 1e9);
   }
   unlink(path.c_str());
@@ -106,7 +110,7 @@ double MeasureHashing(const std::string& dir) {
 // clock starts when trainer_state.json is closed.
 std::vector<double> MeasureHandoff(const std::string& dir) {
   const std::string checkpoints = dir + "/ckpts";
-  checkpoint::MakeDirectories(checkpoints);
+  storage::MakeDirectories(checkpoints);
   std::mutex mutex;
   std::condition_variable handed_off;
   std::map<std::string, Clock::time_point> at;
@@ -114,9 +118,9 @@ std::vector<double> MeasureHandoff(const std::string& dir) {
   options.checkpoint_dir = checkpoints;
   options.settings.scan_interval_s = 60;  // only inotify events, no help from the timer
   options.job_id = "bench";
-  options.destination = checkpoint::ParseDestination("file://" + dir + "/remote", "bench");
+  options.destination = storage::ParseDestination("file://" + dir + "/remote", "bench");
   options.uploader_environ = {"PATH=/usr/bin:/bin"};
-  options.uploader_binary = checkpoint::CurrentExecutable();
+  options.uploader_binary = storage::CurrentExecutable();
   options.on_handoff = [&](const std::string& name) {
     std::lock_guard lock(mutex);
     at[name] = Clock::now();
@@ -127,7 +131,7 @@ std::vector<double> MeasureHandoff(const std::string& dir) {
   for (int step = 1; step <= kHandoffCheckpoints; ++step) {
     const std::string name = "checkpoint-" + std::to_string(step);
     const std::string path = checkpoints + "/" + name;
-    checkpoint::MakeDirectories(path);
+    storage::MakeDirectories(path);
     WriteFile(path + "/model.safetensors.bin", 1 << 20, unsigned(step));
     WriteFile(path + "/optimizer.pt.bin", 2 << 20, unsigned(step) + 7);
     for (const char* small : {"config.json", "scheduler.pt.bin", "rng_state.pth.bin"}) WriteFile(path + "/" + small, 1024, 3);
@@ -179,7 +183,7 @@ double WriteDirectFromMemory(const std::string& dir, int files, uint64_t bytes) 
 // manifest, copy, fsync, rename), against `cp -r` of the same directory; runs interleaved.
 UploadFigures MeasureUpload(const std::string& dir) {
   const std::string source = dir + "/upload-source";
-  checkpoint::MakeDirectories(source);
+  storage::MakeDirectories(source);
   checkpoint::Snapshot snapshot;
   snapshot.name = "checkpoint-1";
   snapshot.layout = "huggingface";
@@ -203,21 +207,21 @@ UploadFigures MeasureUpload(const std::string& dir) {
     copy.push_back(Seconds(Clock::now() - start));
     sync();
     copy_synced.push_back(Seconds(Clock::now() - start));
-    checkpoint::RemoveTree(cp_target);
+    storage::RemoveTree(cp_target);
 
     const std::string remote = dir + "/remote-" + std::to_string(run);
-    auto destination = checkpoint::OpenDestination(checkpoint::ParseDestination("file://" + remote, "bench"));
+    auto destination = storage::OpenDestination(storage::ParseDestination("file://" + remote, "bench"));
     sync();
     start = Clock::now();
-    checkpoint::Manifest header;
+    storage::Manifest header;
     header.job_id = "bench";
     header.name = snapshot.name;
     header.layout = snapshot.layout;
-    destination->Upload(snapshot, header, "bench/rank-0", [](uint64_t, uint64_t) {});
+    destination->Upload(snapshot.Staged(), header, "bench/rank-0", [](uint64_t, uint64_t) {});
     upload.push_back(Seconds(Clock::now() - start));
-    checkpoint::RemoveTree(remote);
+    storage::RemoveTree(remote);
   }
-  checkpoint::RemoveTree(source);
+  storage::RemoveTree(source);
   // Apart from the pairs: interleaved, these writes slowed the next cp -r by half.
   std::vector<double> floor;
   for (int run = 0; run < kRuns; ++run) {
@@ -238,7 +242,7 @@ int BenchSubcommand(const CliOptions& cli) {
   bool own_dir = !cli.bench_dir;
   if (cli.bench_dir) {
     dir = *cli.bench_dir;
-    checkpoint::MakeDirectories(dir);
+    storage::MakeDirectories(dir);
   } else {
     char temporary[] = "/var/tmp/bt-launch-bench.XXXXXX";
     if (mkdtemp(temporary) == nullptr) throw LaunchFailure(kExitIo, "bench: cannot create a directory in /var/tmp");
@@ -248,10 +252,10 @@ int BenchSubcommand(const CliOptions& cli) {
   const double hash_gbps = MeasureHashing(dir);
   const std::vector<double> handoff = MeasureHandoff(dir);
   const UploadFigures upload = MeasureUpload(dir);
-  if (own_dir) checkpoint::RemoveTree(dir);
+  if (own_dir) storage::RemoveTree(dir);
 
   nlohmann::json figures = {{"hash_gbps_per_core", hash_gbps},
-                            {"hash_impl", checkpoint::HashImplementation()},
+                            {"hash_impl", storage::HashImplementation()},
                             {"handoffs", handoff.size()},
                             {"handoff_p50_ms", Percentile(handoff, 0.5)},
                             {"handoff_p99_ms", Percentile(handoff, 0.99)},
@@ -267,7 +271,7 @@ int BenchSubcommand(const CliOptions& cli) {
                             {"upload_vs_cp_pair_min", upload.fastest_pair_vs_cp},
                             {"upload_vs_cp_pair_max", upload.slowest_pair_vs_cp}};
   std::printf("%-44s %12s\n", "figure", "value");
-  std::printf("%-44s %9.2f GB/s (%s)\n", "manifest hashing, XXH3-128, one core", hash_gbps, checkpoint::HashImplementation());
+  std::printf("%-44s %9.2f GB/s (%s)\n", "manifest hashing, XXH3-128, one core", hash_gbps, storage::HashImplementation());
   std::printf("%-44s %9.2f ms\n", "handoff p50 (last write -> queued)", Percentile(handoff, 0.5));
   std::printf("%-44s %9.2f ms  (over %zu checkpoints)\n", "handoff p99", Percentile(handoff, 0.99), handoff.size());
   std::printf("%-44s %9.2f ms\n", "handoff max", Percentile(handoff, 1.0));

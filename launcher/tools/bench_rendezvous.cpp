@@ -25,16 +25,15 @@
 
 #include <spdlog/spdlog.h>
 
-#include "checkpoint/snapshot.h"
-#include "checkpoint/subprocess.h"
-#include "checkpoint/uploader.h"
-#include "launcher/bench_rendezvous.h"
 #include "launcher/exit_codes.h"
+#include "launcher/tools/bench_rendezvous.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/client.h"
 #include "rendezvous/node_info.h"
 #include "rendezvous/server.h"
 #include "rendezvous/wire.h"
+#include "storage/paths.h"
+#include "storage/subprocess.h"
 
 namespace bt::launcher {
 namespace {
@@ -102,8 +101,8 @@ pid_t StartLeader(const std::string& binary, int count, uint16_t port, const std
                                             "BT_RENDEZVOUS_PORT=" + std::to_string(port), "BT_LEADER_ADDR=127.0.0.1",
                                             "PATH=/usr/bin:/bin"};
   const std::vector<std::string> argv = {binary, "rendezvous", "--serve", "--root", root, "--log-level", "warn"};
-  auto args = checkpoint::CStringArray(argv);
-  auto envp = checkpoint::CStringArray(environ);
+  auto args = storage::CStringArray(argv);
+  auto envp = storage::CStringArray(environ);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
@@ -370,7 +369,7 @@ RunFigures RunOnce(int count) {
   char root[] = "/tmp/bt-bench-rendezvous.XXXXXX";
   if (mkdtemp(root) == nullptr) throw LaunchFailure(kExitIo, "bench: cannot create a directory in /tmp");
   Swarm swarm(count, port);  // node infos built before the clock starts
-  const pid_t leader = StartLeader(checkpoint::CurrentExecutable(), count, port, root);
+  const pid_t leader = StartLeader(storage::CurrentExecutable(), count, port, root);
   RunFigures figures;
   try {
     WaitUntilListening(port, leader);
@@ -386,7 +385,7 @@ RunFigures RunOnce(int count) {
   wait4(leader, &status, 0, &usage);
   figures.leader_cpu_s = double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
                          double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
-  checkpoint::RemoveTree(root);
+  storage::RemoveTree(root);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) throw LaunchFailure(kExitUnavailable, "bench: the leader failed");
   return figures;
 }

@@ -1,4 +1,4 @@
-#include "launcher/doctor.h"
+#include "launcher/tools/doctor.h"
 
 #include <netdb.h>
 #include <poll.h>
@@ -19,19 +19,19 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/destination.h"
-#include "checkpoint/tree.h"
 #include "env/environment.h"
 #include "env/identity.h"
 #include "env/job_config.h"
-#include "launcher/checkpoints.h"
 #include "launcher/exit_codes.h"
-#include "launcher/fabric.h"
-#include "launcher/peers.h"
+#include "launcher/phases/checkpoints.h"
+#include "launcher/phases/fabric.h"
+#include "launcher/supervision/peers.h"
 #include "rendezvous/client.h"
+#include "rendezvous/fabric/inventory.h"
 #include "rendezvous/node_info.h"
 #include "rendezvous/server.h"
-#include "rendezvous/fabric/inventory.h"
+#include "storage/destination.h"
+#include "storage/paths.h"
 
 namespace bt::launcher {
 namespace {
@@ -311,7 +311,7 @@ class Doctor {
       return;
     }
     const uint64_t size = uint64_t(shm.f_blocks) * shm.f_frsize;
-    const std::string detail = checkpoint::FormatBytes(size) + " (" + checkpoint::FormatBytes(uint64_t(shm.f_bavail) * shm.f_frsize) + " free)";
+    const std::string detail = storage::FormatBytes(size) + " (" + storage::FormatBytes(uint64_t(shm.f_bavail) * shm.f_frsize) + " free)";
     if (size < kMinSharedMemoryBytes) {
       Add("/dev/shm", Gpus() > 1 ? Verdict::kFail : Verdict::kWarn, detail + ": too small (Docker's default is 64 MiB)",
           "NCCL between local GPUs and DataLoader workers fail with 'No space left' or bus errors: docker run "
@@ -327,10 +327,10 @@ class Doctor {
     if (memlock.rlim_cur == RLIM_INFINITY) {
       Add("memlock", Verdict::kOk, "unlimited");
     } else if (rdma_) {
-      Add("memlock", Verdict::kFail, checkpoint::FormatBytes(memlock.rlim_cur) + ": RDMA registration (ibv_reg_mr) will fail with ENOMEM",
+      Add("memlock", Verdict::kFail, storage::FormatBytes(memlock.rlim_cur) + ": RDMA registration (ibv_reg_mr) will fail with ENOMEM",
           "docker run --ulimit memlock=-1; on Kubernetes raise the container runtime's LimitMEMLOCK to infinity");
     } else {
-      Add("memlock", Verdict::kOk, checkpoint::FormatBytes(memlock.rlim_cur) + " (enough without RDMA)");
+      Add("memlock", Verdict::kOk, storage::FormatBytes(memlock.rlim_cur) + " (enough without RDMA)");
     }
 
     rlimit files{};
@@ -409,7 +409,7 @@ class Doctor {
     struct statvfs space {};
     statvfs(existing.c_str(), &space);
     const uint64_t free_bytes = uint64_t(space.f_bavail) * space.f_frsize;
-    const std::string detail = where + ": writable, " + checkpoint::FormatBytes(free_bytes) + " free";
+    const std::string detail = where + ": writable, " + storage::FormatBytes(free_bytes) + " free";
     if (free_bytes < kMinFreeBytes) {
       Add(check, Verdict::kWarn, detail, fix_prefix + "free space or a bigger volume: writes will fail with ENOSPC");
       return;
@@ -425,7 +425,7 @@ class Doctor {
       Add("destination", Verdict::kSkip, "checkpointing is off");
       return;
     }
-    checkpoint::DestinationSpec spec;
+    storage::DestinationSpec spec;
     try {
       spec = ResolveCheckpointDestination(config_, environment_, cli_.root);
     } catch (const LaunchFailure& failure) {
@@ -438,7 +438,7 @@ class Doctor {
     }
     const auto started = std::chrono::steady_clock::now();
     try {
-      auto destination = checkpoint::OpenDestination(spec);
+      auto destination = storage::OpenDestination(spec);
       auto latest = destination->ReadText(environment_.variables.at("BT_TRAINING_JOB_ID") + "/latest");
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       char took[32];

@@ -1,7 +1,7 @@
 // The hashing copy that file:// uploads use: exact bytes and digest at every size around the
 // block and chunk boundaries, direct writes where the filesystem has them, buffered writes
 // where it has not, and errors that name the path.
-#include "checkpoint/file_copy.h"
+#include "storage/file_copy.h"
 
 #include <fcntl.h>
 #include <sched.h>
@@ -20,11 +20,11 @@
 
 #include <gtest/gtest.h>
 
-#include "checkpoint/hash.h"
+#include "storage/hash.h"
 #include "tests/checkpoint/fixtures.h"
 #include "tests/support/launcher_process.h"
 
-namespace bt::checkpoint {
+namespace bt::storage {
 namespace {
 
 using testing::ReadFile;
@@ -186,4 +186,4 @@ TEST(FileCopy, AFullFilesystemIsAnErrorNamingTheTarget) {
 }
 
 }  // namespace
-}  // namespace bt::checkpoint
+}  // namespace bt::storage

@@ -1,5 +1,5 @@
-#include "launcher/nccl_preflight.h"
-#include "launcher/rdma_probe.h"
+#include "launcher/phases/nccl_preflight.h"
+#include "launcher/phases/rdma_probe.h"
 
 #include <gtest/gtest.h>
 

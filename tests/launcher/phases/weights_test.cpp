@@ -1,7 +1,7 @@
 // allow_patterns / ignore_patterns with huggingface_hub's semantics (filter_repo_objects).
 #include <gtest/gtest.h>
 
-#include "launcher/weights.h"
+#include "launcher/phases/weights.h"
 
 namespace bt::launcher {
 namespace {

@@ -1,0 +1,121 @@
+#include "launcher/tools/commands.h"
+
+#include <cstdio>
+#include <map>
+#include <optional>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "checkpoint/uploader.h"
+#include "launcher/exit_codes.h"
+#include "launcher/job.h"
+#include "launcher/phases/checkpoints.h"
+#include "launcher/phases/fabric.h"
+#include "launcher/phases/ready.h"
+#include "launcher/supervision/peers.h"
+#include "launcher/supervision/signals.h"
+#include "launcher/timeline.h"
+
+namespace bt::launcher {
+namespace {
+
+// The roster with each node's fabric summary, and the mismatch table under it.
+std::string RosterText(const std::vector<rendezvous::NodeInfo>& roster, const std::optional<FabricResult>& fabric) {
+  std::map<int, std::string> summaries;
+  if (fabric) {
+    for (const auto& node : fabric->plan.nodes) summaries[node.rank] = node.summary;
+  }
+  std::string text = rendezvous::FormatRosterTable(roster, summaries);
+  if (fabric && !fabric->plan.mismatches.empty()) text += "\nfabric differences:\n" + DescribeMismatches(fabric->plan);
+  return text;
+}
+
+std::string RosterJson(const std::vector<rendezvous::NodeInfo>& roster, const std::optional<FabricResult>& fabric) {
+  nlohmann::json json = rendezvous::RosterToJson(roster);
+  if (fabric) {
+    json["fabric"] = fabric->plan.ToJson();
+    json["nccl_env"] = rendezvous::fabric::NcclEnvironmentToJson(fabric->nccl);
+  }
+  return json.dump(2) + "\n";
+}
+
+}  // namespace
+
+// Joins (or leads), prints the roster, and leaves through the exit barrier: the way to
+// debug a cluster's rendezvous without starting any training.
+int RendezvousSubcommand(const CliOptions& cli) {
+  SignalRouter signals;
+  Timeline timeline;
+  CliOptions options = cli;
+  if (cli.serve && !options.identity.node_rank) options.identity.node_rank = "0";
+  PreparedJob job = PrepareJob(options, false, timeline);
+  if (cli.serve && job.identity.rank != 0) {
+    throw LaunchFailure(kExitUsage, "--serve: this node's rank is " + std::to_string(job.identity.rank) + "; only node 0 serves");
+  }
+  auto inventory = ReadFabricInventory(rendezvous::fabric::SysfsRoot(cli.sysfs_root));
+  timeline.Begin("rendezvous");
+  auto peers = JoinPeers(job.config, job.identity, job.job_id(), signals);
+  timeline.Begin("fabric");
+  JobOutcome outcome;
+  std::optional<FabricResult> fabric;
+  try {
+    PreRunPeers pre_run(*peers, signals);
+    NameStoreFailures(timeline, [&] {
+      fabric = PlanFabricPhase(job.config, job.identity, &pre_run, std::move(inventory), job.environment);
+    });
+  } catch (const LaunchFailure& failure) {
+    spdlog::error("{}", failure.what());
+    outcome.exit_code = failure.code();
+    outcome.launcher_failure = failure.what();
+  }
+  const auto roster = peers->Roster();
+  const std::string text = cli.output_format == "json" ? RosterJson(roster, fabric) : RosterText(roster, fabric);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+  if (outcome.launcher_failure) peers->Report(outcome);
+  timeline.Begin("exit barrier");
+  int code = peers->Finish(outcome, signals);
+  LogTimeline(timeline);
+  return code;
+}
+
+// This node's RDMA devices and what the launcher would export, without a rendezvous.
+int FabricSubcommand(const CliOptions& cli) {
+  Timeline timeline;
+  PreparedJob job = PrepareJob(cli, false, timeline);
+  const FabricResult fabric = InspectFabric(job.config, job.identity, rendezvous::fabric::SysfsRoot(cli.sysfs_root),
+                                            job.environment);
+  const std::string text = FormatFabricReport(fabric, cli.output_format == "json");
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  return 0;
+}
+
+// The listing reads every rank's part and talks to no node, so it needs no identity: when
+// none is given it reads as node 0 (the rank only places --root's node-local paths).
+int CheckpointsSubcommand(const CliOptions& cli) {
+  Timeline timeline;
+  CliOptions options = cli;
+  if (!options.identity.node_rank) options.identity.node_rank = "0";
+  if (!options.identity.leader_addr) options.identity.leader_addr = "127.0.0.1";
+  PreparedJob job = PrepareJob(options, false, timeline);
+  return ListCheckpoints(job.config, job.environment, cli);
+}
+
+int UploadWorkerSubcommand(const CliOptions& cli) {
+  if (!cli.destination || !cli.job_id || !cli.identity.node_rank) {
+    throw LaunchFailure(kExitUsage, "upload-worker: --destination, --job-id and --node-rank are required");
+  }
+  checkpoint::UploaderConfig config{*cli.destination, *cli.job_id, std::stoi(*cli.identity.node_rank)};
+  return checkpoint::RunUploadWorker(config, cli.parent_pid);
+}
+
+int EnvSubcommand(const CliOptions& cli) {
+  Timeline timeline;
+  PreparedJob job = PrepareJob(cli, false, timeline);
+  const std::string text = cli.output_format == "json" ? job.environment.RenderJson() : job.environment.RenderShell();
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  return 0;
+}
+
+}  // namespace bt::launcher

@@ -1,0 +1,20 @@
+// The subcommands besides `run` (launch.h): each prepares the job as `run` does, then
+// inspects or serves one part of it instead of running the training.
+#pragma once
+
+#include "launcher/cli.h"
+
+namespace bt::launcher {
+
+// `env`: the environment the job would get, as shell exports or JSON.
+int EnvSubcommand(const CliOptions& cli);
+// `rendezvous`: joins (or serves, with --serve), prints the roster and the fabric plan.
+int RendezvousSubcommand(const CliOptions& cli);
+// `checkpoints`: the committed checkpoints of a job, per rank; --verify re-hashes them.
+int CheckpointsSubcommand(const CliOptions& cli);
+// `upload-worker`: the uploader process the checkpoint agent starts (checkpoint/uploader.h).
+int UploadWorkerSubcommand(const CliOptions& cli);
+// `fabric`: this node's RDMA devices and the NCCL variables it would export.
+int FabricSubcommand(const CliOptions& cli);
+
+}  // namespace bt::launcher

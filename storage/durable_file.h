@@ -1,0 +1,46 @@
+// The one way bt-launch writes a file that must survive a crash: every byte written
+// (EINTR retried, a short write continued), then either appended in place (journals) or
+// written under a temporary name, synced and renamed (manifests, `latest`, records), so a
+// reader sees the old content or the new, never a part. And the descriptor owner that
+// keeps an exception between open and close from leaking the descriptor.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace bt::storage {
+
+// Owns a file descriptor: closed when it goes out of scope.
+class FileDescriptor {
+ public:
+  FileDescriptor() = default;
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  ~FileDescriptor();
+  FileDescriptor(FileDescriptor&& other) noexcept : fd_(other.Release()) {}
+  FileDescriptor& operator=(FileDescriptor&& other) noexcept;
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int Release();
+  // close(2)'s result: on NFS and FUSE a failed write may show up only here.
+  int Close();
+
+ private:
+  int fd_ = -1;
+};
+
+// Writes all of `data` to `fd`. Throws std::runtime_error "cannot write <path>: <error>".
+void WriteAll(int fd, std::string_view data, const std::string& path);
+
+// Creates `path`'s directory if needed, writes `text` to a temporary name beside it,
+// fsyncs it, renames it over `path` and fsyncs the directory. Throws std::runtime_error
+// naming the path; the temporary file is then gone.
+void WriteFileAtomically(const std::string& path, std::string_view text);
+
+// fsync of a directory, so that a rename or a new name in it is durable. Best effort: a
+// directory that cannot be opened (already removed) is not an error.
+void SyncDirectory(const std::string& path);
+
+}  // namespace bt::storage

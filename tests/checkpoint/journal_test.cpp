@@ -1,0 +1,89 @@
+// The handoff journal: what a restarted launcher resumes, and what it must not take as its own.
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "checkpoint/journal.h"
+#include "checkpoint/layout.h"
+#include "checkpoint/snapshot.h"
+#include "checkpoint/tree.h"
+#include "tests/checkpoint/fixtures.h"
+#include "tests/support/launcher_process.h"
+
+namespace bt::checkpoint {
+namespace {
+
+using testing::ReadFile;
+using testing::TempDir;
+using testing::WriteBytes;
+
+Candidate OnlyCandidate(const std::string& root) {
+  auto candidates = FindCandidates(ScanTree(root, ".complete"), root, ".complete");
+  EXPECT_EQ(candidates.size(), 1u);
+  return candidates.at(0);
+}
+
+TEST(Journal, ResumesUnfinishedAndSkipsACorruptTail) {
+  TempDir dir;
+  const std::string path = dir.path() + "/journal.jsonl";
+  Snapshot snapshot;
+  snapshot.seq = 1;
+  snapshot.name = "checkpoint-1";
+  snapshot.staging_dir = dir.path() + "/staging/1";
+  snapshot.fingerprint = "fp1";
+  {
+    HandoffJournal journal(path);
+    journal.SetScope("job", "file:///x");
+    journal.Append(1, "checkpoint-1", HandoffState::kSnapshotted, "marker present", snapshot);  // as a handoff does
+    journal.Sync();
+    snapshot.seq = 2;
+    snapshot.name = "checkpoint-2";
+    snapshot.fingerprint = "fp2";
+    journal.Record(2, "checkpoint-2", HandoffState::kSnapshotted, "", snapshot);
+    journal.Record(2, "checkpoint-2", HandoffState::kUploaded);
+    journal.Record(2, "checkpoint-2", HandoffState::kCommitted);
+  }
+  std::ofstream(path, std::ios::app) << R"({"seq": 3, "job_id": "jo)";  // the launcher died mid-append
+  HandoffJournal journal(path);
+  journal.SetScope("job", "file:///x");
+  auto unfinished = journal.Unfinished();
+  ASSERT_EQ(unfinished.size(), 1u);
+  EXPECT_EQ(unfinished[0].name, "checkpoint-1");
+  EXPECT_EQ(unfinished[0].snapshot->fingerprint, "fp1");
+  EXPECT_TRUE(journal.Reached("checkpoint-2", "fp2", HandoffState::kCommitted));
+  EXPECT_FALSE(journal.Reached("checkpoint-2", "other", HandoffState::kSnapshotted));
+  EXPECT_EQ(journal.NextSeq(), 3u);
+  journal.SetScope("another-job", "file:///x");  // another job on the same volume starts clean
+  EXPECT_TRUE(journal.Unfinished().empty());
+}
+
+TEST(Journal, AVersionLosingFilesIsBeingDeletedAndAnotherJobsCommitStaysItsOwn) {
+  TempDir dir;
+  const std::string root = dir.path() + "/ckpts";
+  WriteBytes(root + "/checkpoint-3/model.bin", "weights");
+  WriteBytes(root + "/checkpoint-3/optimizer.pt", "moments");
+  WriteBytes(root + "/checkpoint-3/trainer_state.json", "{}");
+  const Candidate whole = OnlyCandidate(root);
+  Snapshot snapshot = TakeSnapshot(root, whole, dir.path() + "/staging/1", 1);
+  HandoffJournal journal(dir.path() + "/journal.jsonl");
+  journal.SetScope("first-job", "file:///x");
+  journal.Record(1, "checkpoint-3", HandoffState::kSnapshotted, "", snapshot);
+  journal.Record(1, "checkpoint-3", HandoffState::kCommitted);
+  EXPECT_FALSE(journal.HoldsMoreThan(whole)) << "the version itself is not being deleted";
+
+  std::filesystem::remove(root + "/checkpoint-3/model.bin");  // rotation, one file at a time
+  EXPECT_TRUE(journal.HoldsMoreThan(OnlyCandidate(root)));
+  WriteBytes(root + "/checkpoint-3/optimizer.pt", "rewritten");  // not the recorded file any more
+  EXPECT_FALSE(journal.HoldsMoreThan(OnlyCandidate(root)));
+
+  journal.SetScope("second-job", "file:///x");
+  EXPECT_EQ(journal.CommittedByAnotherJob("checkpoint-3", Fingerprint(whole)), "first-job");
+  EXPECT_EQ(journal.CommittedByAnotherJob("checkpoint-3", "another-version"), std::nullopt);
+  journal.SetScope("first-job", "file:///x");
+  EXPECT_EQ(journal.CommittedByAnotherJob("checkpoint-3", Fingerprint(whole)), std::nullopt) << "its own job";
+}
+
+}  // namespace
+}  // namespace bt::checkpoint

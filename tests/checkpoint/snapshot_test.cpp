@@ -1,0 +1,70 @@
+// The snapshot taken when a checkpoint is complete: staged beside it, immune to rotation.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "checkpoint/layout.h"
+#include "checkpoint/snapshot.h"
+#include "checkpoint/tree.h"
+#include "tests/checkpoint/fixtures.h"
+#include "tests/support/launcher_process.h"
+
+namespace bt::checkpoint {
+namespace {
+
+using testing::ReadFile;
+using testing::TempDir;
+using testing::WriteBytes;
+
+Candidate OnlyCandidate(const std::string& root) {
+  auto candidates = FindCandidates(ScanTree(root, ".complete"), root, ".complete");
+  EXPECT_EQ(candidates.size(), 1u);
+  return candidates.at(0);
+}
+
+TEST(Snapshot, LinksLargeFilesCopiesSmallOnesAndSurvivesRotation) {
+  TempDir dir;
+  const std::string root = dir.path() + "/ckpts";
+  WriteBytes(root + "/checkpoint-2/model.bin", std::string(kCopyBelowBytes + 1, 'm'));
+  WriteBytes(root + "/checkpoint-2/trainer_state.json", "{}");
+  Snapshot snapshot = TakeSnapshot(root, OnlyCandidate(root), dir.path() + "/staging/1", 1);
+  ASSERT_EQ(snapshot.files.size(), 2u);
+  EXPECT_EQ(snapshot.files[0].path, "model.bin");
+  EXPECT_NE(snapshot.files[0].method, StagingMethod::kCopy);  // hard link (or reflink)
+  EXPECT_EQ(snapshot.files[1].method, StagingMethod::kCopy);
+  EXPECT_EQ(snapshot.total_bytes, kCopyBelowBytes + 3);
+  std::filesystem::remove_all(root + "/checkpoint-2");  // save_total_limit rotation
+  EXPECT_EQ(ReadFile(dir.path() + "/staging/1/model.bin").size(), kCopyBelowBytes + 1);
+  EXPECT_EQ(ReadFile(dir.path() + "/staging/1/trainer_state.json"), "{}");
+}
+
+TEST(Snapshot, AFileThatChangedSinceTheScanAbortsItAndLeavesNothing) {
+  TempDir dir;
+  const std::string root = dir.path() + "/ckpts";
+  WriteBytes(root + "/checkpoint-2/model.bin", std::string(100000, 'm'));
+  WriteBytes(root + "/checkpoint-2/trainer_state.json", "{}");
+  Candidate candidate = OnlyCandidate(root);
+  WriteBytes(root + "/checkpoint-2/model.bin", std::string(100001, 'm'));  // still being written
+  EXPECT_THROW(TakeSnapshot(root, candidate, dir.path() + "/staging/1", 1), SnapshotChanged);
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/staging/1"));
+}
+
+TEST(Snapshot, FileCheckpointKeepsItsNameAndFingerprintFollowsTheContent) {
+  TempDir dir;
+  const std::string root = dir.path() + "/ckpts";
+  WriteBytes(root + "/model.pt", testing::ZipBytes("data.pkl", "v1"));
+  Candidate first = OnlyCandidate(root);
+  Snapshot snapshot = TakeSnapshot(root, first, dir.path() + "/staging/1", 1);
+  EXPECT_FALSE(snapshot.is_directory);
+  ASSERT_EQ(snapshot.files.size(), 1u);
+  EXPECT_EQ(snapshot.files[0].path, "model.pt");
+  WriteBytes(root + "/model.pt", testing::ZipBytes("data.pkl", "v2, longer"));
+  EXPECT_NE(Fingerprint(OnlyCandidate(root)), Fingerprint(first));
+}
+
+}  // namespace
+}  // namespace bt::checkpoint
