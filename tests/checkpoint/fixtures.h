@@ -10,6 +10,11 @@
 #include <fstream>
 #include <string>
 
+#include <gtest/gtest.h>
+
+#include "checkpoint/layout.h"
+#include "checkpoint/tree.h"
+
 namespace bt::testing {
 
 // A zip with one stored entry, as torch.save writes (a "PK\3\4" local header first, the
@@ -45,6 +50,13 @@ inline void WriteBytes(const std::string& path, const std::string& bytes) {
 inline void SetMtime(const std::string& path, int64_t seconds) {
   timespec times[2] = {{seconds, 0}, {seconds, 0}};
   utimensat(AT_FDCWD, path.c_str(), times, 0);
+}
+
+// The one checkpoint found under `root` (marker ".complete").
+inline checkpoint::Candidate OnlyCandidate(const std::string& root) {
+  auto candidates = checkpoint::FindCandidates(checkpoint::ScanTree(root, ".complete"), root, ".complete");
+  EXPECT_EQ(candidates.size(), 1u);
+  return candidates.at(0);
 }
 
 }  // namespace bt::testing

@@ -16,15 +16,10 @@
 namespace bt::checkpoint {
 namespace {
 
+using testing::OnlyCandidate;
 using testing::ReadFile;
 using testing::TempDir;
 using testing::WriteBytes;
-
-Candidate OnlyCandidate(const std::string& root) {
-  auto candidates = FindCandidates(ScanTree(root, ".complete"), root, ".complete");
-  EXPECT_EQ(candidates.size(), 1u);
-  return candidates.at(0);
-}
 
 TEST(Snapshot, LinksLargeFilesCopiesSmallOnesAndSurvivesRotation) {
   TempDir dir;

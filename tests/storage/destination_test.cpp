@@ -13,7 +13,6 @@
 #include "storage/destination.h"
 #include "storage/hash.h"
 #include "storage/manifest.h"
-#include "tests/checkpoint/fixtures.h"
 #include "tests/support/launcher_process.h"
 
 namespace bt::storage {
@@ -21,13 +20,13 @@ namespace {
 
 using testing::ReadFile;
 using testing::TempDir;
-using testing::WriteBytes;
+using testing::WriteFile;
 
 // Two files staged as a checkpoint snapshot stages them.
 StagedFiles StageOne(const TempDir& dir) {
   const std::string staged = dir.path() + "/staging/4";
-  WriteBytes(staged + "/weights/a.bin", std::string(70000, 'a'));
-  WriteBytes(staged + "/trainer_state.json", "{}");
+  WriteFile(staged + "/weights/a.bin", std::string(70000, 'a'));
+  WriteFile(staged + "/trainer_state.json", "{}");
   return StagedFiles{staged, {"trainer_state.json", "weights/a.bin"}, 70002, 4};
 }
 
@@ -70,7 +69,7 @@ TEST(FileDestination, WritesTheRemoteLayoutAndReadsItBack) {
 TEST(FileDestination, AnUnwritableDestinationIsAnErrorNamingThePath) {
   TempDir dir;
   StagedFiles staged = StageOne(dir);
-  WriteBytes(dir.path() + "/blocker", "a file where a directory should be");
+  WriteFile(dir.path() + "/blocker", "a file where a directory should be");
   auto destination = OpenDestination(ParseDestination("file://" + dir.path() + "/blocker/remote", "test"));
   try {
     destination->Upload(staged, HeaderOf(staged), "job/rank-0", [](uint64_t, uint64_t) {});
@@ -93,7 +92,7 @@ TEST(SpoolDestination, HandsOffARecordAndWaitsForTheAck) {
     EXPECT_EQ(value["local_dir"], staged.dir);
     EXPECT_EQ(value["remote_dir"], "job/rank-0/checkpoint-4");
     EXPECT_EQ(value["manifest"]["files"].size(), 2u);
-    WriteBytes(record + ".ack", R"({"ok": true})");
+    WriteFile(record + ".ack", R"({"ok": true})");
   });
   destination->Upload(staged, HeaderOf(staged), "job/rank-0", [](uint64_t, uint64_t) {});
   sidecar.join();

@@ -21,7 +21,6 @@
 #include <gtest/gtest.h>
 
 #include "storage/hash.h"
-#include "tests/checkpoint/fixtures.h"
 #include "tests/support/launcher_process.h"
 
 namespace bt::storage {
@@ -29,7 +28,7 @@ namespace {
 
 using testing::ReadFile;
 using testing::TempDir;
-using testing::WriteBytes;
+using testing::WriteFile;
 
 constexpr uint64_t kBlock = 4096;
 
@@ -80,7 +79,7 @@ struct CopyOutcome {
 // Copies `data` from `dir`/source to `dir`/target and checks the bytes, the digest and the
 // progress.
 CopyOutcome CopyAndCheck(const std::string& dir, const std::string& data) {
-  WriteBytes(dir + "/source", data);
+  WriteFile(dir + "/source", data);
   uint64_t last_progress = 0;
   CopiedFile copied = CopyHashing(dir + "/source", dir + "/target", [&](uint64_t done) {
     EXPECT_GT(done, last_progress);
@@ -117,7 +116,7 @@ TEST(FileCopy, EverySizeAroundTheBlockAndChunkBoundariesIsCopiedAndHashedExactly
 
 TEST(FileCopy, OverwritesALongerTarget) {
   TempDir dir;
-  WriteBytes(dir.path() + "/target", Pattern(3 << 20));
+  WriteFile(dir.path() + "/target", Pattern(3 << 20));
   CopyAndCheck(dir.path(), "short");
 }
 
@@ -129,7 +128,7 @@ TEST(FileCopy, AMissingSourceOrAnUncreatableTargetIsNamed) {
   } catch (const std::runtime_error& error) {
     EXPECT_NE(std::string(error.what()).find("cannot open " + dir.path() + "/nothing"), std::string::npos) << error.what();
   }
-  WriteBytes(dir.path() + "/source", "x");
+  WriteFile(dir.path() + "/source", "x");
   try {
     CopyHashing(dir.path() + "/source", dir.path() + "/no/such/dir/target", nullptr);
     FAIL();
@@ -171,7 +170,7 @@ TEST(FileCopy, AFilesystemWithoutDirectIoGetsBufferedWrites) {
 
 TEST(FileCopy, AFullFilesystemIsAnErrorNamingTheTarget) {
   TempDir source;
-  WriteBytes(source.path() + "/model.bin", Pattern(1 << 20));
+  WriteFile(source.path() + "/model.bin", Pattern(1 << 20));
   TempDir dir;
   InPrivateMount(dir.path(), "tmpfs", "size=256k", [&] {
     try {

@@ -4,14 +4,13 @@
 #include <gtest/gtest.h>
 
 #include "storage/hash.h"
-#include "tests/checkpoint/fixtures.h"
 #include "tests/support/launcher_process.h"
 
 namespace bt::storage {
 namespace {
 
 using testing::TempDir;
-using testing::WriteBytes;
+using testing::WriteFile;
 
 TEST(Hash, MatchesXxhsumForKnownInputs) {
   EXPECT_EQ(HashBytes("", 0), "99aa06d3014798d86001c324468d497f");  // `xxhsum -H2` of nothing
@@ -22,7 +21,7 @@ TEST(Hash, StreamingEqualsOneShotAcrossChunkBoundaries) {
   std::string data(10 << 20, '\0');
   for (size_t i = 0; i < data.size(); ++i) data[i] = char((i * 2654435761u) >> 24);
   TempDir dir;
-  WriteBytes(dir.path() + "/f", data);
+  WriteFile(dir.path() + "/f", data);
   FileDigest digest = HashFile(dir.path() + "/f");
   EXPECT_EQ(digest.size, data.size());
   EXPECT_EQ(digest.xxh3_128, HashBytes(data.data(), data.size()));
