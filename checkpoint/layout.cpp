@@ -1,5 +1,4 @@
 #include "checkpoint/layout.h"
-#include "storage/paths.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -12,6 +11,8 @@
 #include <sstream>
 
 #include <nlohmann/json.hpp>
+
+#include "storage/paths.h"
 
 namespace bt::checkpoint {
 namespace {

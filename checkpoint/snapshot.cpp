@@ -7,8 +7,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
-#include <filesystem>
 
 #include "storage/durable_file.h"
 #include "storage/file_copy.h"
@@ -19,7 +17,6 @@ namespace bt::checkpoint {
 namespace {
 
 int64_t Nanos(const timespec& time) { return int64_t(time.tv_sec) * 1'000'000'000 + time.tv_nsec; }
-
 
 const char* MethodName(StagingMethod method) {
   switch (method) {

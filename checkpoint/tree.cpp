@@ -1,5 +1,4 @@
 #include "checkpoint/tree.h"
-#include "storage/paths.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -12,6 +11,8 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+
+#include "storage/paths.h"
 
 namespace bt::checkpoint {
 namespace {

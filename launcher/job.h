@@ -1,5 +1,6 @@
-// The first two phases of every subcommand (DESIGN.md §1): who this node is (identity) and
-// what its job sees (environment), and the timeline printed at the end.
+// The first two phases of `run` and of the subcommands that inspect a job (env, rendezvous,
+// fabric, checkpoints; DESIGN.md §1): who this node is (identity) and what its job sees
+// (environment), and the timeline printed at the end.
 #pragma once
 
 #include <string>

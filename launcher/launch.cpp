@@ -1,8 +1,9 @@
 #include "launcher/launch.h"
 
-#include <cstdio>
-#include <cstdlib>
-#include <iostream>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <optional>
 
 #include <spdlog/spdlog.h>
 

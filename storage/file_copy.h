@@ -1,9 +1,11 @@
-// How a file:// upload copies one checkpoint file: a single read of the source, whose pages
+// Copying files. CopyHashing is how a file:// upload copies one checkpoint file: a single read of the source, whose pages
 // are usually still cached (the training wrote them moments ago), hashed as it passes so the
 // manifest costs no second read, and written with O_DIRECT where the filesystem takes it.
 // Direct writes are on the disk when they return, so the fsync before the commit has only
 // metadata left to write, and they fill no page cache that the training's data loader needs.
 // Filesystems that refuse O_DIRECT (FUSE mounts, ramfs) get ordinary buffered writes.
+// CopyFile is the plain copy (in the kernel where it can) that snapshots, weights staging
+// and file:// downloads use.
 #pragma once
 
 #include <cstdint>

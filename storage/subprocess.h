@@ -27,7 +27,7 @@ ProcessResult RunProcess(const std::vector<std::string>& argv, const std::vector
                          const std::function<void()>& every_second = nullptr);
 
 // The path of the running binary (/proc/self/exe): the uploader, the preflight worker and
-// the benchmark's simulated nodes are bt-launch itself.
+// the benchmark's simulated nodes are bt-launch itself, and its plugins lie beside it.
 std::string CurrentExecutable();
 
 }  // namespace bt::storage

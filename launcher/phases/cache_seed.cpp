@@ -24,6 +24,7 @@
 #include "launcher/phases/ready.h"
 #include "launcher/supervision/supervisor.h"
 #include "rendezvous/node_info.h"
+#include "storage/durable_file.h"
 #include "storage/paths.h"
 
 namespace bt::launcher {
@@ -34,17 +35,12 @@ constexpr const char* kSeedStoreKey = "bt/seed";
 constexpr std::chrono::seconds kWaitLogEvery{10};
 constexpr std::chrono::seconds kSeedPoll{1};
 
-// Written next to the target, renamed over it: a reader sees the old content or the new.
+// The lease and the seed marker must survive a crash of this host: durable_file.h's write.
 void WriteAtomically(const std::string& path, const std::string& text) {
-  const std::string temporary = path + ".tmp-" + std::to_string(getpid());
-  {
-    std::ofstream file(temporary, std::ios::trunc);
-    file << text;
-    file.flush();
-    if (!file) throw LaunchFailure(kExitIo, "cache seed: cannot write " + temporary);
-  }
-  if (rename(temporary.c_str(), path.c_str()) != 0) {
-    throw LaunchFailure(kExitIo, "cache seed: cannot rename " + temporary + ": " + std::strerror(errno));
+  try {
+    storage::WriteFileAtomically(path, text);
+  } catch (const std::runtime_error& error) {
+    throw LaunchFailure(kExitIo, std::string("cache seed: ") + error.what());
   }
 }
 

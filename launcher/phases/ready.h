@@ -72,7 +72,6 @@ void NameStoreFailures(const Timeline& timeline, Phases phases) {
   }
 }
 
-
 // Marks this node ready and waits for every other node until `deadline`. Throws
 // LaunchFailure 69 naming each node not ready, its host and its phase.
 void WaitUntilAllReady(Peers& peers, const env::NodeIdentity& identity, std::chrono::steady_clock::time_point deadline,

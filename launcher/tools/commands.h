@@ -1,5 +1,6 @@
-// The subcommands besides `run` (launch.h): each prepares the job as `run` does, then
-// inspects or serves one part of it instead of running the training.
+// The subcommands besides `run` (launch.h), doctor and bench: env, rendezvous, fabric and
+// checkpoints prepare the job as `run` does, then inspect or serve one part of it instead
+// of running the training; upload-worker is the uploader process the checkpoint agent starts.
 #pragma once
 
 #include "launcher/cli.h"

@@ -16,7 +16,6 @@ namespace bt::checkpoint {
 namespace {
 
 using testing::OnlyCandidate;
-using testing::ReadFile;
 using testing::TempDir;
 using testing::WriteBytes;
 

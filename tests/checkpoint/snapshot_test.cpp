@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -32,9 +33,26 @@ TEST(Snapshot, LinksLargeFilesCopiesSmallOnesAndSurvivesRotation) {
   EXPECT_NE(snapshot.files[0].method, StagingMethod::kCopy);  // hard link (or reflink)
   EXPECT_EQ(snapshot.files[1].method, StagingMethod::kCopy);
   EXPECT_EQ(snapshot.total_bytes, kCopyBelowBytes + 3);
+  // What a destination uploads: the same files, where they were staged, this version.
+  const storage::StagedFiles staged = snapshot.Staged();
+  EXPECT_EQ(staged.dir, dir.path() + "/staging/1");
+  EXPECT_EQ(staged.paths, (std::vector<std::string>{"model.bin", "trainer_state.json"}));
+  EXPECT_EQ(staged.total_bytes, snapshot.total_bytes);
+  EXPECT_EQ(staged.version, 1u);
   std::filesystem::remove_all(root + "/checkpoint-2");  // save_total_limit rotation
   EXPECT_EQ(ReadFile(dir.path() + "/staging/1/model.bin").size(), kCopyBelowBytes + 1);
   EXPECT_EQ(ReadFile(dir.path() + "/staging/1/trainer_state.json"), "{}");
+}
+
+TEST(Snapshot, ASmallFileDeletedSinceTheScanAbortsItAndLeavesNothing) {
+  TempDir dir;
+  const std::string root = dir.path() + "/ckpts";
+  WriteBytes(root + "/checkpoint-3/notes.txt", "small: copied, not linked");
+  WriteBytes(root + "/checkpoint-3/trainer_state.json", "{}");
+  Candidate candidate = OnlyCandidate(root);
+  std::filesystem::remove(root + "/checkpoint-3/notes.txt");  // rotation, between scan and snapshot
+  EXPECT_THROW(TakeSnapshot(root, candidate, dir.path() + "/staging/3", 3), SnapshotChanged);
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/staging/3"));
 }
 
 TEST(Snapshot, AFileThatChangedSinceTheScanAbortsItAndLeavesNothing) {

@@ -138,6 +138,25 @@ TEST(FileCopy, AMissingSourceOrAnUncreatableTargetIsNamed) {
   }
 }
 
+TEST(FileCopy, CopyFileCopiesWithProgressAndAMissingSourceIsSourceMissing) {
+  TempDir dir;
+  WriteFile(dir.path() + "/source", std::string(100000, 's'));
+  uint64_t reported = 0;
+  EXPECT_EQ(CopyFile(dir.path() + "/source", dir.path() + "/copy", [&](uint64_t done) { reported = done; }), 100000u);
+  EXPECT_EQ(reported, 100000u);
+  EXPECT_EQ(ReadFile(dir.path() + "/copy"), std::string(100000, 's'));
+  // A rotation deleting the source: its own type, so a snapshot can call it "changed".
+  EXPECT_THROW(CopyFile(dir.path() + "/gone", dir.path() + "/copy2"), SourceMissing);
+  try {
+    CopyFile(dir.path() + "/source", dir.path() + "/no/such/dir/copy");
+    FAIL();
+  } catch (const SourceMissing&) {
+    FAIL() << "a missing target directory is not a missing source";
+  } catch (const std::runtime_error& error) {
+    EXPECT_NE(std::string(error.what()).find("cannot create " + dir.path() + "/no/such/dir/copy"), std::string::npos);
+  }
+}
+
 // Runs `body` in a child with a private mount namespace where `fstype` (with `options`) is
 // mounted on `dir`; the child's exit status is body's result. Skips where mounts are not allowed.
 void InPrivateMount(const std::string& dir, const char* fstype, const char* options, const std::function<int()>& body) {
