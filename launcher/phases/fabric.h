@@ -18,6 +18,8 @@ struct FabricResult {
   rendezvous::fabric::Inventory inventory;  // this node's
   rendezvous::fabric::FabricPlan plan;      // every node's, as node 0 decided it
   rendezvous::fabric::NcclEnvironment nccl;  // this node's
+  rendezvous::fabric::NcclConfigFiles nccl_config;  // NCCL's config files: their values are the user's
+  rendezvous::fabric::GidPreferences gids;  // the job's NCCL_IB_ADDR_* (environment or config files)
 };
 
 // This node's devices, read before the rendezvous: the reads then overlap the wait for
