@@ -33,7 +33,8 @@ rendezvous::fabric::Inventory ReadFabricInventory(const std::string& sysfs_root)
 FabricResult PlanFabricPhase(const env::JobConfig& config, const env::NodeIdentity& identity, Peers* peers,
                              rendezvous::fabric::Inventory inventory, env::JobEnvironment& environment);
 
-// This node on its own, as `bt-launch fabric` shows it: nothing exported, nothing thrown.
+// This node on its own, as `bt-launch fabric` shows it: nothing exported. Throws
+// LaunchFailure 65 only on a malformed NCCL_IB_ADDR_* of the user's.
 FabricResult InspectFabric(const env::JobConfig& config, const env::NodeIdentity& identity,
                            const std::string& sysfs_root, const env::JobEnvironment& environment);
 

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <filesystem>
 
 #include <iostream>
 #include <map>
@@ -364,6 +365,24 @@ TEST(FabricCommand, JsonHasTheDevicesAndTheNcclEnvironment) {
   EXPECT_EQ(port.at("rate_gbps"), 200);
   EXPECT_EQ(json.at("nccl_env").at("NCCL_IB_HCA"), "=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1");
   EXPECT_EQ(json["nccl_env"].at("NCCL_SOCKET_IFNAME"), "=lo");
+}
+
+// The image's /etc/nccl.conf (beside the sysfs root: <tree>/etc/nccl.conf) chose HCAs and an
+// interface: NCCL lets the environment beat the file, so bt-launch must not export its own.
+TEST(FabricCommand, ValuesFromNcclsConfigFileAreKeptNotOverridden) {
+  TempDir dir;
+  std::filesystem::copy(std::string(BT_SOURCE_DIR) + "/tests/fixtures/fabric/ib8-frontend", dir.path(),
+                        std::filesystem::copy_options::recursive | std::filesystem::copy_options::copy_symlinks);
+  WriteFile(dir.path() + "/etc/nccl.conf", "# the image's defaults\nNCCL_IB_HCA==mlx5_0:1,mlx5_1:1\nNCCL_SOCKET_IFNAME==bond0\n");
+  LaunchSpec spec;
+  spec.args = {"fabric", "--sysfs-root", dir.path() + "/sys", "--format", "json"};
+  spec.unset_env = {"NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "NCCL_CONF_FILE"};
+  spec.set_env = {{"HOME", dir.path()}};
+  const ProcessResult result = RunLauncher(spec);
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const auto json = nlohmann::json::parse(result.out);
+  EXPECT_EQ(json.at("nccl_env").at("NCCL_IB_HCA"), "=mlx5_0:1,mlx5_1:1") << json["nccl_env"].dump();
+  EXPECT_EQ(json.at("nccl_env").at("NCCL_SOCKET_IFNAME"), "=bond0") << json["nccl_env"].dump();
 }
 
 TEST(FabricCommand, TextShowsEachPortAsIbstatWould) {
