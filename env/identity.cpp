@@ -106,6 +106,10 @@ NodeIdentity ResolveIdentity(const IdentityFlags& flags, const EnvLookup& env, s
   identity.count = count ? ParseNonNegative(count->first, "node count from " + count->second) : config_node_count.value_or(1);
   identity.count_source = count ? count->second : (rank && config_node_count ? "compute.node_count" : "default (single node)");
   if (identity.count < 1) throw IdentityError("node count from " + identity.count_source + " must be at least 1");
+  if (identity.count > kMaxNodeCount) {
+    throw IdentityError("node count " + std::to_string(identity.count) + " from " + identity.count_source +
+                        " is above the limit of " + std::to_string(kMaxNodeCount) + " nodes");
+  }
   if (!rank && !count && config_node_count.value_or(1) > 1) {
     throw IdentityError("compute.node_count is " + std::to_string(*config_node_count) +
                         " but no node identity was found (give --node-rank/--node-count/--leader-addr, "

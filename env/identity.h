@@ -11,6 +11,11 @@
 
 namespace bt::env {
 
+// The most nodes one job may have: far above the largest real training job (thousands of
+// nodes), and low enough that a typo such as 2147483647 is refused before node 0 sizes its
+// roster and connection tables by it.
+inline constexpr int kMaxNodeCount = 1 << 16;
+
 // Reads one environment variable; nullopt when unset. Tests pass a map instead of getenv.
 using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
 EnvLookup ProcessEnvLookup();

@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "env/identity.h"
+
 namespace bt::env {
 namespace {
 
@@ -197,7 +199,7 @@ Compute ReadCompute(const json& value, const std::string& path) {
   StrictObject object(value, path, {"node_count", "cpu_count", "memory", "accelerator", "availability_model"});
   Compute compute;
   if (const json* v = object.Find("node_count")) {
-    compute.node_count = int(ReadInt(*v, object.PathOf("node_count"), 1, 1 << 20));
+    compute.node_count = int(ReadInt(*v, object.PathOf("node_count"), 1, kMaxNodeCount));
     compute.node_count_given = true;
   }
   if (const json* v = object.Find("cpu_count")) compute.cpu_count = int(ReadInt(*v, object.PathOf("cpu_count"), 1, 1 << 16));

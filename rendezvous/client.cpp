@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <random>
 
 #include <spdlog/spdlog.h>
@@ -26,6 +27,44 @@ constexpr std::chrono::seconds kProgressLogInterval{30};
 
 int64_t MillisLeft(Clock::time_point deadline) {
   return std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
+}
+
+// How often a name lookup in progress looks at the interrupt fd.
+constexpr int kResolvePollMs = 50;
+
+// One lookup handed to glibc's resolver thread. On an interrupt it is abandoned: a lookup
+// that cannot be cancelled still writes into it, so it is never freed then.
+struct PendingLookup {
+  std::string host;
+  std::string service;
+  addrinfo hints{};
+  gaicb request{};
+};
+
+// getaddrinfo would block the launcher's only thread for the resolver's whole timeout (a
+// DNS server that never answers: seconds per attempt and family), deaf to SIGTERM: the
+// lookup runs on glibc's thread (getaddrinfo_a) while this one watches `interrupt_fd`.
+int ResolveInterruptibly(const std::string& host, const std::string& service, int interrupt_fd, addrinfo** result) {
+  auto lookup = std::make_unique<PendingLookup>();
+  lookup->host = host;
+  lookup->service = service;
+  lookup->hints.ai_socktype = SOCK_STREAM;
+  lookup->hints.ai_family = AF_UNSPEC;
+  lookup->request.ar_name = lookup->host.c_str();
+  lookup->request.ar_service = lookup->service.c_str();
+  lookup->request.ar_request = &lookup->hints;
+  gaicb* requests[] = {&lookup->request};
+  if (int status = getaddrinfo_a(GAI_NOWAIT, requests, 1, nullptr); status != 0) return status;
+  int status = EAI_INPROGRESS;
+  while ((status = gai_error(&lookup->request)) == EAI_INPROGRESS) {
+    pollfd interrupt = {interrupt_fd, POLLIN, 0};
+    if (poll(&interrupt, interrupt_fd >= 0 ? 1 : 0, kResolvePollMs) > 0) {
+      if (gai_cancel(&lookup->request) != EAI_CANCELED) static_cast<void>(lookup.release());
+      throw StoreError("interrupted while resolving the leader's name " + host);
+    }
+  }
+  *result = lookup->request.ar_result;
+  return status;
 }
 
 
@@ -52,12 +91,8 @@ int ConnectWithBackoff(const ClientOptions& options, Clock::time_point deadline)
   auto next_progress_log = Clock::now() + kProgressLogInterval;
   while (true) {
     ++attempts;
-    addrinfo hints{};
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_family = AF_UNSPEC;
     addrinfo* addresses = nullptr;
-    const std::string port = std::to_string(options.port);
-    int lookup = getaddrinfo(options.leader_host.c_str(), port.c_str(), &hints, &addresses);
+    int lookup = ResolveInterruptibly(options.leader_host, std::to_string(options.port), options.interrupt_fd, &addresses);
     if (lookup != 0) {
       last_error = std::string("cannot resolve ") + options.leader_host + ": " + gai_strerror(lookup);
     } else {

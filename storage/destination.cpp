@@ -131,7 +131,7 @@ std::optional<std::string> ReadWholeFile(const std::string& path) {
 class FileDestination final : public Destination {
  public:
   explicit FileDestination(DestinationSpec spec) : spec_(std::move(spec)) {}
-  std::string Describe() const override { return spec_.uri; }
+  std::string Describe() const override { return spec_.shown; }
 
   Manifest Upload(const StagedFiles& staged, Manifest manifest, const std::string& rank_dir,
                   const Progress& progress) override {
@@ -207,7 +207,7 @@ std::string DescribeRcloneFailure(const ProcessResult& result, const std::string
 class RcloneDestination final : public Destination {
  public:
   explicit RcloneDestination(DestinationSpec spec) : spec_(std::move(spec)) {}
-  std::string Describe() const override { return spec_.uri; }
+  std::string Describe() const override { return spec_.shown; }
 
   Manifest Upload(const StagedFiles& staged, Manifest manifest, const std::string& rank_dir,
                   const Progress& progress) override {
@@ -348,7 +348,7 @@ class RcloneDestination final : public Destination {
 class SpoolDestination final : public Destination {
  public:
   explicit SpoolDestination(DestinationSpec spec) : spec_(std::move(spec)) {}
-  std::string Describe() const override { return spec_.uri; }
+  std::string Describe() const override { return spec_.shown; }
 
   Manifest Upload(const StagedFiles& staged, Manifest manifest, const std::string& rank_dir,
                   const Progress& progress) override {
@@ -381,7 +381,7 @@ class SpoolDestination final : public Destination {
 
  private:
   DestinationError WriteOnly() const {
-    return DestinationError(spec_.uri + " is a spool: bt-launch hands checkpoints to a sidecar there and cannot read "
+    return DestinationError(spec_.shown + " is a spool: bt-launch hands checkpoints to a sidecar there and cannot read "
                                         "them back; load from where the sidecar uploads them");
   }
 
@@ -419,13 +419,29 @@ std::string Lookup(const std::map<std::string, std::string>& variables, const st
 
 }  // namespace
 
+std::string MaskCredentials(const std::string& uri) {
+  const size_t separator = uri.find("://");
+  if (separator == std::string::npos) {
+    // Not a URI: a user:secret@ part can still be in it.
+    const size_t at = uri.find('@');
+    return at == std::string::npos ? uri : "***" + uri.substr(at);
+  }
+  const size_t authority = separator + 3;
+  const size_t path = uri.find('/', authority);
+  const size_t at = uri.rfind('@', path == std::string::npos ? std::string::npos : path);
+  if (at == std::string::npos || at < authority) return uri;
+  return uri.substr(0, authority) + "***" + uri.substr(at);
+}
+
 DestinationSpec ParseDestination(const std::string& uri, const std::string& origin) {
+  const std::string shown = MaskCredentials(uri);
   const auto separator = uri.find("://");
   if (separator == std::string::npos) {
-    throw DestinationError(origin + ": expected a URI such as file:///path, s3://bucket/prefix or spool:///path, got \"" + uri + "\"");
+    throw DestinationError(origin + ": expected a URI such as file:///path, s3://bucket/prefix or spool:///path, got \"" + shown + "\"");
   }
   DestinationSpec spec;
   spec.uri = uri;
+  spec.shown = shown;
   spec.scheme = uri.substr(0, separator);
   spec.location = uri.substr(separator + 3);
   while (spec.location.size() > 1 && spec.location.back() == '/') spec.location.pop_back();
@@ -435,10 +451,17 @@ DestinationSpec ParseDestination(const std::string& uri, const std::string& orig
     throw DestinationError(origin + ": unsupported scheme \"" + spec.scheme + "\" (expected file, s3, gs, r2, azure or spool)");
   }
   if (local && (spec.location.empty() || spec.location.front() != '/')) {
-    throw DestinationError(origin + ": expected " + spec.scheme + ":///absolute/path, got \"" + uri + "\"");
+    throw DestinationError(origin + ": expected " + spec.scheme + ":///absolute/path, got \"" + shown + "\"");
   }
   if (remote && (spec.location.empty() || spec.location.front() == '/')) {
-    throw DestinationError(origin + ": expected " + spec.scheme + "://bucket[/prefix], got \"" + uri + "\"");
+    throw DestinationError(origin + ": expected " + spec.scheme + "://bucket[/prefix], got \"" + shown + "\"");
+  }
+  // rclone takes no credentials from a path: "KEY:SECRET@bucket" would be the bucket's name,
+  // and would reach rclone's own messages unmasked.
+  if (shown != uri) {
+    throw DestinationError(origin + ": credentials in the URI (\"" + shown + "\") are not used: give them in the "
+                           "secret named by launcher.checkpoint.auth_secret_name, or the provider's variables "
+                           "(AWS_ACCESS_KEY_ID, ...)");
   }
   return spec;
 }

@@ -24,7 +24,8 @@ class DestinationError : public std::runtime_error {
 };
 
 struct DestinationSpec {
-  std::string uri;     // as configured; Describe() never shows credentials (there are none in it)
+  std::string uri;     // as configured: may hold credentials (s3://KEY:SECRET@bucket); never log it
+  std::string shown;   // the uri with any credentials masked: what logs, errors and Describe() show
   std::string scheme;  // file, s3, gs, r2, azure, spool
   std::string location;  // after "scheme://": a directory, or bucket[/prefix]
   std::vector<std::string> rclone_environ;  // the whole environment rclone runs with
@@ -37,6 +38,10 @@ struct StagedFiles {
   uint64_t total_bytes = 0;
   uint64_t version = 0;  // names the spool's record: a checkpoint saved again gets a new one
 };
+
+// `uri` with the credentials written into it masked: "s3://KEY:SECRET@bucket/p" ->
+// "s3://***@bucket/p". Unchanged when there are none.
+std::string MaskCredentials(const std::string& uri);
 
 // Parses a destination URI. Throws DestinationError naming `origin` (the config field or
 // variable it came from).

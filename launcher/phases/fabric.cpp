@@ -50,11 +50,30 @@ std::string RouteSourceAddress(const std::string& host, uint16_t port) {
   return source;
 }
 
+// Node 0 reaches itself over loopback when its own name resolves to 127.0.1.1 (Debian's
+// /etc/hosts), yet the other nodes must reach it: the interface that routes to a follower's
+// address (as node 0 saw it connect) is the one they reach. "" when every node is local.
+std::string InterfaceFacingFollowers(const fabric::Inventory& inventory, const env::NodeIdentity& identity,
+                                     Peers& peers, uint16_t port) {
+  for (const rendezvous::NodeInfo& node : peers.Roster()) {
+    if (node.rank == identity.rank || node.seen_from.empty() || IsLoopback(node.seen_from)) continue;
+    const std::string name = fabric::InterfaceWithAddress(inventory.interfaces, RouteSourceAddress(node.seen_from, port));
+    if (!name.empty() && !fabric::IsLoopbackInterface(inventory.interfaces, name)) return name;
+  }
+  return "";
+}
+
 // The interface holding the address this node reached the leader from.
 void FindBootstrapInterface(fabric::Inventory& inventory, const env::NodeIdentity& identity, Peers* peers, uint16_t port) {
   std::string local_address = peers ? peers->LocalAddress() : "";
   if (local_address.empty()) local_address = RouteSourceAddress(identity.leader_addr, port);
   inventory.bootstrap_interface = fabric::InterfaceWithAddress(inventory.interfaces, local_address);
+  if (identity.rank != 0 || peers == nullptr || !fabric::IsLoopbackInterface(inventory.interfaces, inventory.bootstrap_interface)) return;
+  if (const std::string facing = InterfaceFacingFollowers(inventory, identity, *peers, port); !facing.empty()) {
+    spdlog::info("fabric: the leader address {} is loopback here; the other nodes reach this node through {}",
+                 identity.leader_addr, facing);
+    inventory.bootstrap_interface = facing;
+  }
 }
 
 // Node 0: every node's inventory, in rank order. A node whose inventory does not parse
@@ -81,16 +100,17 @@ std::vector<fabric::NodeFabric> CollectInventories(rendezvous::Store& store, con
 }
 
 fabric::FabricPlan ExchangeAndPlan(const env::JobConfig& config, const env::NodeIdentity& identity, Peers* peers,
-                                   const fabric::Inventory& inventory) {
+                                   const fabric::Inventory& inventory, const fabric::GidPreferences& gids) {
   rendezvous::Store* store = peers ? peers->store() : nullptr;
   if (config.launcher.fabric.require == env::FabricRequirement::kNone) store = nullptr;  // nothing to compare
   if (store == nullptr) {
     if (peers && peers->store() == nullptr) spdlog::info("fabric: the mpi backend has no store: this node's fabric is checked on its own");
-    return fabric::PlanFabric({{identity.rank, "", inventory}}, config.launcher.fabric.require);
+    return fabric::PlanFabric({{identity.rank, "", inventory}}, config.launcher.fabric.require, gids);
   }
   store->Set(InventoryKey(identity.rank), inventory.ToJson().dump());
   if (identity.rank == 0) {
-    const fabric::FabricPlan plan = fabric::PlanFabric(CollectInventories(*store, peers->Roster()), config.launcher.fabric.require);
+    const fabric::FabricPlan plan =
+        fabric::PlanFabric(CollectInventories(*store, peers->Roster()), config.launcher.fabric.require, gids);
     store->Set(kPlanKey, plan.ToJson().dump());
     // A failed plan makes node 0 exit, which takes the store down: first let every node read
     // it, or a node still reading gets "connection reset" instead of the failure's table.
@@ -122,25 +142,53 @@ void LogPlan(const fabric::FabricPlan& plan, const fabric::NodePlan& node, bool 
   spdlog::info("fabric: {} (require = {}, {})", node.summary, fabric::PolicyName(plan.policy),
                plan.use_rdma ? "NCCL uses RDMA" : "NCCL uses sockets");
   for (const std::string& warning : plan.warnings) spdlog::warn("fabric: {}", warning);
-  if (is_leader && plan.ok && !plan.mismatches.empty()) spdlog::warn("fabric differences:\n{}", DescribeMismatches(plan));
+  // Sockets with RDMA ports present: every node names them, not only the leader.
+  const bool table_everywhere = !plan.use_rdma;
+  if ((is_leader || table_everywhere) && plan.ok && !plan.mismatches.empty()) {
+    spdlog::warn("fabric differences:\n{}", DescribeMismatches(plan));
+  }
 }
 
-void ExportNccl(const fabric::NcclEnvironment& nccl, env::JobEnvironment& environment) {
-  for (const auto& setting : nccl.set) {
+void ExportNccl(const FabricResult& result, env::JobEnvironment& environment) {
+  for (const auto& setting : result.nccl.set) {
     environment.variables[setting.name] = setting.value;
     spdlog::info("fabric: {}={} ({})", setting.name, setting.value, setting.reason);
   }
-  for (const auto& setting : nccl.kept) spdlog::info("fabric: {}={} kept: {}", setting.name, setting.value, setting.reason);
+  for (const auto& setting : result.nccl.kept) {
+    const std::string file = environment.variables.contains(setting.name) ? "" : result.nccl_config.SourceOf(setting.name);
+    spdlog::info("fabric: {}={} kept{}: {}", setting.name, setting.value, file.empty() ? "" : " (from " + file + ")",
+                 setting.reason);
+  }
+  for (const std::string& warning : result.nccl.warnings) spdlog::warn("fabric: {}", warning);
+}
+
+// The user's NCCL settings: the job's environment, else NCCL's config files, which NCCL
+// reads under the environment (so an exported variable would silently beat them).
+fabric::VariableLookup UserNcclVariables(const FabricResult& result, const env::JobEnvironment& environment) {
+  return [&result, &environment](const std::string& name) -> std::optional<std::string> {
+    if (auto it = environment.variables.find(name); it != environment.variables.end()) return it->second;
+    return result.nccl_config.Find(name);
+  };
+}
+
+// The config files and the GID preferences, before the plan: node 0 selects RoCE ports by them.
+void ReadUserNcclSettings(FabricResult& result, const env::JobEnvironment& environment) {
+  auto job_variable = [&environment](const std::string& name) -> std::optional<std::string> {
+    auto it = environment.variables.find(name);
+    return it == environment.variables.end() ? std::nullopt : std::optional<std::string>(it->second);
+  };
+  result.nccl_config = fabric::NcclConfigFiles::Read(job_variable, fabric::NcclSystemConfigPath(result.inventory.sysfs_root));
+  try {
+    result.gids = fabric::GidPreferencesFrom(UserNcclVariables(result, environment));
+  } catch (const std::invalid_argument& error) {
+    throw LaunchFailure(kExitConfig, std::string("fabric: ") + error.what());
+  }
 }
 
 fabric::NcclEnvironment NcclFor(const FabricResult& result, const fabric::NodePlan& node,
                                 const env::JobEnvironment& environment) {
-  auto user_variable = [&](const std::string& name) -> std::optional<std::string> {
-    auto it = environment.variables.find(name);
-    return it == environment.variables.end() ? std::nullopt : std::optional<std::string>(it->second);
-  };
   try {
-    return fabric::ComputeNcclEnvironment(result.plan, node, result.inventory, user_variable,
+    return fabric::ComputeNcclEnvironment(result.plan, node, result.inventory, UserNcclVariables(result, environment),
                                           [] { return fabric::FindNcclVersion(); });
   } catch (const std::invalid_argument& error) {
     throw LaunchFailure(kExitConfig, std::string("fabric: ") + error.what());
@@ -157,11 +205,12 @@ std::string FormatFabricReport(const FabricResult& fabric, bool json) {
     return report.dump(2) + "\n";
   }
   const std::string& bootstrap = fabric.inventory.bootstrap_interface;
-  std::string text = fabric::FormatInventory(fabric.inventory) + "\nselected: " + fabric.plan.nodes.front().summary +
+  std::string text = fabric::FormatInventory(fabric.inventory, fabric.gids) + "\nselected: " + fabric.plan.nodes.front().summary +
                      "\nbootstrap interface: " + (bootstrap.empty() ? "none found" : bootstrap) + "\n\nNCCL environment:\n";
   for (const auto* settings : {&fabric.nccl.set, &fabric.nccl.kept}) {
     for (const auto& setting : *settings) text += "  " + setting.name + "=" + setting.value + "    # " + setting.reason + "\n";
   }
+  for (const std::string& warning : fabric.nccl.warnings) text += "warning: " + warning + "\n";
   return text;
 }
 
@@ -180,7 +229,8 @@ FabricResult PlanFabricPhase(const env::JobConfig& config, const env::NodeIdenti
   FabricResult result;
   result.inventory = std::move(inventory);
   FindBootstrapInterface(result.inventory, identity, peers, config.launcher.rendezvous.port);
-  result.plan = ExchangeAndPlan(config, identity, peers, result.inventory);
+  ReadUserNcclSettings(result, environment);
+  result.plan = ExchangeAndPlan(config, identity, peers, result.inventory, result.gids);
   const fabric::NodePlan* node = result.plan.ForRank(identity.rank);
   if (node == nullptr) throw LaunchFailure(kExitUnavailable, "fabric: the plan from node 0 has no entry for this node");
   if (!result.plan.ok) {
@@ -188,7 +238,7 @@ FabricResult PlanFabricPhase(const env::JobConfig& config, const env::NodeIdenti
   }
   LogPlan(result.plan, *node, identity.rank == 0);
   result.nccl = NcclFor(result, *node, environment);
-  ExportNccl(result.nccl, environment);
+  ExportNccl(result, environment);
   RunRdmaProbe(config, identity, peers, result);
   return result;
 }
@@ -199,7 +249,8 @@ FabricResult InspectFabric(const env::JobConfig& config, const env::NodeIdentity
   result.inventory = ReadFabricInventory(sysfs_root);
   FindBootstrapInterface(result.inventory, identity, nullptr, config.launcher.rendezvous.port);
   AddActiveMtu(result.inventory);  // libibverbs is loaded here, never on the launch path
-  result.plan = fabric::PlanFabric({{identity.rank, "", result.inventory}}, config.launcher.fabric.require);
+  ReadUserNcclSettings(result, environment);
+  result.plan = fabric::PlanFabric({{identity.rank, "", result.inventory}}, config.launcher.fabric.require, result.gids);
   result.nccl = NcclFor(result, result.plan.nodes.front(), environment);
   return result;
 }

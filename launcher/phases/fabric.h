@@ -18,6 +18,8 @@ struct FabricResult {
   rendezvous::fabric::Inventory inventory;  // this node's
   rendezvous::fabric::FabricPlan plan;      // every node's, as node 0 decided it
   rendezvous::fabric::NcclEnvironment nccl;  // this node's
+  rendezvous::fabric::NcclConfigFiles nccl_config;  // NCCL's config files: their values are the user's
+  rendezvous::fabric::GidPreferences gids;  // the job's NCCL_IB_ADDR_* (environment or config files)
 };
 
 // This node's devices, read before the rendezvous: the reads then overlap the wait for
@@ -31,7 +33,8 @@ rendezvous::fabric::Inventory ReadFabricInventory(const std::string& sysfs_root)
 FabricResult PlanFabricPhase(const env::JobConfig& config, const env::NodeIdentity& identity, Peers* peers,
                              rendezvous::fabric::Inventory inventory, env::JobEnvironment& environment);
 
-// This node on its own, as `bt-launch fabric` shows it: nothing exported, nothing thrown.
+// This node on its own, as `bt-launch fabric` shows it: nothing exported. Throws
+// LaunchFailure 65 only on a malformed NCCL_IB_ADDR_* of the user's.
 FabricResult InspectFabric(const env::JobConfig& config, const env::NodeIdentity& identity,
                            const std::string& sysfs_root, const env::JobEnvironment& environment);
 

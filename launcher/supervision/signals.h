@@ -7,8 +7,9 @@
 
 namespace bt::launcher {
 
-// The signals forwarded to the job's process group. TERM, INT and QUIT also start the
-// grace period; HUP, USR1 and USR2 are only passed on (trainers use them to checkpoint).
+// The signals forwarded to the job. TERM, INT and QUIT go to its process group and start
+// the grace period; HUP, USR1 and USR2 are only passed on, to the processes that handle them
+// (trainers use them to checkpoint; see Supervisor::ForwardRequest).
 const std::vector<int>& ForwardedSignals();
 bool StartsShutdown(int signal_number);
 

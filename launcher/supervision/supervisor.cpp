@@ -9,6 +9,8 @@
 #include <dirent.h>
 
 #include <cerrno>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <algorithm>
 #include <fstream>
@@ -63,6 +65,18 @@ std::vector<ProcessEntry> AllProcesses() {
   }
   closedir(proc);
   return processes;
+}
+
+// Whether `pid` has a handler installed for `signal_number`: the SigCgt mask of
+// /proc/PID/status (hex, bit N-1 for signal N).
+bool HandlesSignal(pid_t pid, int signal_number) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("SigCgt:", 0) != 0) continue;
+    const uint64_t caught = std::strtoull(line.c_str() + 7, nullptr, 16);
+    return (caught >> (signal_number - 1)) & 1;
+  }
+  return false;
 }
 
 std::string CommandLine(pid_t pid) {
@@ -276,12 +290,17 @@ int Supervisor::RunOne(const Command& command, const std::vector<std::string>& e
   }
   ReclaimTerminal(terminal_handed);
   CleanUpGroup(child, outcome);
+  outcome.terminating_signal = WIFSIGNALED(*status) ? std::optional<int>(WTERMSIG(*status)) : std::nullopt;
   return ExitCodeOf(*status);
 }
 
-// Every forwarded signal goes to the whole group, so a shell's children (torchrun, its
+// A shutdown signal goes to the whole group, so a shell's children (torchrun, its
 // workers, dataloaders) see it too, not just the shell.
 void Supervisor::OnSignal(int signal_number, pid_t group, JobOutcome& outcome) {
+  if (!StartsShutdown(signal_number)) {
+    ForwardRequest(signal_number, group);
+    return;
+  }
   spdlog::info("received {}; forwarding it to process group {}", strsignal(signal_number), group);
   kill(-group, signal_number);
   // Processes that left the group (torchrun starts its workers in new sessions) get it too:
@@ -291,9 +310,33 @@ void Supervisor::OnSignal(int signal_number, pid_t group, JobOutcome& outcome) {
                  CommandLine(pid));
     kill(pid, signal_number);
   }
-  if (!StartsShutdown(signal_number)) return;
   if (!outcome.shutdown_signal) outcome.shutdown_signal = signal_number;
   BeginShutdown(group, grace_period_);
+}
+
+// HUP, USR1 and USR2 ask the job for something (Slurm's --signal=USR1@90 and Lightning's
+// auto-requeue ask for a checkpoint): they go to the processes that handle them. The
+// `/bin/sh -c` wrapper of a compound command (`cd X && python train.py`) and the stages of a
+// pipeline (`| tee`) keep the default action, which is to die, and their death would end the
+// job: they are left alone. When no process handles the signal, the whole group gets it, as
+// it would without a launcher.
+void Supervisor::ForwardRequest(int signal_number, pid_t group) {
+  std::vector<pid_t> handlers;
+  for (const auto& process : AllProcesses()) {
+    if (process.group == group && process.state != 'Z' && HandlesSignal(process.pid, signal_number)) handlers.push_back(process.pid);
+  }
+  for (pid_t pid : EscapedDescendants(group, inherited_children_)) {
+    if (HandlesSignal(pid, signal_number)) handlers.push_back(pid);
+  }
+  if (handlers.empty()) {
+    spdlog::info("received {}; no process of the job handles it: forwarding it to process group {}", strsignal(signal_number), group);
+    kill(-group, signal_number);
+    return;
+  }
+  for (pid_t pid : handlers) {
+    spdlog::info("received {}; forwarding it to process {} ({}), which handles it", strsignal(signal_number), pid, CommandLine(pid));
+    kill(pid, signal_number);
+  }
 }
 
 void Supervisor::BeginShutdown(pid_t group, std::chrono::milliseconds grace) {

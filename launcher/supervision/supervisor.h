@@ -33,6 +33,8 @@ struct JobOutcome {
   int exit_code = 0;
   size_t commands_run = 0;
   std::optional<size_t> failed_command;  // index of the first failing command
+  std::optional<int> terminating_signal;  // the last command's wait status says a signal ended it
+                                          // (a shell's own `exit 130` is no signal)
   std::optional<int> shutdown_signal;    // the signal that ended the job early
   std::optional<std::string> stop_reason;  // set when a StopRequests ended the job
   std::optional<std::string> launcher_failure;  // the launcher itself failed before the commands (weights, seed)
@@ -53,6 +55,7 @@ class Supervisor {
   int RunOne(const Command& command, const std::vector<std::string>& environ, const std::string& working_dir,
              StopRequests* stop, JobOutcome& outcome);
   void OnSignal(int signal_number, pid_t group, JobOutcome& outcome);
+  void ForwardRequest(int signal_number, pid_t group);
   void BeginShutdown(pid_t group, std::chrono::milliseconds grace);
   void ReapChildren(pid_t child, std::optional<int>& child_status);
   void EscalateIfGraceOver(pid_t group);

@@ -172,24 +172,34 @@ class Doctor {
     }
     std::vector<std::string> resolved;
     for (addrinfo* address = addresses; address != nullptr; address = address->ai_next) resolved.push_back(rendezvous::AddressText(address->ai_addr));
-    CheckLeaderName(resolved);
-    ReachLeader(addresses);
+    if (CheckLeaderName(resolved)) ReachLeader(addresses);
     freeaddrinfo(addresses);
   }
 
-  void CheckLeaderName(const std::vector<std::string>& resolved) {
+  // False when the port check would only mislead: node 0 serves the store on its own host,
+  // so a leader address of another host fails `run` whatever answers there.
+  bool CheckLeaderName(const std::vector<std::string>& resolved) {
     std::string detail = identity_.leader_addr + " -> " + Join(resolved);
     if (IsLoopback(resolved.front())) {
       Add("leader name", Verdict::kWarn, detail + " (loopback)",
           "loopback works only when all " + std::to_string(identity_.count) + " nodes run on this host; give node 0's address");
-      return;
+      return true;
+    }
+    if (identity_.rank == 0 && !ResolvesToThisHost(resolved)) {
+      Add("leader name", Verdict::kFail, detail + ": none of these is an address of this host, yet this node is rank 0 and serves the rendezvous",
+          "BT_LEADER_ADDR (or --leader-addr) must name node 0 itself, the same on every node; or this node's rank is wrong");
+      Add("leader port", Verdict::kSkip, "the leader address is another host: node 0 cannot serve there");
+      Add("clock skew", Verdict::kSkip, "the leader address is another host");
+      token_checked_ = true;
+      return false;
     }
     if (identity_.rank != 0 && ResolvesToThisHost(resolved)) {
       Add("leader name", Verdict::kWarn, detail + ": that is this host, but this node is rank " + std::to_string(identity_.rank),
           "unless every node runs on this host, BT_LEADER_ADDR must name node 0 (e.g. <job>-0.<service>), not this pod");
-      return;
+      return true;
     }
     Add("leader name", Verdict::kOk, detail);
+    return true;
   }
 
   bool ResolvesToThisHost(const std::vector<std::string>& resolved) {
@@ -284,13 +294,35 @@ class Doctor {
     return *fabric_;
   }
 
+  // The ports `run` would leave out for a fault (not the Ethernet NICs beside InfiniBand,
+  // which are left out by design), as "mlx5_3:1 (state DOWN/Polling)".
+  static std::vector<std::string> FaultyPorts(const FabricResult& fabric) {
+    std::vector<std::string> faulty;
+    if (fabric.plan.nodes.empty()) return faulty;
+    for (const std::string& excluded : fabric.plan.nodes.front().selection.excluded) {
+      if (excluded.find(" beside ") == std::string::npos) faulty.push_back(excluded);
+    }
+    return faulty;
+  }
+
   void CheckFabric() {
     const FabricResult& fabric = Fabric();
     rdma_ = !fabric.inventory.devices.empty();
     const std::string summary = fabric.plan.nodes.empty() ? "no RDMA" : fabric.plan.nodes.front().summary;
-    if (!fabric.inventory.warnings.empty()) {
-      Add("fabric", Verdict::kWarn, summary + "; " + Join(fabric.inventory.warnings, "; "),
-          "see docs/FABRIC.md: the device nodes (/dev/infiniband) and memlock must reach the container");
+    const std::vector<std::string> faulty = FaultyPorts(fabric);
+    // What `run` decides for a multi-node job: RDMA ports present and none usable stop it (69).
+    if (!fabric.plan.ok && identity_.count > 1) {
+      Add("fabric", Verdict::kFail, summary + ": " + fabric.plan.failure + "; " + Join(faulty, "; "),
+          "repair the named ports (ibstat; a port in INIT has no subnet manager), or set launcher.fabric.require to \"any\"");
+      return;
+    }
+    if (!faulty.empty() || !fabric.inventory.warnings.empty()) {
+      std::vector<std::string> problems;
+      if (!faulty.empty()) problems.push_back("ports not usable: " + Join(faulty, "; "));
+      problems.insert(problems.end(), fabric.inventory.warnings.begin(), fabric.inventory.warnings.end());
+      Add("fabric", Verdict::kWarn, summary + "; " + Join(problems, "; "),
+          "see docs/FABRIC.md: a port must be ACTIVE/LinkUp (ibstat), and the device nodes (/dev/infiniband) and "
+          "memlock must reach the container");
       return;
     }
     if (!rdma_ && identity_.count > 1 && Gpus() > 0) {
@@ -433,7 +465,7 @@ class Doctor {
       return;
     }
     if (spec.scheme == "file" || spec.scheme == "spool") {
-      CheckWritable("destination", spec.location, spec.uri + ": ");
+      CheckWritable("destination", spec.location, spec.shown + ": ");
       return;
     }
     const auto started = std::chrono::steady_clock::now();
@@ -443,10 +475,10 @@ class Doctor {
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       char took[32];
       std::snprintf(took, sizeof took, " in %.1f s", seconds);
-      Add("destination", Verdict::kOk, spec.uri + " reachable through rclone" + took +
+      Add("destination", Verdict::kOk, spec.shown + " reachable through rclone" + took +
                                            (latest ? ", this job's latest: " + *latest : ", no checkpoint of this job yet"));
     } catch (const std::exception& error) {
-      Add("destination", Verdict::kFail, spec.uri + ": " + error.what(),
+      Add("destination", Verdict::kFail, spec.shown + ": " + error.what(),
           "check the endpoint, the bucket and the credentials (launcher.checkpoint.auth_secret_name or AWS_* variables)");
     }
   }

@@ -98,12 +98,19 @@ int SelectGidIndex(const Port& port, const GidPreferences& preferences) {
   return chosen;
 }
 
-const Gid* FindRoceV2Ipv4Gid(const Port& port) {
-  const Gid* gid = port.FindGid(SelectGidIndex(port, GidPreferences{}));
-  if (gid == nullptr || gid->type.rfind("RoCE v2", 0) != 0) return nullptr;
-  in6_addr address{};
-  if (inet_pton(AF_INET6, gid->value.c_str(), &address) != 1 || !IN6_IS_ADDR_V4MAPPED(&address)) return nullptr;
-  return gid;
+const Gid* FindUsableGid(const Port& port, const GidPreferences& preferences) {
+  const int index = SelectGidIndex(port, preferences);
+  const GidEntry entry = EntryAt(port, index);
+  if (!Valid(entry.address) || Family(entry.address) != preferences.family ||
+      !InRange(entry.address, preferences.family, preferences.range) || entry.roce_version != preferences.roce_version) {
+    return nullptr;
+  }
+  return port.FindGid(index);
+}
+
+std::string GidPreferences::Describe() const {
+  return "RoCE v" + std::to_string(roce_version) + (family == AF_INET ? " IPv4" : " IPv6") +
+         (range.empty() ? "" : " in " + range);
 }
 
 }  // namespace bt::rendezvous::fabric

@@ -1,5 +1,6 @@
 #include "rendezvous/fabric/inventory.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
@@ -8,6 +9,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -38,8 +41,17 @@ std::optional<std::string> ReadAttribute(const fs::path& path) {
 
 std::string Attribute(const fs::path& path) { return ReadAttribute(path).value_or(""); }
 
-// The leading number, as libibumad reads state, rate and LIDs: strtoul(text, 0, 0).
-unsigned long LeadingNumber(const std::string& text) { return std::strtoul(text.c_str(), nullptr, 0); }
+// The leading number, as libibumad reads state, rate and LIDs: strtoul(text, 0, 0); 0 (no
+// value) when it is above `max`, so that no malformed file overflows the field it fills.
+unsigned long LeadingNumber(const std::string& text, unsigned long max) {
+  const unsigned long value = std::strtoul(text.c_str(), nullptr, 0);
+  return value > max ? 0 : value;
+}
+
+constexpr unsigned long kMaxStateCode = 255;   // "%d: %s": the kernel's codes are 0..7
+constexpr unsigned long kMaxLid = 0xffff;      // LIDs are 16-bit
+constexpr double kMaxRateGbps = 100000;        // 100 Tb/s: far above any link
+constexpr int kMaxNumaNode = 4095;
 
 // "4: ACTIVE" -> "ACTIVE".
 std::string NameAfterColon(const std::string& text) {
@@ -47,24 +59,38 @@ std::string NameAfterColon(const std::string& text) {
   return colon == std::string::npos ? text : text.substr(colon + 2);
 }
 
-// Entries of `directory` named by a non-negative integer, in numeric order.
-std::vector<int> NumberedEntries(const fs::path& directory) {
+// Entries of `directory` named by an integer in [0, limit), in numeric order; one outside
+// it is a warning naming its path, and is left out.
+std::vector<int> NumberedEntries(const fs::path& directory, int limit, std::vector<std::string>& warnings) {
   std::vector<int> numbers;
   std::error_code error;
   for (fs::directory_iterator it(directory, error), end; !error && it != end; it.increment(error)) {
     const std::string name = it->path().filename().string();
     if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    numbers.push_back(std::atoi(name.c_str()));
+    int number = -1;
+    const auto [last, failure] = std::from_chars(name.data(), name.data() + name.size(), number);
+    if (failure != std::errc() || number >= limit) {
+      warnings.push_back(it->path().string() + ": entry number outside [0, " + std::to_string(limit) +
+                         "), ignored (a malformed sysfs tree)");
+      continue;
+    }
+    numbers.push_back(number);
   }
   std::sort(numbers.begin(), numbers.end());
   return numbers;
 }
 
+int NumaNode(const std::optional<std::string>& text) {
+  int node = -1;
+  if (!text || std::from_chars(text->data(), text->data() + text->size(), node).ec != std::errc()) return -1;
+  return node >= -1 && node <= kMaxNumaNode ? node : -1;
+}
+
 // InfiniBand needs GID 0 (subnet prefix) and 1 (an IB router's FLID); RoCE needs the whole
 // table to choose as NCCL does. Real tables hold 128 to 255 entries.
-std::vector<Gid> ReadGids(const fs::path& port_dir, bool infiniband, int& table_length) {
+std::vector<Gid> ReadGids(const fs::path& port_dir, bool infiniband, int& table_length, std::vector<std::string>& warnings) {
   std::vector<Gid> gids;
-  const std::vector<int> indices = NumberedEntries(port_dir / "gids");
+  const std::vector<int> indices = NumberedEntries(port_dir / "gids", kMaxGidTableLength, warnings);
   table_length = indices.empty() ? 0 : indices.back() + 1;
   for (int index : indices) {
     if (infiniband && index > 1) break;
@@ -76,21 +102,22 @@ std::vector<Gid> ReadGids(const fs::path& port_dir, bool infiniband, int& table_
   return gids;
 }
 
-Port ReadPort(const fs::path& port_dir, int number) {
+Port ReadPort(const fs::path& port_dir, int number, std::vector<std::string>& warnings) {
   Port port;
   port.number = number;
   const std::string state = Attribute(port_dir / "state");
-  port.state = int(LeadingNumber(state));
+  port.state = int(LeadingNumber(state, kMaxStateCode));
   port.state_name = NameAfterColon(state);
   const std::string phys = Attribute(port_dir / "phys_state");
-  port.phys_state = int(LeadingNumber(phys));
+  port.phys_state = int(LeadingNumber(phys, kMaxStateCode));
   port.phys_state_name = NameAfterColon(phys);
   port.link_layer = ReadAttribute(port_dir / "link_layer").value_or("InfiniBand");  // libibumad's default
   port.rate = Attribute(port_dir / "rate");
   port.rate_gbps = std::strtod(port.rate.c_str(), nullptr);
-  port.lid = unsigned(LeadingNumber(Attribute(port_dir / "lid")));
-  port.sm_lid = unsigned(LeadingNumber(Attribute(port_dir / "sm_lid")));
-  port.gids = ReadGids(port_dir, port.IsInfiniBand(), port.gid_table_length);
+  if (!std::isfinite(port.rate_gbps) || port.rate_gbps < 0 || port.rate_gbps > kMaxRateGbps) port.rate_gbps = 0;
+  port.lid = unsigned(LeadingNumber(Attribute(port_dir / "lid"), kMaxLid));
+  port.sm_lid = unsigned(LeadingNumber(Attribute(port_dir / "sm_lid"), kMaxLid));
+  port.gids = ReadGids(port_dir, port.IsInfiniBand(), port.gid_table_length, warnings);
   return port;
 }
 
@@ -133,7 +160,7 @@ Device ReadDevice(const fs::path& device_dir, const fs::path& dev_root,
   std::error_code error;
   const fs::path pci = fs::canonical(device_dir / "device", error);
   if (!error) device.pci_address = pci.filename().string();
-  if (auto numa = ReadAttribute(device_dir / "device" / "numa_node")) device.numa_node = std::atoi(numa->c_str());
+  device.numa_node = NumaNode(ReadAttribute(device_dir / "device" / "numa_node"));
   for (const auto& [ibdev, uverbs] : verbs) {
     if (ibdev == device.name) device.uverbs = uverbs;
   }
@@ -142,8 +169,8 @@ Device ReadDevice(const fs::path& device_dir, const fs::path& dev_root,
   } else {
     device.uverbs_accessible = CheckDeviceNode(dev_root / "infiniband" / device.uverbs, device.name, warnings);
   }
-  for (int number : NumberedEntries(device_dir / "ports")) {
-    device.ports.push_back(ReadPort(device_dir / "ports" / std::to_string(number), number));
+  for (int number : NumberedEntries(device_dir / "ports", kMaxPortNumber + 1, warnings)) {
+    device.ports.push_back(ReadPort(device_dir / "ports" / std::to_string(number), number, warnings));
   }
   return device;
 }
@@ -165,6 +192,20 @@ std::vector<Interface> ReadInterfaces() {
   }
   freeifaddrs(list);
   return interfaces;
+}
+
+// "/sys" -> "/<name>": device nodes and /etc sit beside the sysfs root.
+fs::path BesideSysfs(const std::string& sysfs_root, const std::string& name) {
+  fs::path without_slash = fs::path(sysfs_root).lexically_normal();
+  if (!without_slash.has_filename()) without_slash = without_slash.parent_path();
+  return without_slash.parent_path() / name;
+}
+
+bool IsLoopbackAddress(const std::string& text) {
+  in_addr v4{};
+  if (inet_pton(AF_INET, text.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  return inet_pton(AF_INET6, text.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
 }
 
 std::string MemlockLimit() {
@@ -219,6 +260,9 @@ Port PortFromJson(const nlohmann::json& json, const std::string& where) {
   port.lid = Field<unsigned>(json, "lid", where);
   port.sm_lid = Field<unsigned>(json, "sm_lid", where);
   port.gid_table_length = Field<int>(json, "gid_table_length", where);
+  if (port.gid_table_length < 0 || port.gid_table_length > kMaxGidTableLength) {
+    throw InventoryError(where + ".gid_table_length: expected 0 to " + std::to_string(kMaxGidTableLength));
+  }
   const auto& gids = ArrayField(json, "gids", where);
   for (size_t i = 0; i < gids.size(); ++i) {
     const std::string at = where + ".gids[" + std::to_string(i) + "]";
@@ -316,6 +360,7 @@ std::string SysfsRoot(const std::optional<std::string>& override_root) {
 
 Inventory ReadInventory(const std::string& sysfs_root) {
   Inventory inventory;
+  inventory.sysfs_root = sysfs_root;
   inventory.interfaces = ReadInterfaces();
   inventory.memlock = MemlockLimit();
   const fs::path root(sysfs_root);
@@ -324,9 +369,7 @@ Inventory ReadInventory(const std::string& sysfs_root) {
   inventory.infiniband_class = fs::is_directory(class_dir, error);
   if (!inventory.infiniband_class) return inventory;
 
-  fs::path without_slash = root.lexically_normal();
-  if (!without_slash.has_filename()) without_slash = without_slash.parent_path();
-  const fs::path dev_root = without_slash.parent_path() / "dev";  // "/sys" -> "/dev"
+  const fs::path dev_root = BesideSysfs(sysfs_root, "dev");  // "/sys" -> "/dev"
   const auto verbs = VerbsDevices(root);
   for (fs::directory_iterator it(class_dir, error), end; !error && it != end; it.increment(error)) {
     inventory.devices.push_back(ReadDevice(it->path(), dev_root, verbs, inventory.warnings));
@@ -351,7 +394,20 @@ std::string InterfaceWithAddress(const std::vector<Interface>& interfaces, const
   return "";
 }
 
-std::string FormatInventory(const Inventory& inventory) {
+bool IsLoopbackInterface(const std::vector<Interface>& interfaces, const std::string& name) {
+  for (const Interface& interface : interfaces) {
+    if (interface.name != name) continue;
+    if (interface.addresses.empty()) return false;
+    return std::all_of(interface.addresses.begin(), interface.addresses.end(), IsLoopbackAddress);
+  }
+  return false;
+}
+
+std::string NcclSystemConfigPath(const std::string& sysfs_root) {
+  return (BesideSysfs(sysfs_root, "etc") / "nccl.conf").string();
+}
+
+std::string FormatInventory(const Inventory& inventory, const GidPreferences& gids) {
   if (!inventory.infiniband_class) return "no RDMA devices (no class/infiniband in sysfs)\n";
   if (inventory.devices.empty()) return "no RDMA devices (class/infiniband is empty)\n";
   std::ostringstream out;
@@ -366,10 +422,10 @@ std::string FormatInventory(const Inventory& inventory) {
         char lids[64];
         std::snprintf(lids, sizeof lids, "lid 0x%x, sm lid 0x%x", port.lid, port.sm_lid);
         address = lids;
-      } else if (const Gid* gid = FindRoceV2Ipv4Gid(port); gid != nullptr) {
+      } else if (const Gid* gid = FindUsableGid(port, gids); gid != nullptr) {
         address = "gid[" + std::to_string(gid->index) + "] " + gid->value + " " + gid->type + " " + gid->netdev;
       } else {
-        address = "no RoCE v2 IPv4 gid";
+        address = "no " + gids.Describe() + " gid";
       }
       std::snprintf(line, sizeof line, "%-14s %-4d %-8s %-10s %-6g %-10s %-13s %s\n", device.name.c_str(), port.number,
                     port.state_name.c_str(), port.phys_state_name.c_str(), port.rate_gbps, port.link_layer.c_str(),

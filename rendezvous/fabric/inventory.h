@@ -18,6 +18,12 @@ class InventoryError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Bounds on sysfs numbers: a malformed tree (a stray gids/2147483646) must neither make the
+// GID walk spin nor overflow an int. Real GID tables hold 128 to 256 entries; port numbers
+// are 8-bit in the verbs API.
+inline constexpr int kMaxGidTableLength = 1024;
+inline constexpr int kMaxPortNumber = 255;
+
 inline constexpr int kPortInit = 2;    // ports/N/state "2: INIT": link up, no subnet manager yet
 inline constexpr int kPortActive = 4;  // ports/N/state "4: ACTIVE"
 inline constexpr int kPhysLinkUp = 5;  // ports/N/phys_state "5: LinkUp"
@@ -80,6 +86,7 @@ struct Inventory {
   std::string bootstrap_interface;  // the interface that reaches the leader ("" = unknown)
   std::string memlock;              // "unlimited" or a byte count
   std::vector<std::string> warnings;  // what will break RDMA here, one line each
+  std::string sysfs_root;  // where it was read from (this node only: never published)
 
   nlohmann::json ToJson() const;
   static Inventory FromJson(const nlohmann::json& json);  // throws InventoryError naming the field
@@ -95,7 +102,18 @@ Inventory ReadInventory(const std::string& sysfs_root);
 // The interface that holds `local_address` ("" when none does).
 std::string InterfaceWithAddress(const std::vector<Interface>& interfaces, const std::string& local_address);
 
-// As ibstat prints it: device, port, state, physical state, rate, link layer, LID or GID.
-std::string FormatInventory(const Inventory& inventory);
+// Whether `name` carries only loopback addresses (127.0.0.0/8, ::1): `lo`, where Debian's
+// /etc/hosts sends the host's own name (127.0.1.1).
+bool IsLoopbackInterface(const std::vector<Interface>& interfaces, const std::string& name);
+
+// NCCL's system config file as this node sees it: /etc/nccl.conf, or <root>/../etc/nccl.conf
+// beside a fixture tree (as device nodes are found beside it).
+std::string NcclSystemConfigPath(const std::string& sysfs_root);
+
+struct GidPreferences;
+
+// As ibstat prints it: device, port, state, physical state, rate, link layer, LID or the
+// RoCE GID NCCL would use under `gids`.
+std::string FormatInventory(const Inventory& inventory, const GidPreferences& gids);
 
 }  // namespace bt::rendezvous::fabric

@@ -1,6 +1,7 @@
 #include "rendezvous/fabric/nccl_env.h"
 
-#include <set>
+#include <fstream>
+#include <map>
 #include <stdexcept>
 
 #include "rendezvous/fabric/gid.h"
@@ -19,24 +20,38 @@ const Port* FindPort(const Inventory& inventory, const std::string& device_name,
   return nullptr;
 }
 
+// The user's value as NCCL will read it: one NCCL treats as unset is no choice of the user's.
+std::optional<std::string> UserValue(const VariableLookup& user_variable, const std::string& name) {
+  std::optional<std::string> value = user_variable(name);
+  if (value && NcclTreatsAsUnset(name, *value)) return std::nullopt;
+  return value;
+}
+
 class Builder {
  public:
   explicit Builder(const VariableLookup& user_variable) : user_variable_(user_variable) {}
 
   void Offer(const std::string& name, const std::string& value, const std::string& reason) {
-    if (auto own = user_variable_(name)) {
+    if (auto own = UserValue(user_variable_, name)) {
       result_.kept.push_back({name, *own, "set by the user (bt-launch would set " + value + ": " + reason + ")"});
       return;
     }
     result_.set.push_back({name, value, reason});
   }
-  bool UserSet(const std::string& name) const { return user_variable_(name).has_value(); }
+  std::optional<std::string> UserSet(const std::string& name) const { return UserValue(user_variable_, name); }
+  void Warn(std::string warning) { result_.warnings.push_back(std::move(warning)); }
   NcclEnvironment Take() { return std::move(result_); }
 
  private:
   const VariableLookup& user_variable_;
   NcclEnvironment result_;
 };
+
+// Trailing blanks and a CR go: files written on another system keep them.
+std::string TrimRight(std::string text) {
+  while (!text.empty() && (text.back() == ' ' || text.back() == '\t' || text.back() == '\r')) text.pop_back();
+  return text;
+}
 
 std::string HcaList(const Selection& selection) {
   std::string list = "=";
@@ -52,17 +67,29 @@ void OfferGidIndex(Builder& builder, const NodePlan& node, const Inventory& inve
   if (builder.UserSet("NCCL_IB_GID_INDEX")) return;
   const std::optional<NcclVersion> version = nccl_version();
   if (!version || !version->Before(2, 21)) return;
-  const GidPreferences preferences = GidPreferences::FromLookup(
-      user_variable("NCCL_IB_ADDR_FAMILY"), user_variable("NCCL_IB_ROCE_VERSION_NUM"), user_variable("NCCL_IB_ADDR_RANGE"));
-  std::set<int> indices;
+  const GidPreferences preferences = GidPreferencesFrom(user_variable);
+  std::map<int, std::vector<std::string>> ports_by_index;
   for (const SelectedPort& selected : node.selection.ports) {
     const Port* port = FindPort(inventory, selected.device, selected.port);
-    if (port != nullptr) indices.insert(SelectGidIndex(*port, preferences));
+    if (port != nullptr) ports_by_index[SelectGidIndex(*port, preferences)].push_back(selected.device + ":" + std::to_string(selected.port));
   }
-  if (indices.size() != 1) return;  // one variable for every port: only when they agree
-  builder.Offer("NCCL_IB_GID_INDEX", std::to_string(*indices.begin()),
+  if (ports_by_index.size() > 1) {
+    // NCCL before 2.21 applies one index to every port: no value is right for all of them,
+    // and without one NCCL takes index 0, the link-local GID.
+    std::string where;
+    for (const auto& [index, ports] : ports_by_index) {
+      for (const std::string& port : ports) where += (where.empty() ? "" : ", ") + port + " at " + std::to_string(index);
+    }
+    builder.Warn("NCCL " + version->Text() + " predates automatic RoCE GID selection (2.21) and takes one NCCL_IB_GID_INDEX "
+                 "for every port, but this node's " + preferences.Describe() + " GIDs sit at different indices (" + where +
+                 "): NCCL will use index 0, the link-local GID, and RoCE traffic will not route; use NCCL 2.21 or "
+                 "later, or give every port its address at the same index");
+    return;
+  }
+  if (ports_by_index.empty()) return;
+  builder.Offer("NCCL_IB_GID_INDEX", std::to_string(ports_by_index.begin()->first),
                 "NCCL " + version->Text() + " predates automatic RoCE GID selection (2.21); the index NCCL 2.21 "
-                "would choose (RoCE v2, IPv4)");
+                "would choose (" + preferences.Describe() + ")");
 }
 
 }  // namespace
@@ -87,12 +114,67 @@ NcclEnvironment ComputeNcclEnvironment(const FabricPlan& plan, const NodePlan& n
     builder.Offer("NCCL_IB_HCA", HcaList(node.selection), reason);
     if (node.selection.link_layer == "Ethernet") OfferGidIndex(builder, node, inventory, user_variable, nccl_version);
   } else if (!plan.use_rdma) {
-    builder.Offer("NCCL_IB_DISABLE", "1",
-                  plan.RanksWithoutRdma().size() == plan.nodes.size() ? "no node has a usable RDMA port: sockets"
-                                : "not every node has usable RDMA and launcher.fabric.require is \"" + PolicyName(plan.policy) +
-                                      "\": sockets, the same transport on every node");
+    const std::string reason = plan.RanksWithoutRdma().size() == plan.nodes.size()
+                                   ? "no node has a usable RDMA port: sockets"
+                                   : "not every node has usable RDMA and launcher.fabric.require is \"" +
+                                         PolicyName(plan.policy) + "\": sockets, the same transport on every node";
+    // The user chose HCAs: switching IB off would silently undo that choice. Their choice
+    // stands, and the conflict is said.
+    if (auto hca = builder.UserSet("NCCL_IB_HCA")) {
+      builder.Warn("NCCL_IB_HCA=" + *hca + " is the user's, so NCCL_IB_DISABLE=1 is not set, though the fabric plan "
+                   "says sockets (" + reason + "): NCCL will try the chosen HCAs");
+    } else {
+      builder.Offer("NCCL_IB_DISABLE", "1", reason);
+    }
   }
   return builder.Take();
+}
+
+bool NcclTreatsAsUnset(const std::string& name, const std::string& value) {
+  if (name == "NCCL_SOCKET_IFNAME") return value.size() <= 1;
+  return value.empty();
+}
+
+GidPreferences GidPreferencesFrom(const VariableLookup& user_variable) {
+  return GidPreferences::FromLookup(UserValue(user_variable, "NCCL_IB_ADDR_FAMILY"),
+                                    UserValue(user_variable, "NCCL_IB_ROCE_VERSION_NUM"),
+                                    UserValue(user_variable, "NCCL_IB_ADDR_RANGE"));
+}
+
+NcclConfigFiles NcclConfigFiles::Read(const VariableLookup& job_variable, const std::string& system_file) {
+  NcclConfigFiles files;
+  if (auto path = UserValue(job_variable, "NCCL_CONF_FILE")) {
+    files.paths.push_back(*path);
+  } else if (auto home = UserValue(job_variable, "HOME")) {
+    files.paths.push_back(*home + "/.nccl.conf");
+  }
+  files.paths.push_back(system_file);
+  for (const std::string& path : files.paths) {
+    std::ifstream file(path);
+    for (std::string line; std::getline(file, line);) {
+      const size_t equals = line.find('=');
+      if (line.empty() || line[0] == '#' || equals == std::string::npos || equals == 0) continue;
+      const std::string key = line.substr(0, equals);
+      if (files.Find(key)) continue;  // the first file wins, as NCCL's setenv(..., 0) does
+      files.values.emplace_back(key, TrimRight(line.substr(equals + 1)));
+      files.sources.push_back(path);
+    }
+  }
+  return files;
+}
+
+std::optional<std::string> NcclConfigFiles::Find(const std::string& name) const {
+  for (const auto& [key, value] : values) {
+    if (key == name) return value;
+  }
+  return std::nullopt;
+}
+
+std::string NcclConfigFiles::SourceOf(const std::string& name) const {
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (values[i].first == name) return sources[i];
+  }
+  return "";
 }
 
 nlohmann::json NcclEnvironmentToJson(const NcclEnvironment& environment) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <optional>
 
 #include "rendezvous/fabric/gid.h"
 #include "rendezvous/node_info.h"
@@ -41,13 +42,40 @@ bool HasUsableInfiniBand(const Inventory& inventory) {
   return false;
 }
 
+// " (it has RoCE v2 IPv6 GIDs: NCCL_IB_ADDR_FAMILY=AF_INET6)" when the port would be usable
+// with the other address family: the fix for an IPv6-only (or IPv4-only) RoCE fabric.
+std::string OtherFamilyHint(const Port& port, const GidPreferences& gids) {
+  GidPreferences other = gids;
+  other.family = gids.family == AF_INET ? AF_INET6 : AF_INET;
+  other.range.clear();
+  if (FindUsableGid(port, other) == nullptr) return "";
+  return " (it has " + other.Describe() + " GIDs: NCCL_IB_ADDR_FAMILY=" + (other.family == AF_INET ? "AF_INET" : "AF_INET6") + ")";
+}
+
 // Why a port cannot carry RDMA; "" when it can.
-std::string PortFault(const Device& device, const Port& port) {
+std::string PortFault(const Device& device, const Port& port, const GidPreferences& gids) {
   if (port.state == kPortInit && port.phys_state == kPhysLinkUp) return "state INIT/LinkUp: no subnet manager configured it";
   if (!port.Usable()) return "state " + port.state_name + "/" + port.phys_state_name;
   if (!device.uverbs_accessible) return "verbs device not accessible";
-  if (!port.IsInfiniBand() && FindRoceV2Ipv4Gid(port) == nullptr) return "no RoCE v2 IPv4 GID";
+  if (!port.IsInfiniBand() && FindUsableGid(port, gids) == nullptr) return "no " + gids.Describe() + " GID" + OtherFamilyHint(port, gids);
   return "";
+}
+
+// A port meant for NCCL's IB transport that cannot carry it: an InfiniBand port in any state
+// (InfiniBand carries nothing else), or a RoCE link that is up without a GID NCCL can use.
+// A down Ethernet port is only an unused NIC.
+bool BrokenRdmaPort(const Device& device, const Port& port, const GidPreferences& gids) {
+  if (PortFault(device, port, gids).empty()) return false;
+  return port.IsInfiniBand() || port.Usable();
+}
+
+bool HasBrokenRdmaPort(const Inventory& inventory, const GidPreferences& gids) {
+  for (const Device& device : inventory.devices) {
+    for (const Port& port : device.ports) {
+      if (BrokenRdmaPort(device, port, gids)) return true;
+    }
+  }
+  return false;
 }
 
 std::string Summary(const Selection& selection) {
@@ -60,15 +88,19 @@ std::string Summary(const Selection& selection) {
 
 class Checker {
  public:
-  Checker(const std::vector<NodeFabric>& nodes, std::vector<Selection> selections)
-      : nodes_(nodes), selections_(std::move(selections)) {}
+  Checker(const std::vector<NodeFabric>& nodes, std::vector<Selection> selections, const GidPreferences& gids)
+      : nodes_(nodes), selections_(std::move(selections)), gids_(gids) {}
 
   std::vector<Mismatch> Run() {
     std::vector<std::string> layers;
     for (const Selection& selection : selections_) layers.push_back(LayerOf(selection));
     layer_ = Majority(layers);
     for (size_t i = 0; i < nodes_.size(); ++i) CheckLayer(i);
-    if (layer_ != kNoRdma) {
+    if (layer_ == kNoRdma) {
+      // Sockets for everyone: every RDMA port that is there but cannot be used is named,
+      // so that a fabric whose subnet manager is down never looks like one without RDMA.
+      for (size_t i = 0; i < nodes_.size(); ++i) AddFaultyPorts(i, "");
+    } else {
       CheckPortCounts();
       CheckRates();
       if (layer_ == "InfiniBand") CheckSubnetPrefixes();
@@ -90,12 +122,12 @@ class Checker {
     rows_.push_back({nodes_[node].rank, nodes_[node].host, device, port, what, value, majority});
   }
 
-  // Each port of the majority's link layer that could not be selected, with its fault.
-  void AddFaultyPorts(size_t node) {
+  // Each port of `layer` ("" = any) that could not be selected, with its fault.
+  void AddFaultyPorts(size_t node, const std::string& layer) {
     for (const Device& device : nodes_[node].inventory.devices) {
       for (const Port& port : device.ports) {
-        if (port.link_layer != layer_) continue;
-        const std::string fault = PortFault(device, port);
+        if (!layer.empty() && port.link_layer != layer) continue;
+        const std::string fault = PortFault(device, port, gids_);
         if (!fault.empty()) Add(node, device.name, std::to_string(port.number), "port", fault, "usable");
       }
     }
@@ -105,7 +137,7 @@ class Checker {
     const std::string layer = LayerOf(selections_[node]);
     if (layer == layer_) return;
     Add(node, "-", "-", "link layer", layer, layer_);
-    if (layer_ != kNoRdma) AddFaultyPorts(node);
+    if (layer_ != kNoRdma) AddFaultyPorts(node, layer_);
   }
 
   void CheckPortCounts() {
@@ -117,7 +149,7 @@ class Checker {
     for (size_t i = 0; i < nodes_.size(); ++i) {
       if (LayerOf(selections_[i]) != layer_ || selections_[i].ports.size() == majority) continue;
       Add(i, "-", "-", "usable ports", std::to_string(selections_[i].ports.size()), std::to_string(majority));
-      AddFaultyPorts(i);
+      AddFaultyPorts(i, layer_);
     }
   }
 
@@ -158,20 +190,35 @@ class Checker {
     }
   }
 
+  // NCCL bootstraps over NCCL_SOCKET_IFNAME: a node on loopback while others are not
+  // (node 0 whose own name resolves to 127.0.1.1) publishes an address no other host reaches.
   void CheckBootstrapInterfaces() {
+    std::optional<size_t> routable;  // the first node that bootstraps over a routable interface
     for (size_t i = 0; i < nodes_.size(); ++i) {
-      if (nodes_[i].inventory.bootstrap_interface.empty()) {
+      const Inventory& inventory = nodes_[i].inventory;
+      if (inventory.bootstrap_interface.empty()) {
         Add(i, "-", "-", "bootstrap interface", "none reaches the leader", "an interface");
+      } else if (!routable && !IsLoopbackInterface(inventory.interfaces, inventory.bootstrap_interface)) {
+        routable = i;
       }
+    }
+    if (!routable) return;  // every node on loopback: they share one host
+    for (size_t i = 0; i < nodes_.size(); ++i) {
+      const Inventory& inventory = nodes_[i].inventory;
+      if (inventory.bootstrap_interface.empty() || !IsLoopbackInterface(inventory.interfaces, inventory.bootstrap_interface)) continue;
+      Add(i, "-", "-", "bootstrap interface", inventory.bootstrap_interface + " (loopback)",
+          "routable, as " + nodes_[*routable].inventory.bootstrap_interface + " on node " + std::to_string(nodes_[*routable].rank));
     }
   }
 
   // Cloned VM images keep their GUIDs: two nodes with one GUID confuse the subnet manager.
+  // An all-zero GUID is no identity at all (a virtual function nobody has given a GUID):
+  // it names nothing that could clash.
   void CheckDuplicateGuids() {
     std::map<std::string, int> first_rank;
     for (size_t i = 0; i < nodes_.size(); ++i) {
       for (const Device& device : nodes_[i].inventory.devices) {
-        if (device.node_guid.empty()) continue;
+        if (device.node_guid.empty() || IsZeroGid(device.node_guid)) continue;
         auto [it, inserted] = first_rank.emplace(device.node_guid, nodes_[i].rank);
         if (!inserted && it->second != nodes_[i].rank) {
           Add(i, device.name, "-", "node GUID", device.node_guid, "unique (also on node " + std::to_string(it->second) + ")");
@@ -182,27 +229,38 @@ class Checker {
 
   const std::vector<NodeFabric>& nodes_;
   std::vector<Selection> selections_;
+  const GidPreferences& gids_;
   std::string layer_;
   std::vector<Mismatch> rows_;
 };
 
-void ApplyPolicy(FabricPlan& plan, const std::string& majority_layer) {
+void ApplyPolicy(FabricPlan& plan, const std::string& majority_layer, env::FabricRequirement requested) {
   const std::vector<int> without = plan.RanksWithoutRdma();
+  const std::string require = "launcher.fabric.require is \"" + PolicyName(requested) + "\"";
   if (plan.policy == env::FabricRequirement::kIb) {
     if (majority_layer == kNoRdma && without.size() == plan.nodes.size()) {
       plan.ok = false;
-      plan.failure = "no node has a usable RDMA port, and launcher.fabric.require is \"ib\"";
+      plan.failure = plan.mismatches.empty()
+                         ? "no node has a usable RDMA port, and " + require
+                         : "no node has a usable RDMA port, though RDMA ports are present (the table below "
+                               "names them), and " + require +
+                               ": repair them, or set launcher.fabric.require to \"any\" to run NCCL over sockets";
     } else if (!plan.mismatches.empty()) {
       plan.ok = false;
       plan.failure = "the fabric differs between nodes (" + std::to_string(plan.mismatches.size()) +
-                     " differences below) and launcher.fabric.require is \"ib\"; set it to \"any\" to start anyway";
+                     " differences below) and " + require + "; set it to \"any\" to start anyway";
     }
     plan.use_rdma = plan.ok;
     return;
   }
   // any: RDMA when every node has it, sockets everywhere otherwise.
   if (without.size() == plan.nodes.size()) {
-    plan.use_rdma = false;  // a cluster without RDMA (or CPU training): sockets are expected, no warning
+    plan.use_rdma = false;  // a cluster without RDMA (or CPU training): sockets are expected
+    if (!plan.mismatches.empty()) {
+      plan.warnings.push_back("no node has a usable RDMA port, though RDMA ports are present (the table names "
+                              "them): NCCL uses sockets (TCP) on every node, which is much slower");
+    }
+    return;
   } else if (!without.empty()) {
     plan.use_rdma = false;
     plan.warnings.push_back("node" + std::string(without.size() > 1 ? "s " : " ") + FormatRanks(without) +
@@ -219,13 +277,13 @@ void ApplyPolicy(FabricPlan& plan, const std::string& majority_layer) {
 
 }  // namespace
 
-Selection SelectPorts(const Inventory& inventory) {
+Selection SelectPorts(const Inventory& inventory, const GidPreferences& gids) {
   Selection selection;
   selection.link_layer = HasUsableInfiniBand(inventory) ? "InfiniBand" : "";
   if (selection.link_layer.empty()) {
     for (const Device& device : inventory.devices) {
       for (const Port& port : device.ports) {
-        if (!port.IsInfiniBand() && PortFault(device, port).empty()) selection.link_layer = "Ethernet";
+        if (!port.IsInfiniBand() && PortFault(device, port, gids).empty()) selection.link_layer = "Ethernet";
       }
     }
   }
@@ -236,34 +294,34 @@ Selection SelectPorts(const Inventory& inventory) {
         selection.excluded.push_back(name + " (" + port.link_layer + " beside " + selection.link_layer + ")");
         continue;
       }
-      if (const std::string fault = PortFault(device, port); !fault.empty()) {
+      if (const std::string fault = PortFault(device, port, gids); !fault.empty()) {
         selection.excluded.push_back(name + " (" + fault + ")");
         continue;
       }
-      const Gid* gid = port.IsInfiniBand() ? nullptr : FindRoceV2Ipv4Gid(port);
+      const Gid* gid = port.IsInfiniBand() ? nullptr : FindUsableGid(port, gids);
       selection.ports.push_back({device.name, port.number, port.rate_gbps, port.SubnetPrefix(), gid ? gid->index : -1});
     }
   }
   return selection;
 }
 
-FabricPlan PlanFabric(const std::vector<NodeFabric>& nodes, env::FabricRequirement required) {
+FabricPlan PlanFabric(const std::vector<NodeFabric>& nodes, env::FabricRequirement required, const GidPreferences& gids) {
   FabricPlan plan;
   std::vector<Selection> selections;
-  bool any_infiniband = false;
+  bool rdma_expected = false;
   for (const NodeFabric& node : nodes) {
-    selections.push_back(SelectPorts(node.inventory));
+    selections.push_back(SelectPorts(node.inventory, gids));
     plan.nodes.push_back({node.rank, selections.back(), Summary(selections.back())});
-    any_infiniband = any_infiniband || selections.back().link_layer == "InfiniBand";
+    rdma_expected = rdma_expected || selections.back().link_layer == "InfiniBand" || HasBrokenRdmaPort(node.inventory, gids);
   }
   plan.policy = required;
   if (required == env::FabricRequirement::kAuto) {
-    plan.policy = any_infiniband ? env::FabricRequirement::kIb : env::FabricRequirement::kAny;
+    plan.policy = rdma_expected ? env::FabricRequirement::kIb : env::FabricRequirement::kAny;
   }
   if (!plan.checked() || nodes.empty()) return plan;
-  Checker checker(nodes, selections);
+  Checker checker(nodes, selections, gids);
   plan.mismatches = checker.Run();
-  ApplyPolicy(plan, checker.majority_layer());
+  ApplyPolicy(plan, checker.majority_layer(), required);
   return plan;
 }
 

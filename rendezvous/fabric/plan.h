@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "env/job_config.h"
+#include "rendezvous/fabric/gid.h"
 #include "rendezvous/fabric/inventory.h"
 
 namespace bt::rendezvous::fabric {
@@ -17,19 +18,20 @@ struct SelectedPort {
   int port = 0;
   double rate_gbps = 0;
   std::string subnet_prefix;  // InfiniBand
-  int gid_index = -1;         // RoCE: the RoCE v2 IPv4 GID NCCL would use
+  int gid_index = -1;         // RoCE: the GID NCCL would use (GidPreferences)
 };
 
 // The ports of one node NCCL should use: ACTIVE + LinkUp, verbs device accessible, one
 // link layer (InfiniBand wins: Ethernet ports beside it are front-end or storage NICs),
-// RoCE ports only with a RoCE v2 IPv4 GID. Sorted by PCI address.
+// RoCE ports only where the GID NCCL will choose under `gids` (the job's NCCL_IB_ADDR_FAMILY,
+// NCCL_IB_ROCE_VERSION_NUM, NCCL_IB_ADDR_RANGE) is one it can route with. Sorted by PCI address.
 struct Selection {
   std::string link_layer;  // "InfiniBand", "Ethernet", or "" when the node has no usable RDMA port
   std::vector<SelectedPort> ports;
   std::vector<std::string> excluded;  // "mlx5_3:1 (DOWN/Polling)", one per port left out
 };
 
-Selection SelectPorts(const Inventory& inventory);
+Selection SelectPorts(const Inventory& inventory, const GidPreferences& gids = {});
 
 struct NodeFabric {
   int rank = 0;
@@ -70,8 +72,11 @@ struct FabricPlan {
   std::vector<int> RanksWithoutRdma() const;
 };
 
-// Compares every node with the majority and applies the policy.
-FabricPlan PlanFabric(const std::vector<NodeFabric>& nodes, env::FabricRequirement required);
+// Compares every node with the majority and applies the policy. `auto` requires RDMA when
+// any node has a usable port or an RDMA link that is up but unusable (an InfiniBand port
+// in any state, a RoCE link up without a GID NCCL can use): present but broken hardware is
+// a failure naming the ports, never a silent fall back to sockets.
+FabricPlan PlanFabric(const std::vector<NodeFabric>& nodes, env::FabricRequirement required, const GidPreferences& gids = {});
 
 std::string PolicyName(env::FabricRequirement requirement);
 std::string FormatMismatches(const std::vector<Mismatch>& mismatches);

@@ -134,6 +134,19 @@ TEST(Identity, RankOutsideTheCountIsAnError) {
   }
 }
 
+TEST(Identity, ANodeCountAboveTheLimitIsAnError) {
+  for (const std::string count : {"2147483647", "65537"}) {
+    try {
+      ResolveIdentity({}, Env({{"BT_NODE_RANK", "0"}, {"BT_GROUP_SIZE", count}, {"BT_LEADER_ADDR", "h"}}), std::nullopt);
+      FAIL() << count << " nodes accepted";
+    } catch (const IdentityError& error) {
+      EXPECT_EQ(std::string(error.what()), "node count " + count + " from BT_* environment is above the limit of 65536 nodes");
+    }
+  }
+  EXPECT_THROW(ResolveIdentity({"0", "2147483647", "h"}, Env({}), std::nullopt), IdentityError);
+  EXPECT_EQ(ResolveIdentity({"0", std::to_string(kMaxNodeCount), "h"}, Env({}), std::nullopt).count, kMaxNodeCount);
+}
+
 TEST(Identity, CountDisagreeingWithTheConfigIsAnError) {
   try {
     ResolveIdentity({}, Env({{"BT_NODE_RANK", "0"}, {"BT_GROUP_SIZE", "3"}, {"BT_LEADER_ADDR", "h"}}), 2);

@@ -1,9 +1,13 @@
 // Real bt-launch processes on loopback, each reading its own fixture sysfs tree
 // (BT_SYSFS_ROOT): the leader's fabric check under every launcher.fabric.require policy,
 // and the NCCL variables each node's job sees.
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include <csignal>
+#include <filesystem>
 
 #include <iostream>
 #include <map>
@@ -157,6 +161,46 @@ TEST(FabricJob, EveryScenarioUnderEveryPolicy) {
       }
     }
   }
+}
+
+TEST(FabricJob, InfiniBandWithoutASubnetManagerStopsEveryNodeUnderAutoNamingThePorts) {
+  for (const auto& result : FabricJob({"ib8-no-sm", "ib8-no-sm"}, "").RunAll()) {
+    EXPECT_EQ(result.exit_code, 69) << result.err;
+    EXPECT_EQ(result.out.find("HCA="), std::string::npos) << "the training ran over sockets:\n" << result.out;
+    EXPECT_NE(result.err.find("RDMA ports are present"), std::string::npos) << result.err;
+    EXPECT_NE(result.err.find("state INIT/LinkUp: no subnet manager configured it"), std::string::npos) << result.err;
+  }
+}
+
+// This host's first IPv4 address outside loopback, "" when it has none.
+std::string RoutableAddress() {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return "";
+  std::string found;
+  for (ifaddrs* entry = list; entry != nullptr && found.empty(); entry = entry->ifa_next) {
+    if (entry->ifa_addr == nullptr || entry->ifa_addr->sa_family != AF_INET) continue;
+    const in_addr address = reinterpret_cast<sockaddr_in*>(entry->ifa_addr)->sin_addr;
+    if ((ntohl(address.s_addr) >> 24) == 127) continue;
+    char text[INET_ADDRSTRLEN];
+    found = inet_ntop(AF_INET, &address, text, sizeof text);
+  }
+  freeifaddrs(list);
+  return found;
+}
+
+// Node 0 reaches its own store over loopback (its name resolves to 127.0.1.1 on Debian)
+// while node 1 reaches it over the host's routable address: both bootstrap over the latter.
+TEST(FabricJob, ALeaderThatReachesItselfOverLoopbackBootstrapsWhereTheOthersReachIt) {
+  const std::string address = RoutableAddress();
+  if (address.empty()) GTEST_SKIP() << "this host has no IPv4 address outside loopback";
+  auto results = FabricJob({"ib8-ndr-a", "ib8-ndr-b"}, "").RunAll("run", {{1, {{"BT_LEADER_ADDR", address}}}});
+  ASSERT_EQ(results[1].exit_code, 0) << results[1].err;
+  const size_t at = results[1].out.find("IFNAME==");
+  ASSERT_NE(at, std::string::npos) << results[1].out;
+  const std::string follower = results[1].out.substr(at, results[1].out.find(' ', at) - at);
+  EXPECT_NE(follower, "IFNAME==lo");
+  ASSERT_EQ(results[0].exit_code, 0) << results[0].err;
+  EXPECT_NE(results[0].out.find(follower + " "), std::string::npos) << results[0].out << results[0].err;
 }
 
 TEST(FabricJob, AUserSetVariableIsKept) {
@@ -321,6 +365,24 @@ TEST(FabricCommand, JsonHasTheDevicesAndTheNcclEnvironment) {
   EXPECT_EQ(port.at("rate_gbps"), 200);
   EXPECT_EQ(json.at("nccl_env").at("NCCL_IB_HCA"), "=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1");
   EXPECT_EQ(json["nccl_env"].at("NCCL_SOCKET_IFNAME"), "=lo");
+}
+
+// The image's /etc/nccl.conf (beside the sysfs root: <tree>/etc/nccl.conf) chose HCAs and an
+// interface: NCCL lets the environment beat the file, so bt-launch must not export its own.
+TEST(FabricCommand, ValuesFromNcclsConfigFileAreKeptNotOverridden) {
+  TempDir dir;
+  std::filesystem::copy(std::string(BT_SOURCE_DIR) + "/tests/fixtures/fabric/ib8-frontend", dir.path(),
+                        std::filesystem::copy_options::recursive | std::filesystem::copy_options::copy_symlinks);
+  WriteFile(dir.path() + "/etc/nccl.conf", "# the image's defaults\nNCCL_IB_HCA==mlx5_0:1,mlx5_1:1\nNCCL_SOCKET_IFNAME==bond0\n");
+  LaunchSpec spec;
+  spec.args = {"fabric", "--sysfs-root", dir.path() + "/sys", "--format", "json"};
+  spec.unset_env = {"NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "NCCL_CONF_FILE"};
+  spec.set_env = {{"HOME", dir.path()}};
+  const ProcessResult result = RunLauncher(spec);
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const auto json = nlohmann::json::parse(result.out);
+  EXPECT_EQ(json.at("nccl_env").at("NCCL_IB_HCA"), "=mlx5_0:1,mlx5_1:1") << json["nccl_env"].dump();
+  EXPECT_EQ(json.at("nccl_env").at("NCCL_SOCKET_IFNAME"), "=bond0") << json["nccl_env"].dump();
 }
 
 TEST(FabricCommand, TextShowsEachPortAsIbstatWould) {

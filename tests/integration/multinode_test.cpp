@@ -153,6 +153,15 @@ TEST(MultiNode, TrainingKilledBySigkillStopsTheWholeJobWithin15Seconds) {
   }
 }
 
+TEST(MultiNode, AJobsOwnExitCodeAbove128IsNotReportedAsASignal) {
+  Job job(2, R"(["if [ $BT_NODE_RANK = 1 ]; then sleep 0.5; exit 130; fi; exec sleep 120"])");
+  auto processes = job.StartAll();
+  auto results = Job::FinishAll(processes);
+  EXPECT_EQ(results[1].exit_code, 130);
+  EXPECT_EQ(results[0].err.find("killed by signal"), std::string::npos) << results[0].err;
+  EXPECT_NE(results[0].err.find("exit code 130"), std::string::npos) << results[0].err;
+}
+
 TEST(MultiNode, KilledLauncherIsReportedLost) {
   Job job(3, kLongTrainingRecordingItsPid);
   auto processes = job.StartAll();

@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -44,19 +45,22 @@ std::map<std::string, std::string> Exported(const NcclEnvironment& environment) 
   return exported;
 }
 
-// The environment one node gets from a plan over `nodes` (this node is rank 0).
+VariableLookup LookupIn(const std::map<std::string, std::string>& values) {
+  return [&values](const std::string& name) -> std::optional<std::string> {
+    auto it = values.find(name);
+    return it == values.end() ? std::nullopt : std::optional<std::string>(it->second);
+  };
+}
+
+// The environment node `rank` gets from a plan over `nodes`, the plan made under the user's
+// NCCL_IB_ADDR_* settings as node 0 makes it.
 NcclEnvironment NcclFor(const std::vector<Inventory>& nodes, FabricRequirement require,
-                        std::map<std::string, std::string> user = {}, std::optional<NcclVersion> version = std::nullopt) {
+                        std::map<std::string, std::string> user = {}, std::optional<NcclVersion> version = std::nullopt,
+                        size_t rank = 0) {
   std::vector<NodeFabric> fabric;
   for (size_t i = 0; i < nodes.size(); ++i) fabric.push_back({int(i), "host" + std::to_string(i), nodes[i]});
-  const FabricPlan plan = PlanFabric(fabric, require);
-  return ComputeNcclEnvironment(
-      plan, plan.nodes.front(), nodes.front(),
-      [&](const std::string& name) -> std::optional<std::string> {
-        auto it = user.find(name);
-        return it == user.end() ? std::nullopt : std::optional<std::string>(it->second);
-      },
-      [&] { return version; });
+  const FabricPlan plan = PlanFabric(fabric, require, GidPreferencesFrom(LookupIn(user)));
+  return ComputeNcclEnvironment(plan, plan.nodes.at(rank), nodes.at(rank), LookupIn(user), [&] { return version; });
 }
 
 FabricPlan Plan(const std::vector<std::string>& fixtures, FabricRequirement require) {
@@ -152,6 +156,38 @@ TEST(FabricInventory, MemlockBelowUnlimitedIsAWarningWhenThereAreDevices) {
   EXPECT_TRUE(without.warnings.empty());  // no RDMA here: nothing to register
 }
 
+// Section 5: every sysfs number is range-checked before use.
+TEST(FabricInventory, StrayGidEntriesOfAMalformedTreeAreBoundedAndNamed) {
+  char pattern[] = "/tmp/bt-sysfs-XXXXXX";
+  ASSERT_NE(mkdtemp(pattern), nullptr);
+  fs::copy(fs::path(FixtureRoot("roce-v2-a")).parent_path(), pattern, fs::copy_options::recursive | fs::copy_options::copy_symlinks);
+  const fs::path ports = fs::path(pattern) / "sys/devices/pci0000:00/0000:1a:00.0/infiniband/mlx5_0/ports/1";
+  std::ofstream(ports / "gids/2147483646") << "0000:0000:0000:0000:0000:0000:0000:0000\n";
+  const fs::path second = fs::path(pattern) / "sys/devices/pci0000:00/0000:3c:00.0/infiniband/mlx5_1/ports/1";
+  std::ofstream(second / "gids/2147483647") << "0000:0000:0000:0000:0000:0000:0000:0000\n";
+  std::ofstream(second / "lid") << "0x1ffffffff\n";
+  std::ofstream(second / "state") << "4294967300: ACTIVE\n";
+  const auto started = std::chrono::steady_clock::now();
+  const Inventory inventory = ReadInventory(std::string(pattern) + "/sys");
+  const Selection selection = SelectPorts(inventory);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(2));
+  EXPECT_EQ(inventory.devices.at(0).ports.at(0).gid_table_length, 16);
+  EXPECT_EQ(inventory.devices.at(1).ports.at(0).gid_table_length, 16);
+  EXPECT_EQ(inventory.devices.at(1).ports.at(0).lid, 0u);
+  EXPECT_EQ(inventory.devices.at(1).ports.at(0).state, 0);  // out of range: no state, so not usable
+  EXPECT_EQ(selection.ports.size(), 1u);
+  int named = 0;
+  for (const std::string& warning : inventory.warnings) {
+    named += warning.find("gids/2147483646: entry number outside [0, 1024)") != std::string::npos;
+    named += warning.find("gids/2147483647: entry number outside [0, 1024)") != std::string::npos;
+  }
+  EXPECT_EQ(named, 2);
+  nlohmann::json published = inventory.ToJson();
+  published["devices"][0]["ports"][0]["gid_table_length"] = 2147483647;
+  EXPECT_THROW(Inventory::FromJson(published), InventoryError);
+  fs::remove_all(pattern);
+}
+
 TEST(FabricInventory, NoClassDirectoryMeansNoRdma) {
   const Inventory inventory = Fixture("no-rdma");
   EXPECT_FALSE(inventory.infiniband_class);
@@ -231,10 +267,168 @@ TEST(FabricNcclEnv, RoceOnNcclBefore221GetsTheIndexNcclWouldChoose) {
   EXPECT_FALSE(Exported(NcclFor({Fixture("roce-v2-a")}, FabricRequirement::kAuto)).count("NCCL_IB_GID_INDEX"));  // no NCCL found
 }
 
-TEST(FabricNcclEnv, LinkWithoutSubnetManagerFallsBackToSocketsUnderAny) {
-  const NcclEnvironment environment = NcclFor({Fixture("ib8-no-sm")}, FabricRequirement::kAuto);
+TEST(FabricNcclEnv, LinkWithoutSubnetManagerFallsBackToSocketsOnlyUnderAny) {
+  const NcclEnvironment environment = NcclFor({Fixture("ib8-no-sm")}, FabricRequirement::kAny);
   EXPECT_EQ(Exported(environment).at("NCCL_IB_DISABLE"), "1");
   EXPECT_FALSE(Exported(environment).count("NCCL_IB_HCA"));
+}
+
+// Section 1: a fabric that could do RDMA never silently runs NCCL over TCP.
+TEST(FabricSilentSockets, IpV6OnlyRoceIsSelectedWithTheJobsAddressFamily) {
+  const std::map<std::string, std::string> user = {{"NCCL_IB_ADDR_FAMILY", "AF_INET6"}};
+  const NcclEnvironment environment =
+      NcclFor({Fixture("roce-v2-ipv6-a"), Fixture("roce-v2-ipv6-b")}, FabricRequirement::kAuto, user, NcclVersion{2, 18, 3});
+  const auto exported = Exported(environment);
+  EXPECT_FALSE(exported.count("NCCL_IB_DISABLE"));
+  EXPECT_EQ(exported.at("NCCL_IB_HCA"), "=mlx5_0:1,mlx5_1:1");
+  EXPECT_EQ(exported.at("NCCL_IB_GID_INDEX"), "3");  // 0 (fe80 v1) -> 3 (2001:db8:: RoCE v2)
+  std::vector<NodeFabric> nodes = {{0, "a", Fixture("roce-v2-ipv6-a")}, {1, "b", Fixture("roce-v2-ipv6-b")}};
+  const FabricPlan plan = PlanFabric(nodes, FabricRequirement::kAuto, GidPreferencesFrom(LookupIn(user)));
+  EXPECT_TRUE(plan.ok) << plan.failure << "\n" << FormatMismatches(plan.mismatches);
+  EXPECT_TRUE(plan.use_rdma);
+  EXPECT_EQ(plan.nodes[1].selection.ports.at(0).gid_index, 3);
+}
+
+TEST(FabricSilentSockets, IpV6OnlyRoceUnderTheDefaultFamilyFailsNamingTheFix) {
+  // NCCL's default AF_INET would take GID 0, the link-local one: the ports cannot route.
+  const FabricPlan plan = Plan({"roce-v2-ipv6-a", "roce-v2-ipv6-b"}, FabricRequirement::kAuto);
+  EXPECT_FALSE(plan.ok);
+  EXPECT_FALSE(plan.use_rdma);
+  const std::string table = FormatMismatches(plan.mismatches);
+  EXPECT_NE(plan.failure.find("RDMA ports are present"), std::string::npos) << plan.failure;
+  EXPECT_NE(table.find("no RoCE v2 IPv4 GID (it has RoCE v2 IPv6 GIDs: NCCL_IB_ADDR_FAMILY=AF_INET6)"), std::string::npos)
+      << table;
+}
+
+TEST(FabricSilentSockets, InfiniBandWithoutASubnetManagerFailsUnderAutoNamingEveryPort) {
+  const FabricPlan plan = Plan({"ib8-no-sm", "ib8-no-sm"}, FabricRequirement::kAuto);
+  EXPECT_EQ(plan.policy, FabricRequirement::kIb);
+  EXPECT_FALSE(plan.ok);
+  EXPECT_FALSE(plan.use_rdma);
+  EXPECT_NE(plan.failure.find("launcher.fabric.require is \"auto\""), std::string::npos) << plan.failure;
+  int init_rows = 0;
+  for (const Mismatch& row : plan.mismatches) init_rows += row.value.find("state INIT/LinkUp") != std::string::npos;
+  EXPECT_EQ(init_rows, 16) << FormatMismatches(plan.mismatches);  // 8 ports on each of 2 nodes
+}
+
+TEST(FabricSilentSockets, UnusablePortsUnderAnyAreAWarningWithTheTable) {
+  const FabricPlan plan = Plan({"ib8-no-sm", "ib8-no-sm"}, FabricRequirement::kAny);
+  EXPECT_TRUE(plan.ok);
+  EXPECT_FALSE(plan.use_rdma);
+  ASSERT_EQ(plan.warnings.size(), 1u);
+  EXPECT_NE(plan.warnings[0].find("RDMA ports are present (the table names them)"), std::string::npos) << plan.warnings[0];
+  EXPECT_NE(FormatMismatches(plan.mismatches).find("mlx5_7"), std::string::npos);
+}
+
+TEST(FabricSilentSockets, OldNcclWithGidIndicesThatDifferBetweenPortsWarns) {
+  const NcclEnvironment environment =
+      NcclFor({Fixture("roce-v2-mixed-index"), Fixture("roce-v2-a")}, FabricRequirement::kAuto, {}, NcclVersion{2, 18, 3});
+  EXPECT_FALSE(Exported(environment).count("NCCL_IB_GID_INDEX"));
+  ASSERT_EQ(environment.warnings.size(), 1u);
+  EXPECT_NE(environment.warnings[0].find("mlx5_0:1 at 3, mlx5_1:1 at 5"), std::string::npos) << environment.warnings[0];
+  EXPECT_NE(environment.warnings[0].find("link-local"), std::string::npos);
+}
+
+TEST(FabricSilentSockets, OldNcclWithGidIndicesThatDifferBetweenNodesGetsEachNodesOwn) {
+  // Each node exports its own index: NCCL_IB_GID_INDEX names a local GID.
+  const std::vector<Inventory> nodes = {Fixture("roce-v2-vlan"), Fixture("roce-v2-a")};
+  const std::map<std::string, std::string> user = {{"NCCL_IB_ADDR_RANGE", "10.0.0.0/8"}};
+  EXPECT_EQ(Exported(NcclFor(nodes, FabricRequirement::kAny, user, NcclVersion{2, 18, 3}, 0)).at("NCCL_IB_GID_INDEX"), "5");
+  EXPECT_EQ(Exported(NcclFor(nodes, FabricRequirement::kAny, user, NcclVersion{2, 18, 3}, 1)).at("NCCL_IB_GID_INDEX"), "3");
+}
+
+TEST(FabricSilentSockets, ALoopbackBootstrapInterfaceBesideRoutableOnesIsADifference) {
+  // Node 0's own name resolves to 127.0.1.1 (Debian's /etc/hosts): it reached "the leader" over lo.
+  Inventory leader = Fixture("ib8-ndr-a", "lo");
+  leader.interfaces = {{"lo", true, true, {"127.0.0.1", "::1"}}, {"eth0", true, true, {"10.0.0.1"}}};
+  Inventory follower = Fixture("ib8-ndr-b", "eth0");
+  follower.interfaces = {{"lo", true, true, {"127.0.0.1"}}, {"eth0", true, true, {"10.0.0.2"}}};
+  const FabricPlan plan = PlanFabric({{0, "a", leader}, {1, "b", follower}}, FabricRequirement::kAuto);
+  EXPECT_FALSE(plan.ok);
+  ASSERT_EQ(plan.mismatches.size(), 1u) << FormatMismatches(plan.mismatches);
+  EXPECT_EQ(plan.mismatches[0].rank, 0);
+  EXPECT_EQ(plan.mismatches[0].what, "bootstrap interface");
+  EXPECT_EQ(plan.mismatches[0].value, "lo (loopback)");
+  EXPECT_EQ(plan.mismatches[0].majority, "routable, as eth0 on node 1");
+  // Every node on loopback is one host: nothing differs.
+  follower.bootstrap_interface = "lo";
+  EXPECT_TRUE(PlanFabric({{0, "a", leader}, {1, "b", follower}}, FabricRequirement::kAuto).ok);
+}
+
+// Section 2: what the user configured wins, and a conflict is said.
+class NcclConfigFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/bt-nccl-conf-XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+    fs::create_directories(dir_ / "home");
+    fs::create_directories(dir_ / "etc");
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  void Write(const std::string& relative, const std::string& text) { std::ofstream(dir_ / relative) << text; }
+  NcclConfigFiles Read(std::map<std::string, std::string> job) {
+    job.emplace("HOME", (dir_ / "home").string());
+    return NcclConfigFiles::Read(LookupIn(job), (dir_ / "etc/nccl.conf").string());
+  }
+  fs::path dir_;
+};
+
+TEST_F(NcclConfigFileTest, ValuesInNcclConfigFilesAreTheUsersAndAreNotOverridden) {
+  Write("etc/nccl.conf", "# site defaults\nNCCL_SOCKET_IFNAME==bond0  \nNCCL_IB_HCA==mlx5_0:1,mlx5_1:1\n");
+  Write("home/.nccl.conf", "NCCL_IB_HCA==mlx5_2:1\n");
+  const NcclConfigFiles files = Read({});
+  EXPECT_EQ(files.Find("NCCL_IB_HCA"), "=mlx5_2:1");  // ~/.nccl.conf is read first and wins
+  EXPECT_EQ(files.Find("NCCL_SOCKET_IFNAME"), "=bond0");
+  EXPECT_EQ(files.SourceOf("NCCL_SOCKET_IFNAME"), (dir_ / "etc/nccl.conf").string());
+  const std::vector<Inventory> nodes = {Fixture("ib8-ndr-a")};
+  const FabricPlan plan = PlanFabric({{0, "a", nodes[0]}}, FabricRequirement::kAuto);
+  auto user = [&files](const std::string& name) { return files.Find(name); };
+  const NcclEnvironment environment = ComputeNcclEnvironment(plan, plan.nodes[0], nodes[0], user, [] { return std::nullopt; });
+  const auto exported = Exported(environment);
+  EXPECT_FALSE(exported.count("NCCL_IB_HCA"));
+  EXPECT_FALSE(exported.count("NCCL_SOCKET_IFNAME"));
+  EXPECT_EQ(environment.kept.size(), 2u);
+}
+
+TEST_F(NcclConfigFileTest, NcclConfFileReplacesTheHomeFile) {
+  Write("home/.nccl.conf", "NCCL_IB_HCA=mlx5_9\n");
+  Write("site.conf", "NCCL_IB_ADDR_FAMILY=AF_INET6\r\n");
+  const NcclConfigFiles files = Read({{"NCCL_CONF_FILE", (dir_ / "site.conf").string()}});
+  EXPECT_FALSE(files.Find("NCCL_IB_HCA"));
+  EXPECT_EQ(files.Find("NCCL_IB_ADDR_FAMILY"), "AF_INET6");
+  EXPECT_EQ(GidPreferencesFrom([&files](const std::string& name) { return files.Find(name); }).family, AF_INET6);
+}
+
+TEST(FabricUserSettings, IbDisableIsNotSetBesideTheUsersOwnHcas) {
+  const NcclEnvironment environment =
+      NcclFor({Fixture("ib8-ndr-a"), Fixture("no-rdma")}, FabricRequirement::kAny, {{"NCCL_IB_HCA", "=mlx5_0:1"}});
+  EXPECT_FALSE(Exported(environment).count("NCCL_IB_DISABLE"));
+  ASSERT_EQ(environment.warnings.size(), 1u);
+  EXPECT_NE(environment.warnings[0].find("NCCL_IB_HCA==mlx5_0:1 is the user's"), std::string::npos) << environment.warnings[0];
+}
+
+TEST(FabricUserSettings, AnEmptyValueIsUnsetAsNcclReadsIt) {
+  const NcclEnvironment environment = NcclFor({Fixture("ib8-frontend")}, FabricRequirement::kAuto,
+                                              {{"NCCL_IB_HCA", ""}, {"NCCL_SOCKET_IFNAME", ""}, {"NCCL_IB_ADDR_FAMILY", ""}});
+  const auto exported = Exported(environment);
+  EXPECT_EQ(exported.at("NCCL_IB_HCA"), "=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1");
+  EXPECT_EQ(exported.at("NCCL_SOCKET_IFNAME"), "=eth0");
+  EXPECT_TRUE(environment.kept.empty());
+  EXPECT_TRUE(NcclTreatsAsUnset("NCCL_SOCKET_IFNAME", "^"));  // one character: ncclFindInterfaces ignores it
+  EXPECT_FALSE(NcclTreatsAsUnset("NCCL_IB_HCA", "mlx5"));
+}
+
+TEST(FabricUserSettings, AllZeroNodeGuidsAreNotDuplicates) {
+  // A virtual function nobody assigned a GUID reads "0000:0000:0000:0000" on every node.
+  Inventory first = Fixture("ib8-ndr-a");
+  Inventory second = Fixture("ib8-ndr-b");
+  for (Inventory* inventory : {&first, &second}) {
+    for (Device& device : inventory->devices) device.node_guid = "0000:0000:0000:0000";
+  }
+  const FabricPlan plan = PlanFabric({{0, "a", first}, {1, "b", second}}, FabricRequirement::kAuto);
+  EXPECT_TRUE(plan.ok) << FormatMismatches(plan.mismatches);
+  EXPECT_TRUE(plan.mismatches.empty());
 }
 
 TEST(FabricNcclEnv, NodeWithoutRdma) {

@@ -111,6 +111,23 @@ TEST(DestinationUri, BadUrisNameTheirOrigin) {
   EXPECT_EQ(ParseDestination("s3://bucket/prefix/", "x").location, "bucket/prefix");
 }
 
+TEST(DestinationUri, CredentialsInTheUriAreMaskedInEveryMessage) {
+  EXPECT_EQ(MaskCredentials("s3://AKIAEXAMPLE:wJalrXUtnFEMI@bucket/prefix"), "s3://***@bucket/prefix");
+  EXPECT_EQ(MaskCredentials("gs://token@bucket"), "gs://***@bucket");
+  EXPECT_EQ(MaskCredentials("s3://bucket/a@b"), "s3://bucket/a@b");  // an '@' in the path is no credential
+  EXPECT_EQ(MaskCredentials("file:///data/x@y"), "file:///data/x@y");
+  EXPECT_EQ(MaskCredentials("KEY:SECRET@bucket"), "***@bucket");  // not even a URI
+  for (const std::string uri : {"s3://AKIAEXAMPLE:wJalrXUtnFEMI@bucket/prefix", "s3:/AKIAEXAMPLE:wJalrXUtnFEMI@bucket"}) {
+    try {
+      ParseDestination(uri, "launcher.checkpoint.destination");
+      FAIL() << "accepted " << uri;
+    } catch (const DestinationError& error) {
+      EXPECT_EQ(std::string(error.what()).find("wJalrXUtnFEMI"), std::string::npos) << error.what();
+      EXPECT_NE(std::string(error.what()).find("launcher.checkpoint.destination"), std::string::npos) << error.what();
+    }
+  }
+}
+
 TEST(RcloneEnvironment, CredentialsGoToTheEnvironmentAndNothingElseIsInherited) {
   std::map<std::string, std::string> inherited = {{"PATH", "/usr/bin"},
                                                   {"AWS_CA_BUNDLE", "/etc/ssl/custom.pem"},

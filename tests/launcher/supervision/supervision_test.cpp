@@ -7,6 +7,7 @@
 #include <thread>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "tests/support/launcher_process.h"
 
@@ -111,6 +112,44 @@ TEST(Supervision, UserSignalsAreForwardedWithoutStoppingTheJob) {
   ProcessResult result = launcher.Finish();
   EXPECT_EQ(result.exit_code, 5) << result.err;
   EXPECT_EQ(ReadFile(marker), "usr1\nhup\n");
+}
+
+// Slurm's --signal=USR1@90 and Lightning's auto-requeue: the trainer checkpoints on USR1
+// and goes on. Its compound command's `/bin/sh -c` wrapper and the `tee` beside it must not
+// die of a signal they do not handle.
+TEST(Supervision, RequestSignalsReachTheTrainerAndSpareTheWrapperShellAndThePipeline) {
+  TempDir dir;
+  dir.Write("train.py", "import signal, sys, time\n"
+                        "requests = []\n"
+                        "for number in (signal.SIGUSR1, signal.SIGHUP, signal.SIGUSR2):\n"
+                        "    signal.signal(number, lambda n, frame: requests.append(signal.Signals(n).name))\n"
+                        "print('ready', flush=True)\n"
+                        "while len(requests) < 3:\n"
+                        "    time.sleep(0.05)\n"
+                        "print('checkpointed on ' + ','.join(requests), flush=True)\n");
+  const std::string command = "cd " + dir.path() + " && python3 train.py | tee " + dir.path() + "/train.log";
+  std::string config = ConfigWithCommands(dir, nlohmann::json::array({command}).dump());
+  LauncherProcess launcher({{"run", "--config", config, "--root", dir.path() + "/root"}});
+  ASSERT_TRUE(launcher.WaitForOutput("ready", 10s));
+  for (int signal_number : {SIGUSR1, SIGHUP, SIGUSR2}) {
+    launcher.Signal(signal_number);
+    std::this_thread::sleep_for(150ms);
+  }
+  ProcessResult result = launcher.Finish();
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("checkpointed on SIGUSR1,SIGHUP,SIGUSR2"), std::string::npos) << result.out << result.err;
+  EXPECT_EQ(ReadFile(dir.path() + "/train.log"), "ready\ncheckpointed on SIGUSR1,SIGHUP,SIGUSR2\n");
+}
+
+TEST(Supervision, ARequestSignalNoProcessHandlesGoesToTheWholeGroup) {
+  TempDir dir;
+  LauncherProcess launcher({RunArgs(dir, {"sh", "-c", "echo ready; sleep 30 | cat"})});
+  ASSERT_TRUE(launcher.WaitForOutput("ready", 5s));
+  std::this_thread::sleep_for(100ms);
+  launcher.Signal(SIGUSR1);
+  ProcessResult result = launcher.Finish();
+  EXPECT_EQ(result.exit_code, 128 + SIGUSR1) << result.err;
+  EXPECT_LT(result.elapsed, 20s);
 }
 
 TEST(Supervision, ChildIgnoringSigtermIsKilledAfterTheGrace) {

@@ -166,6 +166,41 @@ TEST_F(DoctorTest, ALeaderAddressOfThisHostOnANonZeroRankIsAWarning) {
   EXPECT_NE(doctor["leader name"]["detail"].get<std::string>().find("this node is rank 1"), std::string::npos);
 }
 
+// `run` on node 0 serves on its own host and reaches its store at the leader address:
+// an address of another host fails it with 69, so doctor must not pass it.
+TEST_F(DoctorTest, NodeZeroWithTheLeaderAddressOfAnotherHostFails) {
+  Doctor doctor = Run({"--node-rank", "0", "--node-count", "2", "--leader-addr", "203.0.113.7"});
+  EXPECT_EQ(doctor.exit_code, 1);
+  EXPECT_EQ(doctor["leader name"]["verdict"], "FAIL") << doctor["leader name"].dump();
+  EXPECT_NE(doctor["leader name"]["detail"].get<std::string>().find("none of these is an address of this host"), std::string::npos);
+  EXPECT_EQ(doctor["leader port"]["verdict"], "skip") << doctor["leader port"].dump();
+}
+
+TEST_F(DoctorTest, TheFabricCheckNamesPortsThatAreDownOrInit) {
+  const std::string fixtures = std::string(BT_SOURCE_DIR) + "/tests/fixtures/fabric/";
+  Doctor one_down = Run({"--sysfs-root", fixtures + "ib8-one-down/sys"});
+  EXPECT_EQ(one_down["fabric"]["verdict"], "WARN") << one_down["fabric"].dump();
+  EXPECT_NE(one_down["fabric"]["detail"].get<std::string>().find("mlx5_3:1 (state DOWN/Polling)"), std::string::npos)
+      << one_down["fabric"].dump();
+
+  // Two nodes without a subnet manager: `run` stops with 69, so doctor fails.
+  Doctor no_sm = Run({"--sysfs-root", fixtures + "ib8-no-sm/sys", "--node-rank", "0", "--node-count", "2", "--leader-addr", "127.0.0.1"});
+  EXPECT_EQ(no_sm["fabric"]["verdict"], "FAIL") << no_sm["fabric"].dump();
+  EXPECT_NE(no_sm["fabric"]["detail"].get<std::string>().find("mlx5_0:1 (state INIT/LinkUp: no subnet manager configured it)"),
+            std::string::npos) << no_sm["fabric"].dump();
+}
+
+TEST_F(DoctorTest, CredentialsInTheDestinationUriAreNeverPrinted) {
+  const std::string config = dir_.Write("job.json", R"({"runtime": {"checkpointing_config": {"enabled": true}},
+      "launcher": {"checkpoint": {"destination": "s3://AKIAEXAMPLE:wJalrXUtnFEMI@bucket/prefix"}}})");
+  Doctor doctor = Run({"--config", config});
+  EXPECT_EQ(doctor.findings.dump().find("wJalrXUtnFEMI"), std::string::npos) << doctor.findings.dump(1);
+  EXPECT_EQ(doctor.err.find("wJalrXUtnFEMI"), std::string::npos) << doctor.err;
+  EXPECT_EQ(doctor["destination"]["verdict"], "FAIL");
+  EXPECT_NE(doctor["destination"]["detail"].get<std::string>().find("s3://***@bucket/prefix"), std::string::npos)
+      << doctor["destination"].dump();
+}
+
 TEST_F(DoctorTest, ABadConfigNamesTheFieldAndStops) {
   Doctor doctor = Run({"--config", dir_.Write("bad.json", R"({"compute": {"node_count": "two"}})")});
   EXPECT_EQ(doctor.exit_code, 1);
