@@ -82,7 +82,7 @@ class CheckpointAgent::Impl {
     spdlog::info("checkpoints: watching {} ({}), uploading to {} as {}/rank-{}/", options_.checkpoint_dir,
                  watcher_->polling() ? "polling" : "inotify", options_.destination.uri, options_.job_id,
                  options_.node_rank);
-    thread_ = std::thread([this] { Run(); });
+    thread_ = std::thread([this] { RunGuarded(); });
   }
 
   ~Impl() {
@@ -168,6 +168,25 @@ class CheckpointAgent::Impl {
     }
     closedir(dir);
     for (const auto& path : stale) storage::RemoveTree(path);
+  }
+
+  // An exception leaving a std::thread calls std::terminate: the launcher (PID 1) would
+  // abort and take the supervision of the training with it. Whatever escapes the loop stops
+  // the checkpoint handoff only, and the drain reports it.
+  void RunGuarded() {
+    try {
+      Run();
+    } catch (const std::exception& error) {
+      StopOnError(error.what());
+    } catch (...) {
+      StopOnError("an unknown error");
+    }
+  }
+
+  void StopOnError(const std::string& what) {
+    spdlog::error("checkpoints: the checkpoint handoff stopped on an internal error ({}); the training goes on, "
+                  "but no further checkpoint is uploaded by this launcher", what);
+    result_ = DrainResult{false, "the checkpoint handoff stopped on an internal error: " + what};
   }
 
   void Run() {

@@ -18,6 +18,7 @@
 #include "storage/durable_file.h"
 #include "storage/file_copy.h"
 #include "storage/hash.h"
+#include "storage/json_bytes.h"
 #include "storage/paths.h"
 #include "storage/subprocess.h"
 
@@ -356,10 +357,10 @@ class SpoolDestination final : public Destination {
     nlohmann::json record = {{"type", "checkpoint"},
                              {"job_id", manifest.job_id},
                              {"node_rank", manifest.node_rank},
-                             {"name", manifest.name},
-                             {"local_dir", staged.dir},
-                             {"remote_dir", JoinPath(rank_dir, manifest.base())},
-                             {"manifest_path", JoinPath(rank_dir, ManifestName(manifest.name))},
+                             {"name", BytesToJson(manifest.name)},
+                             {"local_dir", BytesToJson(staged.dir)},
+                             {"remote_dir", BytesToJson(JoinPath(rank_dir, manifest.base()))},
+                             {"manifest_path", BytesToJson(JoinPath(rank_dir, ManifestName(manifest.name)))},
                              {"manifest", manifest.ToJson()}};
     const std::string stem = manifest.job_id + "--rank-" + std::to_string(manifest.node_rank) + "--" +
                              std::to_string(staged.version);
@@ -370,7 +371,7 @@ class SpoolDestination final : public Destination {
 
   void PublishLatest(const std::string& job_id, const std::string& name) override {
     HandOff(job_id + "--latest--" + std::to_string(++latest_count_),
-            {{"type", "latest"}, {"job_id", job_id}, {"name", name}, {"remote_path", job_id + "/latest"}});
+            {{"type", "latest"}, {"job_id", job_id}, {"name", BytesToJson(name)}, {"remote_path", job_id + "/latest"}});
   }
 
   std::optional<std::string> ReadText(const std::string&) override { throw WriteOnly(); }
