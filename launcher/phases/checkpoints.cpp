@@ -302,6 +302,11 @@ bool DrainCheckpoints(CheckpointPhase& phase, const env::JobConfig& config, cons
 
 int ListCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment, const CliOptions& cli) {
   const std::string job_id = cli.job_id.value_or(environment.variables.at("BT_TRAINING_JOB_ID"));
+  try {
+    env::ValidateJobId(job_id, cli.job_id ? "--job-id" : "BT_TRAINING_JOB_ID");
+  } catch (const env::ConfigError& error) {
+    throw LaunchFailure(kExitConfig, error.what());
+  }
   storage::DestinationSpec spec = ResolveCheckpointDestination(config, environment, cli.root, cli.destination);
   auto destination = storage::OpenDestination(spec);
   nlohmann::json rows = nlohmann::json::array();
