@@ -347,7 +347,22 @@ class CheckpointAgent::Impl {
     }
   }
 
+  // A checkpoint the destination cannot carry whole is not uploaded in part: the drain then
+  // reports it as not committed rather than `latest` naming files its manifest does not hold.
+  bool RefusedByDestination(const Candidate& candidate, const std::string& fingerprint) {
+    std::vector<std::string> paths;
+    for (const FileEntry& file : candidate.files) paths.push_back(file.path);
+    auto problem = storage::UncarriableName(options_.destination, candidate.name, paths);
+    if (!problem) return false;
+    handled_[candidate.name] = fingerprint;
+    refused_ = Refusal{journal_.NextSeq(), candidate.name, *problem};
+    spdlog::error("checkpoints: {} is complete but is not uploaded to {}: {}; rename the file to have it uploaded",
+                  candidate.name, options_.destination.uri, *problem);
+    return true;
+  }
+
   void Handoff(const Candidate& candidate, const Verdict& verdict, const std::string& fingerprint) {
+    if (RefusedByDestination(candidate, fingerprint)) return;
     const auto started = Clock::now();
     const uint64_t seq = journal_.NextSeq();
     const std::string staging = staging_root_ + "/" + std::to_string(seq);
@@ -594,6 +609,10 @@ class CheckpointAgent::Impl {
     } else if (!versions_.empty()) {
       target = versions_.rbegin()->second.name;
     }
+    // A refusal after the newest handed-off version (a later one takes the refused seq).
+    if (refused_ && (versions_.empty() || refused_->seq > versions_.rbegin()->first)) {
+      return {false, "checkpoint " + refused_->name + " was not uploaded: " + refused_->reason};
+    }
     if (target.empty()) return {true, "no complete checkpoint to commit"};
     const Version* newest = nullptr;
     for (const auto& [seq, version] : versions_) {
@@ -656,6 +675,12 @@ class CheckpointAgent::Impl {
   std::optional<int64_t> training_ended_ns_;
   std::thread thread_;
   DrainResult result_;
+  struct Refusal {
+    uint64_t seq = 0;  // the journal number it would have had
+    std::string name;
+    std::string reason;
+  };
+  std::optional<Refusal> refused_;
 };
 
 CheckpointAgent::CheckpointAgent(AgentOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}

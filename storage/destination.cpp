@@ -444,6 +444,20 @@ DestinationSpec ParseDestination(const std::string& uri, const std::string& orig
   return spec;
 }
 
+std::optional<std::string> UncarriableName(const DestinationSpec& spec, const std::string& name,
+                                           const std::vector<std::string>& paths) {
+  const auto has_line_break = [](const std::string& text) { return text.find_first_of("\n\r") != std::string::npos; };
+  if (has_line_break(name)) return "its name has a newline or CR, and `latest` names a checkpoint in one line";
+  if (spec.scheme == "file" || spec.scheme == "spool") return std::nullopt;
+  for (const std::string& path : paths) {
+    if (has_line_break(path)) {
+      return "file \"" + path + "\" has a newline or CR in its name, which rclone's file list (" + spec.scheme +
+             "://) cannot carry";
+    }
+  }
+  return std::nullopt;
+}
+
 std::unique_ptr<Destination> OpenDestination(const DestinationSpec& spec) {
   if (spec.scheme == "file") return std::make_unique<FileDestination>(spec);
   if (spec.scheme == "spool") return std::make_unique<SpoolDestination>(spec);
