@@ -304,7 +304,7 @@ void UploaderProcess::Stop(int wait_ms) {
     auto deadline = Clock::now() + std::chrono::milliseconds(wait_ms);
     while (waitpid(pid_, nullptr, WNOHANG) == 0) {
       if (Clock::now() >= deadline) {
-        kill(pid_, SIGKILL);
+        kill(-pid_, SIGKILL);  // its whole group: an rclone it runs goes with it
         waitpid(pid_, nullptr, 0);
         break;
       }
