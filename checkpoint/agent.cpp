@@ -430,8 +430,11 @@ class CheckpointAgent::Impl {
       uploader_exited_ = Clock::now();
       return;
     }
+    // Every request the dead uploader held is asked again: uploads not yet done, and `latest`
+    // for versions whose publication it never answered (it may have died mid-write).
     for (auto& [seq, version] : versions_) {
       if (version.stage == Stage::kQueued) uploader_->Upload(version.snapshot_path);
+      if (publishing_.contains(seq)) uploader_->PublishLatest(version.name);
     }
   }
 

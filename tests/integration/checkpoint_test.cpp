@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <thread>
@@ -282,6 +283,41 @@ TEST_F(CheckpointJob, SpoolDestinationWaitsForTheSidecarsAck) {
   EXPECT_EQ(record["name"], "checkpoint-1");
   EXPECT_EQ(record["remote_dir"], std::string(kJob) + "/rank-0/checkpoint-1");
   EXPECT_EQ(nlohmann::json::parse(ReadFile(spool + "/" + kJob + "--latest--1.json"))["name"], "checkpoint-1");
+}
+
+// The uploader SIGKILLed while it publishes `latest` (held there by a sidecar that has not
+// acknowledged yet): the restarted uploader was never asked again, and the checkpoint was
+// never committed (exit 74).
+TEST_F(CheckpointJob, PublishingLatestIsResentToARestartedUploader) {
+  const std::string spool = dir_.path() + "/spool";
+  fs::create_directories(spool);
+  LauncherProcess launcher(Run(Config({HfSave(1)}, "spool://" + spool)));
+  std::atomic<bool> killed_uploader = false;
+  std::thread sidecar([&] {  // for up to 40 s
+    for (int round = 0; round < 400; ++round) {
+      for (const auto& entry : fs::directory_iterator(spool)) {
+        const std::string path = entry.path().string();
+        if (!path.ends_with(".json") || fs::exists(path + ".ack")) continue;
+        if (path.find("--latest--") != std::string::npos && !killed_uploader) {
+          for (pid_t child : ChildrenOf(launcher.pid())) {
+            if (ReadFile("/proc/" + std::to_string(child) + "/cmdline").find("upload-worker") == std::string::npos) continue;
+            kill(child, SIGKILL);
+            killed_uploader = true;
+          }
+          fs::remove(path);
+          continue;
+        }
+        WriteFile(path + ".ack", "{}");
+        if (path.find("--latest--") != std::string::npos) return;
+      }
+      std::this_thread::sleep_for(100ms);
+    }
+  });
+  ProcessResult result = launcher.Finish();
+  sidecar.join();
+  EXPECT_TRUE(killed_uploader);
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.err.find("committed checkpoint-1"), std::string::npos) << result.err;
 }
 
 TEST_F(CheckpointJob, ALaterJobLoadsTheLatestCheckpointByteIdentical) {
