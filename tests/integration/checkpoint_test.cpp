@@ -90,6 +90,39 @@ TEST_F(CheckpointJob, CommitsEveryCheckpointEvenWhenRotationDeletesItRightAway) 
   EXPECT_TRUE(fs::is_empty(CheckpointDir() + "/.bt-checkpoint/staging")) << "staging is emptied after the upload";
 }
 
+// Linux names are bytes: "notes-\xff.txt" made the agent thread throw (the launcher aborted,
+// exit 134) and the journal kept it with U+FFFD, so a restart could never upload it.
+TEST_F(CheckpointJob, ANameThatIsNotUtf8IsCommittedByteForByte) {
+  const std::string odd = "notes-\xff.txt";
+  std::string config = Config({"mkdir -p $BT_CHECKPOINT_DIR/checkpoint-1 && printf odd > \"$BT_CHECKPOINT_DIR/checkpoint-1/$(printf 'notes-\\377.txt')\" && " +
+                               HfSave(1)});
+  ProcessResult result = RunLauncher(Run(config));
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(Latest(), "checkpoint-1\n");
+  EXPECT_EQ(ReadFile(RankDir() + "/checkpoint-1/" + odd), "odd");
+  const std::string journal = ReadFile(CheckpointDir() + "/.bt-checkpoint/journal.jsonl");
+  EXPECT_EQ(journal.find("\xef\xbf\xbd"), std::string::npos) << "the journal replaced a byte with U+FFFD";
+}
+
+// The job id is joined into every destination path: "../../outside" wrote checkpoints,
+// manifests and `latest` outside the destination.
+TEST_F(CheckpointJob, AJobIdThatIsNotOnePathComponentIsAConfigError) {
+  for (const std::string job_id : {"../../outside", "a/b", ".hidden", ".."}) {
+    LaunchSpec spec = Run(Config({HfSave(1)}));
+    spec.set_env["BT_TRAINING_JOB_ID"] = job_id;
+    ProcessResult result = RunLauncher(spec);
+    EXPECT_EQ(result.exit_code, 65) << job_id << "\n" << result.err;
+    EXPECT_NE(result.err.find("BT_TRAINING_JOB_ID"), std::string::npos) << result.err;
+  }
+  EXPECT_FALSE(fs::exists(dir_.path() + "/outside"));
+  EXPECT_FALSE(fs::exists(Remote())) << "something was uploaded";
+  nlohmann::json config = nlohmann::json::parse(ReadFile(Config({"true"})));
+  config["launcher"]["job_id"] = "../escape";
+  ProcessResult from_config = RunLauncher(Run(dir_.Write("bad-id.json", config.dump())));
+  EXPECT_EQ(from_config.exit_code, 65) << from_config.err;
+  EXPECT_NE(from_config.err.find("launcher.job_id"), std::string::npos) << from_config.err;
+}
+
 TEST_F(CheckpointJob, ACheckpointDeletedFileByFileIsNotUploadedAgain) {
   // Rotation removes a committed checkpoint one file at a time, the marker last; each step
   // leaves a "complete" directory with fewer files, which must not replace the upload.
