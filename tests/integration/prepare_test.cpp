@@ -378,6 +378,71 @@ TEST_F(Prepare, LeaderKilledDuringTheSeedLosesItsLeaseAndTheNextJobSeeds) {
   EXPECT_EQ(CountLines(Cache() + "/runs"), 3u);
 }
 
+// What SeedKey computes for one command and no seed_key: SHA-256 of "<command>\0\x01".
+std::string SeedKeyOf(const std::string& command) {
+  const std::string script = "python3 -c 'import hashlib,sys; print(hashlib.sha256(sys.argv[1].encode() + b\"\\0\\x01\").hexdigest())' '" +
+                             command + "'";
+  std::FILE* pipe = popen(script.c_str(), "r");
+  char line[128] = {};
+  if (pipe == nullptr) return "";
+  const bool read = std::fgets(line, sizeof line, pipe) != nullptr;
+  pclose(pipe);
+  return read ? std::string(line, 64) : "";
+}
+
+std::string LeaseText(const std::string& host, uint64_t renewals) {
+  // The holder's clock a day behind this one: what a waiter whose clock runs ahead sees.
+  return json{{"host", host}, {"pid", 1}, {"job_id", "holder"}, {"renewed_unix", int64_t(std::time(nullptr)) - 86400},
+              {"renewals", renewals}}.dump();
+}
+
+// A lease whose holder is alive (its flock held on this host) was taken over because its
+// renewal time, by another clock, looked older than lease_s: the seed ran twice at once.
+TEST_F(Prepare, ALockedLeaseOnThisHostIsNeverTakenOverWhateverItsClockSays) {
+  const std::string seed = "echo run >> $BT_PROJECT_CACHE_DIR/runs";
+  const std::string stem = Cache() + "/.bt-seed/" + SeedKeyOf(seed);
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  WriteFile(stem + ".lease", LeaseText(host, 1));
+  const int lock = open((stem + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(lock, 0);
+  ASSERT_EQ(flock(lock, LOCK_EX), 0);
+  LauncherProcess launcher(Run(Save(WithSeed(Config({"true"}), {seed}, 1))));
+  std::this_thread::sleep_for(4s);
+  EXPECT_FALSE(fs::exists(Cache() + "/runs")) << "a live holder's lease was taken over";
+  fs::remove(stem + ".lease");  // the holder finishes without a marker, as a failed seed does
+  close(lock);
+  ProcessResult result = launcher.Finish();
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(CountLines(Cache() + "/runs"), 1u);
+}
+
+// Across hosts the lease's own renewals decide, not two clocks: renewed, it is kept however
+// old its time looks; unrenewed for lease_s, it is taken over.
+TEST_F(Prepare, ALeaseOfAnotherHostIsJudgedByItsRenewals) {
+  const std::string seed = "echo run >> $BT_PROJECT_CACHE_DIR/runs";
+  const std::string stem = Cache() + "/.bt-seed/" + SeedKeyOf(seed);
+  WriteFile(stem + ".lease", LeaseText("other-host", 1));
+  std::atomic<bool> renewing = true;
+  std::thread holder([&] {
+    for (uint64_t renewals = 2; renewing; ++renewals) {
+      WriteFile(stem + ".lease.tmp", LeaseText("other-host", renewals));
+      fs::rename(stem + ".lease.tmp", stem + ".lease");
+      std::this_thread::sleep_for(250ms);
+    }
+  });
+  LauncherProcess launcher(Run(Save(WithSeed(Config({"true"}), {seed}, 1))));
+  std::this_thread::sleep_for(4s);
+  renewing = false;
+  holder.join();
+  EXPECT_FALSE(fs::exists(Cache() + "/runs")) << "a lease renewed every 250 ms was taken over";
+  ProcessResult result = launcher.Finish();
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.err.find("other-host (pid 1, job holder) was not renewed for launcher.cache.lease_s"), std::string::npos)
+      << result.err;
+  EXPECT_EQ(CountLines(Cache() + "/runs"), 1u);
+}
+
 TEST_F(Prepare, FailedSeedFailsEveryNodeAndLeavesNoMarker) {
   json config = WithSeed(Config({"echo must-not-run"}), {"echo preparing", "exit 3"});
   config["compute"] = {{"node_count", 2}};
