@@ -76,7 +76,7 @@ d=$BT_CHECKPOINT_DIR/checkpoint-7; mkdir -p "$d" && head -c 1000 /dev/urandom > 
 SH
 job newline s3-job-nl "sh $work/newline.sh"
 set +e
-timeout 120 "$BIN" run --config "$work/newline.json" --root "$work/root-nl" >"$work/out" 2>&1
+BT_SECRETS_DIR="$work/root/secrets" timeout 120 "$BIN" run --config "$work/newline.json" --root "$work/root-nl" >"$work/out" 2>&1
 code=$?
 set -e
 [ "$code" = 74 ] || fail "a checkpoint with a newline in a file name: exit $code, not 74"
