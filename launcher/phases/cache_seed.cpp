@@ -52,11 +52,14 @@ struct LeaseHolder {
   std::string host;
   int pid = 0;
   std::string job_id;
-  int64_t renewed_unix = 0;  // for people reading the file; hosts' clocks differ, so never judged
+  int64_t renewed_unix = 0;  // hosts' clocks differ: compared only with its own earlier value
   uint64_t renewals = 0;     // what a waiter watches: a live holder changes it every lease_s/4
 
+  // Any field changed is a renewal: a lease written by an older bt-launch has no counter,
+  // only its renewed_unix moving.
   bool SameRenewal(const LeaseHolder& other) const {
-    return host == other.host && pid == other.pid && job_id == other.job_id && renewals == other.renewals;
+    return host == other.host && pid == other.pid && job_id == other.job_id && renewals == other.renewals &&
+           renewed_unix == other.renewed_unix;
   }
 };
 
