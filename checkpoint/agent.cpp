@@ -82,7 +82,7 @@ class CheckpointAgent::Impl {
     spdlog::info("checkpoints: watching {} ({}), uploading to {} as {}/rank-{}/", options_.checkpoint_dir,
                  watcher_->polling() ? "polling" : "inotify", options_.destination.shown, options_.job_id,
                  options_.node_rank);
-    thread_ = std::thread([this] { Run(); });
+    thread_ = std::thread([this] { RunGuarded(); });
   }
 
   ~Impl() {
@@ -168,6 +168,25 @@ class CheckpointAgent::Impl {
     }
     closedir(dir);
     for (const auto& path : stale) storage::RemoveTree(path);
+  }
+
+  // An exception leaving a std::thread calls std::terminate: the launcher (PID 1) would
+  // abort and take the supervision of the training with it. Whatever escapes the loop stops
+  // the checkpoint handoff only, and the drain reports it.
+  void RunGuarded() {
+    try {
+      Run();
+    } catch (const std::exception& error) {
+      StopOnError(error.what());
+    } catch (...) {
+      StopOnError("an unknown error");
+    }
+  }
+
+  void StopOnError(const std::string& what) {
+    spdlog::error("checkpoints: the checkpoint handoff stopped on an internal error ({}); the training goes on, "
+                  "but no further checkpoint is uploaded by this launcher", what);
+    result_ = DrainResult{false, "the checkpoint handoff stopped on an internal error: " + what};
   }
 
   void Run() {
@@ -328,7 +347,22 @@ class CheckpointAgent::Impl {
     }
   }
 
+  // A checkpoint the destination cannot carry whole is not uploaded in part: the drain then
+  // reports it as not committed rather than `latest` naming files its manifest does not hold.
+  bool RefusedByDestination(const Candidate& candidate, const std::string& fingerprint) {
+    std::vector<std::string> paths;
+    for (const FileEntry& file : candidate.files) paths.push_back(file.path);
+    auto problem = storage::UncarriableName(options_.destination, candidate.name, paths);
+    if (!problem) return false;
+    handled_[candidate.name] = fingerprint;
+    refused_ = Refusal{journal_.NextSeq(), candidate.name, *problem};
+    spdlog::error("checkpoints: {} is complete but is not uploaded to {}: {}; rename the file to have it uploaded",
+                  candidate.name, options_.destination.uri, *problem);
+    return true;
+  }
+
   void Handoff(const Candidate& candidate, const Verdict& verdict, const std::string& fingerprint) {
+    if (RefusedByDestination(candidate, fingerprint)) return;
     const auto started = Clock::now();
     const uint64_t seq = journal_.NextSeq();
     const std::string staging = staging_root_ + "/" + std::to_string(seq);
@@ -396,8 +430,11 @@ class CheckpointAgent::Impl {
       uploader_exited_ = Clock::now();
       return;
     }
+    // Every request the dead uploader held is asked again: uploads not yet done, and `latest`
+    // for versions whose publication it never answered (it may have died mid-write).
     for (auto& [seq, version] : versions_) {
       if (version.stage == Stage::kQueued) uploader_->Upload(version.snapshot_path);
+      if (publishing_.contains(seq)) uploader_->PublishLatest(version.name);
     }
   }
 
@@ -575,6 +612,10 @@ class CheckpointAgent::Impl {
     } else if (!versions_.empty()) {
       target = versions_.rbegin()->second.name;
     }
+    // A refusal after the newest handed-off version (a later one takes the refused seq).
+    if (refused_ && (versions_.empty() || refused_->seq > versions_.rbegin()->first)) {
+      return {false, "checkpoint " + refused_->name + " was not uploaded: " + refused_->reason};
+    }
     if (target.empty()) return {true, "no complete checkpoint to commit"};
     const Version* newest = nullptr;
     for (const auto& [seq, version] : versions_) {
@@ -637,6 +678,12 @@ class CheckpointAgent::Impl {
   std::optional<int64_t> training_ended_ns_;
   std::thread thread_;
   DrainResult result_;
+  struct Refusal {
+    uint64_t seq = 0;  // the journal number it would have had
+    std::string name;
+    std::string reason;
+  };
+  std::optional<Refusal> refused_;
 };
 
 CheckpointAgent::CheckpointAgent(AgentOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}

@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "storage/durable_file.h"
+#include "storage/json_bytes.h"
 #include "storage/paths.h"
 
 namespace bt::checkpoint {
@@ -66,11 +67,11 @@ void HandoffJournal::Replay() {
       entry.seq = value.at("seq").get<uint64_t>();
       entry.job_id = value.at("job_id").get<std::string>();
       entry.destination = value.at("destination").get<std::string>();
-      entry.name = value.at("name").get<std::string>();
+      entry.name = storage::BytesFromJson(value.at("name"));
       auto state = StateFromName(value.at("state").get<std::string>());
       if (!state) throw std::runtime_error("unknown state");
       entry.state = *state;
-      entry.detail = value.value("detail", "");
+      entry.detail = value.contains("detail") ? storage::BytesFromJson(value["detail"]) : "";
       auto previous = entries_.find(entry.seq);
       if (value.contains("snapshot")) {
         entry.snapshot = Snapshot::FromJson(value["snapshot"]);
@@ -100,12 +101,12 @@ void HandoffJournal::Append(uint64_t seq, const std::string& name, HandoffState 
   nlohmann::json line = {{"seq", seq},
                          {"job_id", job_id_},
                          {"destination", destination_},
-                         {"name", name},
+                         {"name", storage::BytesToJson(name)},
                          {"state", HandoffStateName(state)},
                          {"at", int64_t(std::time(nullptr))}};
-  if (!detail.empty()) line["detail"] = detail;
+  if (!detail.empty()) line["detail"] = storage::BytesToJson(detail);
   if (snapshot) line["snapshot"] = snapshot->ToJson();
-  const std::string text = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  const std::string text = line.dump() + "\n";
   storage::WriteAll(fd_, text, "the checkpoint journal " + path_);
   JournalEntry& entry = entries_[seq];
   entry.seq = seq;

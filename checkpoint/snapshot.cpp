@@ -11,6 +11,7 @@
 #include "storage/durable_file.h"
 #include "storage/file_copy.h"
 #include "storage/hash.h"
+#include "storage/json_bytes.h"
 #include "storage/paths.h"
 
 namespace bt::checkpoint {
@@ -70,15 +71,15 @@ storage::StagedFiles Snapshot::Staged() const {
 nlohmann::json Snapshot::ToJson() const {
   nlohmann::json files_json = nlohmann::json::array();
   for (const auto& file : files) {
-    files_json.push_back({{"path", file.path}, {"size", file.size}, {"mtime_ns", file.mtime_ns}, {"method", MethodName(file.method)}});
+    files_json.push_back({{"path", storage::BytesToJson(file.path)}, {"size", file.size}, {"mtime_ns", file.mtime_ns}, {"method", MethodName(file.method)}});
   }
   return {{"seq", seq},
-          {"name", name},
+          {"name", storage::BytesToJson(name)},
           {"layout", layout},
           {"is_directory", is_directory},
-          {"staging_dir", staging_dir},
+          {"staging_dir", storage::BytesToJson(staging_dir)},
           {"files", files_json},
-          {"pointers", pointers},
+          {"pointers", storage::BytesMapToJson(pointers)},
           {"total_bytes", total_bytes},
           {"fingerprint", fingerprint}};
 }
@@ -86,16 +87,16 @@ nlohmann::json Snapshot::ToJson() const {
 Snapshot Snapshot::FromJson(const nlohmann::json& value) {
   Snapshot snapshot;
   snapshot.seq = value.at("seq").get<uint64_t>();
-  snapshot.name = value.at("name").get<std::string>();
+  snapshot.name = storage::BytesFromJson(value.at("name"));
   snapshot.layout = value.at("layout").get<std::string>();
   snapshot.is_directory = value.at("is_directory").get<bool>();
-  snapshot.staging_dir = value.at("staging_dir").get<std::string>();
+  snapshot.staging_dir = storage::BytesFromJson(value.at("staging_dir"));
   for (const auto& file : value.at("files")) {
-    snapshot.files.push_back(SnapshotFile{file.at("path").get<std::string>(), file.at("size").get<uint64_t>(),
+    snapshot.files.push_back(SnapshotFile{storage::BytesFromJson(file.at("path")), file.at("size").get<uint64_t>(),
                                           file.at("mtime_ns").get<int64_t>(),
                                           MethodFromName(file.at("method").get<std::string>())});
   }
-  snapshot.pointers = value.at("pointers").get<std::map<std::string, std::string>>();
+  snapshot.pointers = storage::BytesMapFromJson(value.at("pointers"));
   snapshot.total_bytes = value.at("total_bytes").get<uint64_t>();
   snapshot.fingerprint = value.at("fingerprint").get<std::string>();
   return snapshot;

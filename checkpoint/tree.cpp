@@ -86,7 +86,10 @@ DirectoryTree ScanTree(const std::string& root, const std::string& marker) {
 
 std::set<std::string> OpenWriters(const std::string& root) {
   std::set<std::string> writers;
-  const std::string prefix = root.back() == '/' ? root : root + "/";
+  char resolved[PATH_MAX];
+  const std::string canonical_root = realpath(root.c_str(), resolved) != nullptr ? resolved : root;
+  const std::string prefix = canonical_root.back() == '/' ? canonical_root : canonical_root + "/";
+  const std::string given_prefix = root.back() == '/' ? root : root + "/";
   DIR* proc = opendir("/proc");
   if (proc == nullptr) return writers;
   while (dirent* process = readdir(proc)) {
@@ -107,7 +110,7 @@ std::set<std::string> OpenWriters(const std::string& root) {
       while (fdinfo >> key >> flags) {
         if (key != "flags:") continue;
         long mode = std::strtol(flags.c_str(), nullptr, 8) & O_ACCMODE;
-        if (mode == O_WRONLY || mode == O_RDWR) writers.insert(target);
+        if (mode == O_WRONLY || mode == O_RDWR) writers.insert(given_prefix + (target + prefix.size()));
         break;
       }
     }

@@ -36,7 +36,9 @@ DirectoryTree ScanTree(const std::string& root, const std::string& marker);
 
 // Absolute paths under `root` that some process has open for writing (from /proc/*/fd and
 // fdinfo flags). The processes are the training's: no framework takes advisory locks, so this
-// is the one reliable "still being written" signal besides inotify's close events.
+// is the one reliable "still being written" signal besides inotify's close events. The kernel
+// shows each descriptor's canonical path, so `root` is compared once resolved (it may be
+// reached through a symlink) and the results are given back under `root` as passed.
 std::set<std::string> OpenWriters(const std::string& root);
 
 }  // namespace bt::checkpoint

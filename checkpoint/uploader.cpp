@@ -26,6 +26,7 @@
 
 #include "checkpoint/snapshot.h"
 #include "storage/destination.h"
+#include "storage/json_bytes.h"
 #include "storage/manifest.h"
 #include "storage/paths.h"
 #include "storage/subprocess.h"
@@ -58,9 +59,14 @@ std::optional<UploaderEvent::Kind> KindFromName(const std::string& name) {
   return std::nullopt;
 }
 
+// An event field that may be absent, and may carry non-UTF-8 bytes (a checkpoint's name).
+std::string OptionalBytes(const nlohmann::json& line, const char* key) {
+  return line.contains(key) ? storage::BytesFromJson(line[key]) : std::string();
+}
+
 void Emit(const UploaderEvent& event) {
-  nlohmann::json line = {{"event", KindName(event.kind)}, {"seq", event.seq}, {"name", event.name}};
-  if (!event.message.empty()) line["message"] = event.message;
+  nlohmann::json line = {{"event", KindName(event.kind)}, {"seq", event.seq}, {"name", storage::BytesToJson(event.name)}};
+  if (!event.message.empty()) line["message"] = storage::BytesToJson(event.message);
   if (event.kind == UploaderEvent::Kind::kProgress) {
     line["done"] = event.bytes_done;
     line["total"] = event.bytes_total;
@@ -69,7 +75,7 @@ void Emit(const UploaderEvent& event) {
     line["attempt"] = event.attempt;
     line["retry_in_s"] = event.retry_in_s;
   }
-  std::cout << line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
+  std::cout << line.dump() << std::endl;
 }
 
 // The staged file is what the manifest describes only while it is as the snapshot saw it:
@@ -111,10 +117,10 @@ class Worker {
   void Handle(const nlohmann::json& request) {
     const std::string op = request.at("op").get<std::string>();
     if (op == "upload") {
-      std::ifstream file(request.at("snapshot").get<std::string>());
+      std::ifstream file(storage::BytesFromJson(request.at("snapshot")));
       Upload(Snapshot::FromJson(nlohmann::json::parse(file)));
     } else if (op == "latest") {
-      PublishLatest(request.at("name").get<std::string>());
+      PublishLatest(storage::BytesFromJson(request.at("name")));
     }
   }
 
@@ -254,10 +260,10 @@ void UploaderProcess::Send(const std::string& line) {
 }
 
 void UploaderProcess::Upload(const std::string& snapshot_path) {
-  Send(nlohmann::json{{"op", "upload"}, {"snapshot", snapshot_path}}.dump());
+  Send(nlohmann::json{{"op", "upload"}, {"snapshot", storage::BytesToJson(snapshot_path)}}.dump());
 }
 
-void UploaderProcess::PublishLatest(const std::string& name) { Send(nlohmann::json{{"op", "latest"}, {"name", name}}.dump()); }
+void UploaderProcess::PublishLatest(const std::string& name) { Send(nlohmann::json{{"op", "latest"}, {"name", storage::BytesToJson(name)}}.dump()); }
 
 std::vector<UploaderEvent> UploaderProcess::ReadEvents(bool& exited) {
   exited = false;
@@ -279,7 +285,7 @@ std::vector<UploaderEvent> UploaderProcess::ReadEvents(bool& exited) {
     if (!line.is_object() || !line.contains("event")) continue;
     auto kind = KindFromName(line["event"].get<std::string>());
     if (!kind) continue;
-    UploaderEvent event{*kind, line.value("seq", uint64_t(0)), line.value("name", ""), line.value("message", "")};
+    UploaderEvent event{*kind, line.value("seq", uint64_t(0)), OptionalBytes(line, "name"), OptionalBytes(line, "message")};
     event.bytes_done = line.value("done", uint64_t(0));
     event.bytes_total = line.value("total", uint64_t(0));
     event.attempt = line.value("attempt", 0);
@@ -298,7 +304,7 @@ void UploaderProcess::Stop(int wait_ms) {
     auto deadline = Clock::now() + std::chrono::milliseconds(wait_ms);
     while (waitpid(pid_, nullptr, WNOHANG) == 0) {
       if (Clock::now() >= deadline) {
-        kill(pid_, SIGKILL);
+        kill(-pid_, SIGKILL);  // its whole group: an rclone it runs goes with it
         waitpid(pid_, nullptr, 0);
         break;
       }

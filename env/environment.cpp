@@ -108,7 +108,10 @@ std::vector<std::string> CurrentEnviron() {
 
 std::string ResolveJobId(const JobConfig& config, const std::map<std::string, std::string>& inherited) {
   auto it = inherited.find("BT_TRAINING_JOB_ID");
-  if (it != inherited.end() && !it->second.empty()) return it->second;
+  if (it != inherited.end() && !it->second.empty()) {
+    ValidateJobId(it->second, "BT_TRAINING_JOB_ID");
+    return it->second;
+  }
   if (config.launcher.job_id) return *config.launcher.job_id;
   return "local-" + config.source_digest.substr(0, 8);
 }

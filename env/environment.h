@@ -61,7 +61,8 @@ JobEnvironment BuildJobEnvironment(const JobConfig& config, const NodeIdentity& 
 void CreateDirectories(const JobEnvironment& environment);
 
 // The job id every node agrees on: BT_TRAINING_JOB_ID, else launcher.job_id, else one
-// derived from the config text (same config, same id).
+// derived from the config text (same config, same id). Throws ConfigError when the
+// inherited BT_TRAINING_JOB_ID is not a path component (ValidateJobId).
 std::string ResolveJobId(const JobConfig& config, const std::map<std::string, std::string>& inherited);
 
 // The secret `secret_name` from `secrets_dir` (one trailing newline dropped, at most 1 MiB).

@@ -272,12 +272,14 @@ CheckpointReference ReadCheckpointReference(const json& value, const std::string
                                                  "(a project's latest job is only known to the platform)");
     }
     reference.job_id = ReadNonEmptyString(*job, object.PathOf("job_id"));
+    ValidateJobId(reference.job_id, object.PathOf("job_id"));
     return reference;
   }
   StrictObject object(value, path, {"typ", "checkpoint_name", "job_id"});
   reference.kind = CheckpointReference::Kind::kNamed;
   reference.checkpoint_name = ReadNonEmptyString(object.Require("checkpoint_name"), object.PathOf("checkpoint_name"));
   reference.job_id = ReadNonEmptyString(object.Require("job_id"), object.PathOf("job_id"));
+  ValidateJobId(reference.job_id, object.PathOf("job_id"));
   return reference;
 }
 
@@ -543,7 +545,10 @@ LauncherSettings ReadLauncherSettings(const json& value, const std::string& path
   StrictObject object(value, path, {"job_id", "project_id", "project_name", "grace_period_s", "peer_failure_grace_s",
                                              "master_port", "rendezvous", "checkpoint", "weights", "cache", "fabric"});
   LauncherSettings launcher;
-  if (const json* v = object.Find("job_id")) launcher.job_id = ReadNonEmptyString(*v, object.PathOf("job_id"));
+  if (const json* v = object.Find("job_id")) {
+    launcher.job_id = ReadNonEmptyString(*v, object.PathOf("job_id"));
+    ValidateJobId(*launcher.job_id, object.PathOf("job_id"));
+  }
   if (const json* v = object.Find("project_id")) launcher.project_id = ReadNonEmptyString(*v, object.PathOf("project_id"));
   if (const json* v = object.Find("project_name")) launcher.project_name = ReadNonEmptyString(*v, object.PathOf("project_name"));
   if (const json* v = object.Find("grace_period_s")) launcher.grace_period_s = ReadGrace(*v, object.PathOf("grace_period_s"));
@@ -611,6 +616,14 @@ std::string Fnv1aHex(const std::string& text) {
 
 ConfigError::ConfigError(std::string path, const std::string& expectation)
     : std::runtime_error(path + ": " + expectation), path_(std::move(path)) {}
+
+void ValidateJobId(const std::string& job_id, const std::string& origin) {
+  const bool one_component = !job_id.empty() && job_id.find('/') == std::string::npos &&
+                             job_id.find('\0') == std::string::npos && job_id.front() != '.';
+  if (one_component) return;
+  throw ConfigError(origin, "job id \"" + job_id + "\" is not usable as a path component (it may not be empty, "
+                            "contain '/' or NUL, or start with '.')");
+}
 
 JobConfig ParseJobConfig(const std::string& json_text, bool require_start_command) {
   json document;

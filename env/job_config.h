@@ -174,6 +174,11 @@ struct JobConfig {
 // comes from the command line (`run -- CMD`).
 JobConfig ParseJobConfig(const std::string& json_text, bool require_start_command);
 
+// A job id is joined into every checkpoint path (<destination>/<job_id>/..., the spool's
+// record names): it must be one path component, not "..", "." or hidden, and carry no NUL.
+// Throws ConfigError naming `origin` (the variable, flag or config field it came from).
+void ValidateJobId(const std::string& job_id, const std::string& origin);
+
 // The config the launcher uses when none is given: one node, no commands.
 JobConfig DefaultJobConfig();
 

@@ -46,6 +46,8 @@ env::JobEnvironment BuildEnvironment(const CliOptions& cli, const env::JobConfig
     return environment;
   } catch (const env::SecretError& error) {
     throw LaunchFailure(kExitConfig, error.what());
+  } catch (const env::ConfigError& error) {
+    throw LaunchFailure(kExitConfig, std::string("bad config: ") + error.what());
   }
 }
 

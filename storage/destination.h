@@ -77,6 +77,14 @@ class Destination {
 
 std::unique_ptr<Destination> OpenDestination(const DestinationSpec& spec);
 
+// Why `spec` cannot carry a checkpoint named `name` with these files (paths relative to its
+// base), or nullopt when it can. `latest` is one line, so no destination carries a name with
+// a newline or CR; rclone reads its file list one name a line (--files-from-raw), so no
+// rclone destination carries a file whose path has one. Such a checkpoint is refused whole:
+// uploaded without the file it would be committed as complete.
+std::optional<std::string> UncarriableName(const DestinationSpec& spec, const std::string& name,
+                                           const std::vector<std::string>& paths);
+
 // The environment rclone runs with for `scheme`: PATH and HOME, and the credentials as an
 // on-the-fly remote named "btdest" (RCLONE_CONFIG_BTDEST_*). `secret_json` is the content
 // of the auth secret, if one is configured; else the standard variables of `inherited`

@@ -2,7 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +12,63 @@
 #include <cstring>
 
 namespace bt::storage {
+namespace {
+
+// The child's side between fork and exec: async-signal-safe calls only (the parent may have
+// threads). Never returns; on failure the errno goes to `error_fd` (close-on-exec, so the
+// parent reads nothing when exec succeeded).
+[[noreturn]] void ExecTiedToParent(pid_t parent, char* const* args, char* const* envp, int out_fd, int err_fd,
+                                   int error_fd) {
+  // SIGKILL whenever the thread that started it dies: the uploader SIGKILLed at the drain
+  // deadline left its rclone running, reparented to init, with the S3 keys in its environment.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(127);  // it died before the line above took effect
+  sigset_t empty;
+  sigemptyset(&empty);
+  sigprocmask(SIG_SETMASK, &empty, nullptr);
+  const int null_fd = open("/dev/null", O_RDONLY);
+  if (null_fd < 0 || dup2(null_fd, STDIN_FILENO) < 0 || dup2(out_fd, STDOUT_FILENO) < 0 ||
+      dup2(err_fd, STDERR_FILENO) < 0) {
+    const int error = errno;
+    [[maybe_unused]] ssize_t ignored = write(error_fd, &error, sizeof error);
+    _exit(127);
+  }
+  execvpe(args[0], args, envp);
+  const int error = errno;
+  [[maybe_unused]] ssize_t ignored = write(error_fd, &error, sizeof error);
+  _exit(127);
+}
+
+// Forks and execs `args` with exactly `envp`, stdout and stderr to the given pipes. Returns
+// the pid, or -1 with `spawn_error` set.
+pid_t SpawnTiedToParent(char* const* args, char* const* envp, int out_fd, int err_fd, int& spawn_error) {
+  int error_pipe[2];
+  if (pipe2(error_pipe, O_CLOEXEC) != 0) {
+    spawn_error = errno;
+    return -1;
+  }
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid == 0) ExecTiedToParent(parent, args, envp, out_fd, err_fd, error_pipe[1]);
+  close(error_pipe[1]);
+  if (pid < 0) {
+    spawn_error = errno;
+    close(error_pipe[0]);
+    return -1;
+  }
+  int child_error = 0;
+  ssize_t got;
+  while ((got = read(error_pipe[0], &child_error, sizeof child_error)) < 0 && errno == EINTR) {
+  }
+  close(error_pipe[0]);
+  if (got <= 0) return pid;
+  while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+  }
+  spawn_error = child_error;
+  return -1;
+}
+
+}  // namespace
 
 std::vector<char*> CStringArray(const std::vector<std::string>& strings) {
   std::vector<char*> pointers;
@@ -36,21 +93,8 @@ ProcessResult RunProcess(const std::vector<std::string>& argv, const std::vector
   std::vector<char*> args = CStringArray(argv);
   std::vector<char*> envp = CStringArray(environ);
 
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
-  posix_spawn_file_actions_adddup2(&actions, err[1], STDERR_FILENO);
-  posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  sigset_t empty;
-  sigemptyset(&empty);
-  posix_spawnattr_setsigmask(&attributes, &empty);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
-  pid_t pid = -1;
-  int spawn_error = posix_spawnp(&pid, args[0], &actions, &attributes, args.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attributes);
+  int spawn_error = 0;
+  const pid_t pid = SpawnTiedToParent(args.data(), envp.data(), out[1], err[1], spawn_error);
   close(out[1]);
   close(err[1]);
   if (spawn_error != 0) {

@@ -21,7 +21,8 @@ struct ProcessResult {
 // Runs `argv` with exactly `environ`, calling `on_stderr_line` for each line it writes to
 // stderr and `every_second`, when given, about once a second; returns when it has exited.
 // When `every_second` throws, the process is killed and reaped, and the exception goes on:
-// a stop does not wait for a transfer that may never end.
+// a stop does not wait for a transfer that may never end. The process is SIGKILLed when the
+// thread that started it dies (PR_SET_PDEATHSIG): it never outlives its caller.
 ProcessResult RunProcess(const std::vector<std::string>& argv, const std::vector<std::string>& environ,
                          const std::function<void(const std::string&)>& on_stderr_line,
                          const std::function<void()>& every_second = nullptr);

@@ -48,7 +48,15 @@ struct LeaseHolder {
   std::string host;
   int pid = 0;
   std::string job_id;
-  int64_t renewed_unix = 0;
+  int64_t renewed_unix = 0;  // hosts' clocks differ: compared only with its own earlier value
+  uint64_t renewals = 0;     // what a waiter watches: a live holder changes it every lease_s/4
+
+  // Any field changed is a renewal: a lease written by an older bt-launch has no counter,
+  // only its renewed_unix moving.
+  bool SameRenewal(const LeaseHolder& other) const {
+    return host == other.host && pid == other.pid && job_id == other.job_id && renewals == other.renewals &&
+           renewed_unix == other.renewed_unix;
+  }
 };
 
 std::optional<LeaseHolder> ReadLease(const std::string& path) {
@@ -56,12 +64,16 @@ std::optional<LeaseHolder> ReadLease(const std::string& path) {
   if (!file) return std::nullopt;
   auto value = nlohmann::json::parse(file, nullptr, false);
   if (!value.is_object()) return std::nullopt;
-  return LeaseHolder{value.value("host", "?"), value.value("pid", 0), value.value("job_id", "?"), value.value("renewed_unix", int64_t(0))};
+  return LeaseHolder{value.value("host", "?"), value.value("pid", 0), value.value("job_id", "?"),
+                     value.value("renewed_unix", int64_t(0)), value.value("renewals", uint64_t(0))};
 }
 
 // The seeding node's claim: an flock on `<key>.lock` and a lease file `<key>.lease` renewed
-// every lease/4 seconds. A lease not renewed for lease_s seconds belongs to a dead (or
-// hung) node and is taken over, whether or not the flock could be had.
+// every lease/4 seconds. On the holder's host the flock decides: held means alive, free means
+// dead. From another host (whose flock this filesystem may not share), a lease whose renewals
+// this node has not seen change for lease_s seconds of its own clock belongs to a dead (or
+// hung) node and is taken over: two hosts' wall clocks are never compared (a host ahead by
+// more than lease_s took over a live lease, and the seed ran twice at once).
 class SeedLease {
  public:
   SeedLease(std::string directory, const std::string& key, double lease_s, std::string job_id)
@@ -86,11 +98,12 @@ class SeedLease {
     auto last_log = Clock::now() - kWaitLogEvery;
     while (!Seeded()) {
       std::optional<LeaseHolder> holder = ReadLease(lease_path_);
-      const bool fresh = holder && double(std::time(nullptr) - holder->renewed_unix) < lease_s_;
+      const bool stale = holder && Unrenewed(*holder) >= std::chrono::duration<double>(lease_s_);
+      const bool on_this_host = holder && holder->host == me_.host;
       if (flock(fd_, LOCK_EX | LOCK_NB) == 0) {
-        if (!fresh && !Seeded()) return Take(holder);
+        if ((!holder || on_this_host || stale) && !Seeded()) return Take(holder);
         flock(fd_, LOCK_UN);  // a live lease on another host: this filesystem's flock is per host
-      } else if (holder && !fresh) {
+      } else if (holder && !on_this_host && stale) {
         return Take(holder);
       }
       if (Clock::now() - last_log >= kWaitLogEvery && holder) {
@@ -117,11 +130,22 @@ class SeedLease {
   }
 
  private:
+  // How long this node has seen `holder` without a new renewal, by its own steady clock.
+  Clock::duration Unrenewed(const LeaseHolder& holder) {
+    if (!last_seen_ || !last_seen_->SameRenewal(holder)) {
+      last_seen_ = holder;
+      last_seen_at_ = Clock::now();
+    }
+    return Clock::now() - last_seen_at_;
+  }
+
   bool Take(const std::optional<LeaseHolder>& previous) {
-    if (previous) {
-      spdlog::warn("cache seed: the lease of {} (pid {}, job {}) was last renewed {} s ago (launcher.cache.lease_s is {}); "
-                   "taking it over", previous->host, previous->pid, previous->job_id,
-                   std::time(nullptr) - previous->renewed_unix, lease_s_);
+    if (previous && previous->host == me_.host) {
+      spdlog::warn("cache seed: the lease of {} (pid {}, job {}) is not locked any more: its holder is gone; taking it over",
+                   previous->host, previous->pid, previous->job_id);
+    } else if (previous) {
+      spdlog::warn("cache seed: the lease of {} (pid {}, job {}) was not renewed for launcher.cache.lease_s ({} s); "
+                   "taking it over", previous->host, previous->pid, previous->job_id, lease_s_);
     }
     held_ = true;
     Renew();
@@ -133,7 +157,9 @@ class SeedLease {
   }
 
   void Renew() {
-    nlohmann::json lease = {{"host", me_.host}, {"pid", me_.pid}, {"job_id", me_.job_id}, {"renewed_unix", int64_t(std::time(nullptr))}};
+    nlohmann::json lease = {{"host", me_.host},       {"pid", me_.pid},
+                            {"job_id", me_.job_id},   {"renewed_unix", int64_t(std::time(nullptr))},
+                            {"renewals", ++renewals_}};
     try {
       WriteAtomically(lease_path_, lease.dump());
     } catch (const LaunchFailure& failure) {
@@ -148,6 +174,9 @@ class SeedLease {
   LeaseHolder me_;
   int fd_ = -1;
   bool held_ = false;
+  uint64_t renewals_ = 0;
+  std::optional<LeaseHolder> last_seen_;
+  Clock::time_point last_seen_at_;
   std::mutex mutex_;
   std::condition_variable renewed_;
   std::thread renewer_;

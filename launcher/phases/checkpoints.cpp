@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "launcher/exit_codes.h"
+#include "storage/durable_file.h"
 #include "storage/hash.h"
 #include "storage/manifest.h"
 #include "storage/paths.h"
@@ -236,12 +237,9 @@ void LoadCheckpoints(const env::JobConfig& config, const env::JobEnvironment& en
         std::filesystem::rename(incoming + "/" + file.path, to);
       }
       storage::RemoveTree(incoming);
-      for (const auto& [path, content] : manifest.pointers) {
-        std::FILE* pointer = std::fopen((rank_dir + "/" + path).c_str(), "w");
-        if (pointer == nullptr) throw std::runtime_error("cannot write " + rank_dir + "/" + path);
-        std::fputs(content.c_str(), pointer);
-        std::fclose(pointer);
-      }
+      // Renamed into place, never written through: a symlink at the pointer's path must
+      // not carry the write into a verified file (the manifest cannot name one, see FromJson).
+      for (const auto& [path, content] : manifest.pointers) storage::WriteFileAtomically(rank_dir + "/" + path, content);
       spdlog::info("loaded checkpoint {} of job {} ({} files, {} bytes, verified) into {}", name, reference.job_id,
                    manifest.files.size(), manifest.total_bytes, storage::JoinPath(rank_dir, manifest.name));
     } catch (const DestinationError& error) {
@@ -304,6 +302,11 @@ bool DrainCheckpoints(CheckpointPhase& phase, const env::JobConfig& config, cons
 
 int ListCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment, const CliOptions& cli) {
   const std::string job_id = cli.job_id.value_or(environment.variables.at("BT_TRAINING_JOB_ID"));
+  try {
+    env::ValidateJobId(job_id, cli.job_id ? "--job-id" : "BT_TRAINING_JOB_ID");
+  } catch (const env::ConfigError& error) {
+    throw LaunchFailure(kExitConfig, error.what());
+  }
   storage::DestinationSpec spec = ResolveCheckpointDestination(config, environment, cli.root, cli.destination);
   auto destination = storage::OpenDestination(spec);
   nlohmann::json rows = nlohmann::json::array();
@@ -345,7 +348,8 @@ int ListCheckpoints(const env::JobConfig& config, const env::JobEnvironment& env
   if (cli.output_format == "json") {
     nlohmann::json out = {{"job_id", job_id}, {"destination", spec.shown}, {"latest", latest ? nlohmann::json(*latest) : nlohmann::json()},
                           {"checkpoints", rows}};
-    std::printf("%s\n", out.dump(2).c_str());
+    // Display only: a name that is not UTF-8 is shown with U+FFFD rather than ending the listing.
+    std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     std::printf("job %s at %s; latest: %s\n", job_id.c_str(), spec.shown.c_str(), latest ? latest->c_str() : "(none)");
     std::printf("%-5s %-40s %-13s %7s %14s  %-20s%s\n", "rank", "checkpoint", "layout", "files", "bytes", "committed at",

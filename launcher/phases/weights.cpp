@@ -19,6 +19,7 @@
 
 #include "launcher/exit_codes.h"
 #include "storage/destination.h"
+#include "storage/durable_file.h"
 #include "storage/file_copy.h"
 #include "storage/paths.h"
 #include "storage/subprocess.h"
@@ -30,6 +31,9 @@ using Clock = std::chrono::steady_clock;
 constexpr const char* kSentinel = ".complete";
 constexpr std::chrono::seconds kProgressEvery{5};
 constexpr std::chrono::milliseconds kWaitPoll{500};
+// rclone's --max-duration is the time left, in whole seconds: it may stop the transfer up to
+// this much before the deadline itself passes, which is still the deadline's doing.
+constexpr std::chrono::seconds kRcloneDeadlineSlack{2};
 
 
 std::string Scheme(const std::string& source) { return source.substr(0, source.find("://")); }
@@ -168,10 +172,17 @@ class Stager {
     }
     staging_ = (path.parent_path() / (prefix + std::to_string(getpid()))).string();
     storage::MakeDirectories(staging_);
-    if (Scheme(weights_.source) == "file") {
-      StageLocal();
-    } else {
-      StageWithRclone();
+    try {
+      if (Scheme(weights_.source) == "file") {
+        StageLocal();
+      } else {
+        StageWithRclone();
+      }
+    } catch (...) {  // a stop, the deadline, an error: nothing half-staged stays behind
+      storage::RemoveTree(staging_);
+      std::error_code ignored;
+      std::filesystem::remove(staging_ + ".files", ignored);
+      throw;
     }
     std::error_code ignored;
     std::filesystem::remove(mount, ignored);  // an empty directory left for us
@@ -215,10 +226,32 @@ class Stager {
       const std::string from = base + "/" + file.path;
       const std::string to = staging_ + "/" + file.path;
       storage::MakeDirectories(storage::ParentOf(to));
-      if (!same_filesystem || link(from.c_str(), to.c_str()) != 0) storage::CopyFile(from, to);
+      // The listing followed links (stat): link(2) would not, and a relative symlink (the Hugging
+      // Face cache's snapshots/<rev>/f -> ../../blobs/<hash>) dangled in the mount. What is
+      // staged is the target's bytes, linked or copied.
+      const bool linked = same_filesystem && linkat(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), AT_SYMLINK_FOLLOW) == 0;
+      if (!linked) storage::CopyFile(from, to);
       ++staged_files_;
       staged_bytes_ += file.size;
       Progress(total);
+    }
+    CheckStaged(selected);
+  }
+
+  // A mount is marked complete only when every file it should hold opens as a regular file
+  // of the listed size: nothing dangles, nothing is cut short.
+  void CheckStaged(const std::vector<SourceFile>& selected) const {
+    for (const auto& file : selected) {
+      const std::string path = staging_ + "/" + file.path;
+      const storage::FileDescriptor opened(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+      struct stat info {};
+      if (!opened.valid() || fstat(opened.get(), &info) != 0) {
+        throw LaunchFailure(kExitIo, where_ + ": staged " + path + " does not open: " + std::strerror(errno));
+      }
+      if (!S_ISREG(info.st_mode) || uint64_t(info.st_size) != file.size) {
+        throw LaunchFailure(kExitIo, where_ + ": staged " + path + " is not the " + std::to_string(file.size) +
+                                         "-byte file the source listed");
+      }
     }
   }
 
@@ -237,7 +270,7 @@ class Stager {
     const std::string remote = "btdest:" + AfterScheme(weights_.source);
     // The listing is filtered here, with huggingface_hub's semantics, and rclone copies
     // exactly that list: no translation into rclone's own filter language.
-    auto listing = Rclone({"lsf", "-R", "--files-only", "--format", "sp", "--separator", "\t", remote}, rclone_env);
+    auto listing = Rclone({"lsf", "-R", "--files-only", "--format", "sp", "--separator", "\t", remote}, rclone_env, 0);
     std::vector<SourceFile> files;
     std::istringstream lines(listing);
     for (std::string line; std::getline(lines, line);) {
@@ -263,21 +296,31 @@ class Stager {
     const auto left = std::chrono::duration_cast<std::chrono::seconds>(deadline_ - Clock::now()).count();
     Rclone({"copy", "--files-from-raw", list_path, "--no-traverse", "--transfers", "8", "--max-duration",
             std::to_string(std::max<int64_t>(1, left)) + "s", remote, staging_},
-           rclone_env);
+           rclone_env, total);
     std::filesystem::remove(list_path);
+    CheckStaged(selected);
     staged_files_ = selected.size();
     staged_bytes_ = total;
     Progress(total);
   }
 
-  std::string Rclone(std::vector<std::string> arguments, const std::vector<std::string>& rclone_env) {
+  // `total`: the bytes this call stages (0 for a listing), for the deadline's message.
+  std::string Rclone(std::vector<std::string> arguments, const std::vector<std::string>& rclone_env, uint64_t total) {
     std::vector<std::string> argv = {"rclone", "--use-json-log", "--log-level", "NOTICE", "--retries", "3"};
     argv.insert(argv.end(), arguments.begin(), arguments.end());
     std::string last_error;
+    // Once a second: a SIGTERM stops the transfer as it stops a checkpoint load (RunProcess
+    // kills rclone when this throws), and so does the deadline, with its own message.
+    auto every_second = [&] {
+      hooks_.check_stop();
+      if (Clock::now() >= deadline_) ThrowTimedOut(Inspect(staging_).bytes, total);
+    };
     auto result = storage::RunProcess(argv, rclone_env, [&](const std::string& text) {
       auto line = nlohmann::json::parse(text, nullptr, false);
       if (line.is_object() && line.value("level", "") == "error") last_error = line.value("msg", text);
-    });
+    }, every_second);
+    // rclone's own --max-duration may end it a moment before the check above does.
+    if (result.exit_code != 0 && Clock::now() + kRcloneDeadlineSlack >= deadline_) ThrowTimedOut(Inspect(staging_).bytes, total);
     if (result.exit_code != 0) {
       std::string why = !result.spawn_error.empty() ? result.spawn_error : "rclone exited " + std::to_string(result.exit_code) +
                                                                                 " (" + storage::DescribeRcloneExit(result.exit_code) + ")";
@@ -294,16 +337,18 @@ class Stager {
 
   void Progress(uint64_t total) {
     hooks_.check_stop();
-    if (Clock::now() >= deadline_) {
-      throw LaunchFailure(kExitIo, "weights not complete after launcher.weights.timeout_s: " + weights_.mount_location +
-                                       " (from " + weights_.source + "): still staging, " + storage::FormatBytes(staged_bytes_) + " of " +
-                                       storage::FormatBytes(total));
-    }
+    if (Clock::now() >= deadline_) ThrowTimedOut(staged_bytes_, total);
     if (Clock::now() - last_report_ < kProgressEvery && staged_bytes_ < total) return;
     last_report_ = Clock::now();
     std::string line = "staging " + weights_.mount_location + ": " + storage::FormatBytes(staged_bytes_) + " of " + storage::FormatBytes(total);
     spdlog::info("weights: {}", line);
     if (hooks_.report) hooks_.report(line);
+  }
+
+  [[noreturn]] void ThrowTimedOut(uint64_t staged, uint64_t total) const {
+    throw LaunchFailure(kExitIo, "weights not complete after launcher.weights.timeout_s: " + weights_.mount_location +
+                                     " (from " + weights_.source + "): still staging, " + storage::FormatBytes(staged) + " of " +
+                                     storage::FormatBytes(total));
   }
 
   static void WriteSentinel(const std::string& mount) {

@@ -255,6 +255,25 @@ TEST_F(LayoutTest, OpenWriterKeepsACheckpointIncomplete) {
   EXPECT_TRUE(Complete("checkpoint-3"));
 }
 
+// BT_CHECKPOINT_DIR reached through a symlink: /proc/*/fd shows the resolved path, which
+// never starts with the configured one, so a half-written file looked closed.
+TEST_F(LayoutTest, OpenWriterSeenThroughASymlinkedRoot) {
+  Write("checkpoint-4/trainer_state.json", "{}");
+  const std::string link = dir_.path() + "-link";
+  ASSERT_EQ(symlink(dir_.path().c_str(), link.c_str()), 0);
+  const std::string weights = link + "/checkpoint-4/model.bin";
+  int fd = open(weights.c_str(), O_WRONLY | O_CREAT, 0644);
+  ASSERT_GE(fd, 0);
+  auto writers = OpenWriters(link);
+  EXPECT_TRUE(writers.contains(weights));
+  auto candidate = Get("checkpoint-4");
+  ASSERT_TRUE(candidate);
+  EXPECT_FALSE(Judge(*candidate, link, writers, {}).complete);
+  close(fd);
+  EXPECT_FALSE(OpenWriters(link).contains(weights));
+  unlink(link.c_str());
+}
+
 TEST_F(LayoutTest, FollowerShardIsCompleteWhenNodeZeroDeclaresIt) {
   Write("checkpoint-40/rng_state_8.pth", ZipBytes("data.pkl", "rng"));  // no trainer_state.json on node 1
   EXPECT_FALSE(Complete("checkpoint-40"));

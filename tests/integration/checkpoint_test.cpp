@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <thread>
@@ -87,6 +88,39 @@ TEST_F(CheckpointJob, CommitsEveryCheckpointEvenWhenRotationDeletesItRightAway) 
   ASSERT_EQ(json["checkpoints"].size(), 3u);
   for (const auto& row : json["checkpoints"]) EXPECT_TRUE(row["verified"].get<bool>()) << row.dump();
   EXPECT_TRUE(fs::is_empty(CheckpointDir() + "/.bt-checkpoint/staging")) << "staging is emptied after the upload";
+}
+
+// Linux names are bytes: "notes-\xff.txt" made the agent thread throw (the launcher aborted,
+// exit 134) and the journal kept it with U+FFFD, so a restart could never upload it.
+TEST_F(CheckpointJob, ANameThatIsNotUtf8IsCommittedByteForByte) {
+  const std::string odd = "notes-\xff.txt";
+  std::string config = Config({"mkdir -p $BT_CHECKPOINT_DIR/checkpoint-1 && printf odd > \"$BT_CHECKPOINT_DIR/checkpoint-1/$(printf 'notes-\\377.txt')\" && " +
+                               HfSave(1)});
+  ProcessResult result = RunLauncher(Run(config));
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(Latest(), "checkpoint-1\n");
+  EXPECT_EQ(ReadFile(RankDir() + "/checkpoint-1/" + odd), "odd");
+  const std::string journal = ReadFile(CheckpointDir() + "/.bt-checkpoint/journal.jsonl");
+  EXPECT_EQ(journal.find("\xef\xbf\xbd"), std::string::npos) << "the journal replaced a byte with U+FFFD";
+}
+
+// The job id is joined into every destination path: "../../outside" wrote checkpoints,
+// manifests and `latest` outside the destination.
+TEST_F(CheckpointJob, AJobIdThatIsNotOnePathComponentIsAConfigError) {
+  for (const std::string job_id : {"../../outside", "a/b", ".hidden", ".."}) {
+    LaunchSpec spec = Run(Config({HfSave(1)}));
+    spec.set_env["BT_TRAINING_JOB_ID"] = job_id;
+    ProcessResult result = RunLauncher(spec);
+    EXPECT_EQ(result.exit_code, 65) << job_id << "\n" << result.err;
+    EXPECT_NE(result.err.find("BT_TRAINING_JOB_ID"), std::string::npos) << result.err;
+  }
+  EXPECT_FALSE(fs::exists(dir_.path() + "/outside"));
+  EXPECT_FALSE(fs::exists(Remote())) << "something was uploaded";
+  nlohmann::json config = nlohmann::json::parse(ReadFile(Config({"true"})));
+  config["launcher"]["job_id"] = "../escape";
+  ProcessResult from_config = RunLauncher(Run(dir_.Write("bad-id.json", config.dump())));
+  EXPECT_EQ(from_config.exit_code, 65) << from_config.err;
+  EXPECT_NE(from_config.err.find("launcher.job_id"), std::string::npos) << from_config.err;
 }
 
 TEST_F(CheckpointJob, ACheckpointDeletedFileByFileIsNotUploadedAgain) {
@@ -282,6 +316,41 @@ TEST_F(CheckpointJob, SpoolDestinationWaitsForTheSidecarsAck) {
   EXPECT_EQ(record["name"], "checkpoint-1");
   EXPECT_EQ(record["remote_dir"], std::string(kJob) + "/rank-0/checkpoint-1");
   EXPECT_EQ(nlohmann::json::parse(ReadFile(spool + "/" + kJob + "--latest--1.json"))["name"], "checkpoint-1");
+}
+
+// The uploader SIGKILLed while it publishes `latest` (held there by a sidecar that has not
+// acknowledged yet): the restarted uploader was never asked again, and the checkpoint was
+// never committed (exit 74).
+TEST_F(CheckpointJob, PublishingLatestIsResentToARestartedUploader) {
+  const std::string spool = dir_.path() + "/spool";
+  fs::create_directories(spool);
+  LauncherProcess launcher(Run(Config({HfSave(1)}, "spool://" + spool)));
+  std::atomic<bool> killed_uploader = false;
+  std::thread sidecar([&] {  // for up to 40 s
+    for (int round = 0; round < 400; ++round) {
+      for (const auto& entry : fs::directory_iterator(spool)) {
+        const std::string path = entry.path().string();
+        if (!path.ends_with(".json") || fs::exists(path + ".ack")) continue;
+        if (path.find("--latest--") != std::string::npos && !killed_uploader) {
+          for (pid_t child : ChildrenOf(launcher.pid())) {
+            if (ReadFile("/proc/" + std::to_string(child) + "/cmdline").find("upload-worker") == std::string::npos) continue;
+            kill(child, SIGKILL);
+            killed_uploader = true;
+          }
+          fs::remove(path);
+          continue;
+        }
+        WriteFile(path + ".ack", "{}");
+        if (path.find("--latest--") != std::string::npos) return;
+      }
+      std::this_thread::sleep_for(100ms);
+    }
+  });
+  ProcessResult result = launcher.Finish();
+  sidecar.join();
+  EXPECT_TRUE(killed_uploader);
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.err.find("committed checkpoint-1"), std::string::npos) << result.err;
 }
 
 TEST_F(CheckpointJob, ALaterJobLoadsTheLatestCheckpointByteIdentical) {

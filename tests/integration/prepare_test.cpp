@@ -1,10 +1,17 @@
 // Before the first command: weights staged or waited for, the ready barrier across nodes,
 // and the project cache seeded exactly once across concurrent jobs. Real bt-launch
 // processes, each bounded; every process a test starts is gone when it ends.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -100,6 +107,21 @@ TEST_F(Prepare, FileSourceIsStagedWithPatternsByHardLinksOnceAndLeftAloneAfter) 
   EXPECT_EQ(second.err.find("staging"), std::string::npos) << "a complete mount is not staged again:\n" << second.err;
 }
 
+// The Hugging Face hub cache: snapshots/<rev>/<file> is a relative symlink into blobs/.
+// Hard-linked as a link, it dangled in the mount, which was marked complete anyway.
+TEST_F(Prepare, RelativeSymlinksAreStagedAsTheirTargetsBytes) {
+  const std::string cache = dir_.path() + "/hub/models--org--model";
+  WriteFile(cache + "/blobs/0123abcd", std::string(5000, 'b'));
+  fs::create_directories(cache + "/snapshots/rev1");
+  fs::create_symlink("../../blobs/0123abcd", cache + "/snapshots/rev1/model.safetensors");
+  json weights = {{"source", "file://" + cache + "/snapshots/rev1"}, {"mount_location", Mount()}};
+  ProcessResult result = RunLauncher(Run(Save(WithWeights(Config({"cmp " + Mount() + "/model.safetensors " + cache + "/blobs/0123abcd"}), weights))));
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_TRUE(fs::exists(Mount() + "/.complete"));
+  EXPECT_FALSE(fs::is_symlink(Mount() + "/model.safetensors"));
+  EXPECT_EQ(ReadFile(Mount() + "/model.safetensors"), std::string(5000, 'b'));
+}
+
 TEST_F(Prepare, CrashedStagingIsCleanedAndRedone) {
   WriteFile(dir_.path() + "/src/model.bin", "weights");
   WriteFile(dir_.path() + "/models/.base.bt-staging-99999/model.bin", "half");  // what a SIGKILL leaves
@@ -132,6 +154,74 @@ TEST_F(Prepare, StagingKilledMidwayIsRedoneByTheNextRun) {
   EXPECT_NE(second.err.find("left by a staging that did not finish"), std::string::npos) << second.err;
   EXPECT_EQ(fs::file_size(Mount() + "/shard-15"), 64u << 20);
   EXPECT_TRUE(fs::exists(Mount() + "/.complete"));
+}
+
+// An rclone stand-in first on PATH: `lsf` lists one 1000-byte file; `copy` writes 300 bytes
+// of it, then runs for as long as --max-duration allows and exits 7 (fatal), as rclone 1.60
+// can when that duration cuts a transfer.
+class PrepareWithRclone : public Prepare {
+ protected:
+  void SetUp() override {
+    // One process (no child to orphan when it is killed).
+    WriteFile(Bin() + "/rclone", "#!/usr/bin/env python3\n"
+                                 "import os, sys, time\n"
+                                 "open('" + dir_.path() + "/rclone.pid', 'w').write(str(os.getpid()))\n"
+                                 "args = sys.argv[1:]\n"
+                                 "if 'lsf' in args:\n"
+                                 "    print('1000\\tmodel.bin')\n"
+                                 "    sys.exit(0)\n"
+                                 "limit = float(args[args.index('--max-duration') + 1].rstrip('s'))\n"
+                                 "open(os.path.join(args[-1], 'model.bin'), 'wb').write(bytes(300))\n"
+                                 "time.sleep(limit)\n"
+                                 "sys.exit(7)\n");
+    fs::permissions(Bin() + "/rclone", fs::perms::owner_all);
+  }
+
+  std::string Bin() const { return dir_.path() + "/bin"; }
+
+  LaunchSpec RunWithStandIn(const std::string& config) {
+    LaunchSpec spec = Run(config);
+    spec.set_env["PATH"] = Bin() + ":" + std::string(std::getenv("PATH"));
+    spec.set_env["AWS_ACCESS_KEY_ID"] = "test";
+    spec.set_env["AWS_SECRET_ACCESS_KEY"] = "test";
+    return spec;
+  }
+
+  bool RcloneGone() const {
+    const std::string pid = ReadFile(dir_.path() + "/rclone.pid");
+    if (pid.empty()) return true;
+    const std::string stat = ReadFile("/proc/" + std::to_string(std::stoi(pid)) + "/stat");
+    return stat.empty() || stat.find(") Z") != std::string::npos;
+  }
+};
+
+// SIGTERM was not acted on while rclone staged weights, for up to launcher.weights.timeout_s.
+TEST_F(PrepareWithRclone, SigtermWhileRcloneStagesStopsWithinASecondAndMarksNothing) {
+  json weights = {{"source", "s3://bucket/model"}, {"mount_location", Mount()}};
+  LauncherProcess launcher(RunWithStandIn(Save(WithWeights(Config({"true"}), weights))));
+  ASSERT_TRUE(launcher.WaitForLog("through rclone", 30s));
+  std::this_thread::sleep_for(500ms);
+  const auto signalled = std::chrono::steady_clock::now();
+  launcher.Signal(SIGTERM);
+  ProcessResult result = launcher.Finish();
+  EXPECT_LT(std::chrono::steady_clock::now() - signalled, 5s) << result.err;
+  EXPECT_NE(result.exit_code, 0) << result.err;
+  EXPECT_FALSE(fs::exists(Mount() + "/.complete"));
+  EXPECT_TRUE(RcloneGone()) << "rclone still runs";
+  for (const auto& entry : fs::directory_iterator(dir_.path() + "/models")) {
+    EXPECT_EQ(entry.path().filename().string().find(".bt-staging-"), std::string::npos) << entry.path();
+  }
+}
+
+// The deadline cutting the transfer was reported as "fatal error, such as bad credentials".
+TEST_F(PrepareWithRclone, TheDeadlineCuttingATransferSaysSoWithTheBytesStaged) {
+  json weights = {{"source", "s3://bucket/model"}, {"mount_location", Mount()}};
+  ProcessResult result = RunLauncher(RunWithStandIn(Save(WithWeights(Config({"true"}), weights, {{"timeout_s", 3}}))));
+  EXPECT_EQ(result.exit_code, 74) << result.err;
+  EXPECT_NE(result.err.find("weights not complete after launcher.weights.timeout_s: " + Mount()), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("still staging, 300 B of 1000 B"), std::string::npos) << result.err;
+  EXPECT_EQ(result.err.find("bad credentials"), std::string::npos) << result.err;
+  EXPECT_FALSE(fs::exists(Mount() + "/.complete"));
 }
 
 TEST_F(Prepare, MissingFileSourceExits65NamingIt) {
@@ -286,6 +376,71 @@ TEST_F(Prepare, LeaderKilledDuringTheSeedLosesItsLeaseAndTheNextJobSeeds) {
   ProcessResult fourth = RunLauncher(Run(Save(reseed), "root-d"));
   ASSERT_EQ(fourth.exit_code, 0) << fourth.err;
   EXPECT_EQ(CountLines(Cache() + "/runs"), 3u);
+}
+
+// What SeedKey computes for one command and no seed_key: SHA-256 of "<command>\0\x01".
+std::string SeedKeyOf(const std::string& command) {
+  const std::string script = "python3 -c 'import hashlib,sys; print(hashlib.sha256(sys.argv[1].encode() + b\"\\0\\x01\").hexdigest())' '" +
+                             command + "'";
+  std::FILE* pipe = popen(script.c_str(), "r");
+  char line[128] = {};
+  if (pipe == nullptr) return "";
+  const bool read = std::fgets(line, sizeof line, pipe) != nullptr;
+  pclose(pipe);
+  return read ? std::string(line, 64) : "";
+}
+
+std::string LeaseText(const std::string& host, uint64_t renewals) {
+  // The holder's clock a day behind this one: what a waiter whose clock runs ahead sees.
+  return json{{"host", host}, {"pid", 1}, {"job_id", "holder"}, {"renewed_unix", int64_t(std::time(nullptr)) - 86400},
+              {"renewals", renewals}}.dump();
+}
+
+// A lease whose holder is alive (its flock held on this host) was taken over because its
+// renewal time, by another clock, looked older than lease_s: the seed ran twice at once.
+TEST_F(Prepare, ALockedLeaseOnThisHostIsNeverTakenOverWhateverItsClockSays) {
+  const std::string seed = "echo run >> $BT_PROJECT_CACHE_DIR/runs";
+  const std::string stem = Cache() + "/.bt-seed/" + SeedKeyOf(seed);
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  WriteFile(stem + ".lease", LeaseText(host, 1));
+  const int lock = open((stem + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(lock, 0);
+  ASSERT_EQ(flock(lock, LOCK_EX), 0);
+  LauncherProcess launcher(Run(Save(WithSeed(Config({"true"}), {seed}, 1))));
+  std::this_thread::sleep_for(4s);
+  EXPECT_FALSE(fs::exists(Cache() + "/runs")) << "a live holder's lease was taken over";
+  fs::remove(stem + ".lease");  // the holder finishes without a marker, as a failed seed does
+  close(lock);
+  ProcessResult result = launcher.Finish();
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(CountLines(Cache() + "/runs"), 1u);
+}
+
+// Across hosts the lease's own renewals decide, not two clocks: renewed, it is kept however
+// old its time looks; unrenewed for lease_s, it is taken over.
+TEST_F(Prepare, ALeaseOfAnotherHostIsJudgedByItsRenewals) {
+  const std::string seed = "echo run >> $BT_PROJECT_CACHE_DIR/runs";
+  const std::string stem = Cache() + "/.bt-seed/" + SeedKeyOf(seed);
+  WriteFile(stem + ".lease", LeaseText("other-host", 1));
+  std::atomic<bool> renewing = true;
+  std::thread holder([&] {
+    for (uint64_t renewals = 2; renewing; ++renewals) {
+      WriteFile(stem + ".lease.tmp", LeaseText("other-host", renewals));
+      fs::rename(stem + ".lease.tmp", stem + ".lease");
+      std::this_thread::sleep_for(250ms);
+    }
+  });
+  LauncherProcess launcher(Run(Save(WithSeed(Config({"true"}), {seed}, 1))));
+  std::this_thread::sleep_for(4s);
+  renewing = false;
+  holder.join();
+  EXPECT_FALSE(fs::exists(Cache() + "/runs")) << "a lease renewed every 250 ms was taken over";
+  ProcessResult result = launcher.Finish();
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.err.find("other-host (pid 1, job holder) was not renewed for launcher.cache.lease_s"), std::string::npos)
+      << result.err;
+  EXPECT_EQ(CountLines(Cache() + "/runs"), 1u);
 }
 
 TEST_F(Prepare, FailedSeedFailsEveryNodeAndLeavesNoMarker) {

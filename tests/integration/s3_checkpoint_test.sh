@@ -2,7 +2,8 @@
 # Checkpoints through rclone to a real S3 API server (s3rver, from npm) started and stopped
 # here: upload with credentials from the auth secret while the environment carries an
 # AWS_CA_BUNDLE that would break rclone 1.60, `checkpoints --verify`, a second job loading
-# the checkpoint byte-identical, the server down for a while, and a malformed secret.
+# the checkpoint byte-identical, a file name rclone cannot carry, the server down for a while,
+# and a malformed secret.
 #   s3_checkpoint_test.sh BT_LAUNCH_BINARY NPM_PREFIX
 set -euo pipefail
 BIN=$(realpath "$1")
@@ -67,6 +68,20 @@ job second s3-job-2 "cmp \$BT_LOAD_CHECKPOINT_DIR/rank-0/checkpoint-5/model.safe
   ', "load_checkpoint_config": {"enabled": true, "checkpoints": [{"typ": "baseten_latest_checkpoint", "job_id": "s3-job"}]}'
 timeout 120 "$BIN" run --config "$work/second.json" --root "$work/root" >"$work/out" 2>&1 || fail "loading job exited $?"
 grep -q "loaded checkpoint checkpoint-5 of job s3-job" "$work/out" || fail "nothing loaded"
+
+echo "== a file name with a newline: rclone's file list cannot carry it, so the checkpoint is refused, not committed"
+cat > "$work/newline.sh" <<'SH'
+d=$BT_CHECKPOINT_DIR/checkpoint-7; mkdir -p "$d" && head -c 1000 /dev/urandom > "$d/model.safetensors.bin" &&
+  printf x > "$d/$(printf 'a\nb')" && echo {} > "$d/trainer_state.json"
+SH
+job newline s3-job-nl "sh $work/newline.sh"
+set +e
+BT_SECRETS_DIR="$work/root/secrets" timeout 120 "$BIN" run --config "$work/newline.json" --root "$work/root-nl" >"$work/out" 2>&1
+code=$?
+set -e
+[ "$code" = 74 ] || fail "a checkpoint with a newline in a file name: exit $code, not 74"
+grep -q "checkpoint-7 is complete but is not uploaded to s3://ckpt/runs" "$work/out" || fail "the refusal is not logged"
+grep -q "committed checkpoint-7" "$work/out" && fail "checkpoint-7 was committed without its file"
 
 # doctor DESTINATION_VERDICT TEXT: `bt-launch doctor` on the first job's config.
 doctor() {

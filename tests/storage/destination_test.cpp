@@ -1,5 +1,10 @@
 // The three destination backends a test can reach without a network (file://, spool://),
 // and the URI and rclone environment that every backend starts from.
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -13,6 +18,7 @@
 #include "storage/destination.h"
 #include "storage/hash.h"
 #include "storage/manifest.h"
+#include "storage/subprocess.h"
 #include "tests/support/launcher_process.h"
 
 namespace bt::storage {
@@ -66,6 +72,39 @@ TEST(FileDestination, WritesTheRemoteLayoutAndReadsItBack) {
   }
 }
 
+// One descriptor per file until the batch ended: with the usual soft limit of 1024, a
+// 1,500-file checkpoint failed with EMFILE on every retry. Here the limit leaves room for
+// 100 more descriptors and the checkpoint has 600 files.
+TEST(FileDestination, UploadsManyFilesWithinABoundedNumberOfDescriptors) {
+  TempDir dir;
+  constexpr int kFiles = 600;
+  const std::string staged_dir = dir.path() + "/staging/9";
+  StagedFiles staged{staged_dir, {}, 0, 9};
+  for (int index = 0; index < kFiles; ++index) {
+    const std::string path = "shards/part-" + std::to_string(index);
+    WriteFile(staged_dir + "/" + path, std::to_string(index));
+    staged.paths.push_back(path);
+    staged.total_bytes += std::to_string(index).size();
+  }
+  size_t open_now = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) ++open_now;
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  rlimit tight = saved;
+  tight.rlim_cur = open_now + 100;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &tight), 0);
+  auto destination = OpenDestination(ParseDestination("file://" + dir.path() + "/remote", "test"));
+  std::string error;
+  try {
+    destination->Upload(staged, HeaderOf(staged), "job/rank-0", [](uint64_t, uint64_t) {});
+  } catch (const DestinationError& failure) {
+    error = failure.what();
+  }
+  setrlimit(RLIMIT_NOFILE, &saved);
+  ASSERT_EQ(error, "");
+  EXPECT_EQ(ReadFile(dir.path() + "/remote/job/rank-0/checkpoint-4/shards/part-599"), "599");
+}
+
 TEST(FileDestination, AnUnwritableDestinationIsAnErrorNamingThePath) {
   TempDir dir;
   StagedFiles staged = StageOne(dir);
@@ -97,6 +136,67 @@ TEST(SpoolDestination, HandsOffARecordAndWaitsForTheAck) {
   destination->Upload(staged, HeaderOf(staged), "job/rank-0", [](uint64_t, uint64_t) {});
   sidecar.join();
   EXPECT_THROW(destination->ReadText("job/latest"), DestinationError);
+}
+
+// rclone's --files-from-raw reads one name a line: a file named "a\nb" was left out of the
+// upload while the manifest listed it and `latest` was committed.
+TEST(UncarriableName, NewlinesAreRefusedWhereTheyWouldBeLost) {
+  const DestinationSpec s3 = ParseDestination("s3://bucket/prefix", "test");
+  const DestinationSpec file = ParseDestination("file:///tmp/remote", "test");
+  const std::vector<std::string> ordinary = {"checkpoint-1/model.bin", "checkpoint-1/with space.txt"};
+  EXPECT_FALSE(UncarriableName(s3, "checkpoint-1", ordinary));
+  for (const std::string odd : {"checkpoint-1/a\nb", "checkpoint-1/a\rb"}) {
+    auto problem = UncarriableName(s3, "checkpoint-1", {"checkpoint-1/model.bin", odd});
+    ASSERT_TRUE(problem) << odd;
+    EXPECT_NE(problem->find(odd), std::string::npos) << *problem;
+    EXPECT_FALSE(UncarriableName(file, "checkpoint-1", {odd})) << "file:// writes any name";
+  }
+  // `latest` is one line on every destination.
+  EXPECT_TRUE(UncarriableName(file, "checkpoint-\n1", ordinary));
+  EXPECT_TRUE(UncarriableName(s3, "checkpoint-\r1", ordinary));
+}
+
+bool ProcessIsGone(pid_t pid) {
+  const std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
+  if (stat.empty()) return true;
+  const auto state_at = stat.rfind(')') + 2;
+  return state_at < stat.size() && (stat[state_at] == 'Z' || stat[state_at] == 'X');
+}
+
+// The uploader SIGKILLed at the drain deadline left its rclone running, reparented to init,
+// with the S3 keys in its environment. A helper started by RunProcess dies with its caller.
+TEST(RunProcess, AHelperDoesNotOutliveTheProcessThatRanIt) {
+  TempDir dir;
+  const std::string pid_file = dir.path() + "/helper.pid";
+  const pid_t caller = fork();
+  ASSERT_GE(caller, 0);
+  if (caller == 0) {
+    RunProcess({"sh", "-c", "echo $$ > " + pid_file + ".tmp && mv " + pid_file + ".tmp " + pid_file + " && exec sleep 30"},
+               {"PATH=/usr/bin:/bin"}, [](const std::string&) {});
+    _exit(0);
+  }
+  pid_t helper = -1;
+  for (int tries = 0; tries < 100 && helper < 0; ++tries) {
+    const std::string text = ReadFile(pid_file);
+    if (!text.empty()) helper = std::stoi(text);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  kill(caller, SIGKILL);
+  waitpid(caller, nullptr, 0);
+  ASSERT_GT(helper, 0) << "the helper never started";
+  bool gone = false;
+  for (int tries = 0; tries < 40 && !gone; ++tries) {
+    gone = ProcessIsGone(helper);
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (!gone) kill(helper, SIGKILL);
+  EXPECT_TRUE(gone) << "the helper outlived the process that ran it";
+}
+
+TEST(RunProcess, AProgramThatCannotBeStartedIs127) {
+  ProcessResult result = RunProcess({"/nonexistent/bt-no-such-program"}, {}, [](const std::string&) {});
+  EXPECT_EQ(result.exit_code, 127);
+  EXPECT_NE(result.spawn_error.find("No such file"), std::string::npos) << result.spawn_error;
 }
 
 TEST(DestinationUri, BadUrisNameTheirOrigin) {
