@@ -15,12 +15,18 @@ namespace bt::rendezvous {
 // Keys are names, never data: the longest the launcher writes is a checkpoint's part key
 // (a directory name of at most 255 bytes plus the prefix).
 inline constexpr size_t kMaxKeyBytes = 1024;
-// A value the leader stores: the largest is a node's fabric inventory (a few KiB), a plan
-// entry or a checkpoint name; 1 MiB leaves room for any a user's key needs.
-inline constexpr size_t kMaxValueBytes = 1u << 20;
+// A value the leader stores. The launcher's own are a few KiB at most (a node's fabric
+// inventory, about 6 KiB for 8 rails; the plan node 0 shares, the same size at any node
+// count); the bound leaves the job's own keys room for a serialized object of some MiB.
+inline constexpr size_t kMaxValueBytes = 16u << 20;
 // What one connection's parked get/wait requests may hold on the leader (their keys and
 // bookkeeping): 4,096 waits on full-length keys fit; a connection that parks more is closed.
 inline constexpr size_t kMaxParkedBytesPerConnection = 8u << 20;
+
+// One mget (Store::Peek) names at most this many keys, and its answer holds at most this
+// many bytes of values (more is answered with an error, the connection kept).
+inline constexpr size_t kMaxPeekKeys = 1024;
+inline constexpr size_t kMaxPeekReplyBytes = 16u << 20;
 
 // The launcher's own keys start with this; anything else is the job's to use freely.
 inline constexpr std::string_view kLauncherKeyPrefix = "bt/";

@@ -387,8 +387,10 @@ class StoreServer::Loop {
     if (op == "set") return OnSet(connection, message);
     if (op == "get" || op == "wait") return OnWait(connection, message, op == "get");
     if (op == "add") return OnAdd(connection, message);
+    if (op == "mget") return OnPeek(connection, message);
     if (op == "join") return OnJoin(connection, message);
     if (op == "report") return OnReport(connection, message);
+    if (op == "give_up") return OnGiveUp(connection, message);
     if (op == "bye") {
       connection.said_goodbye = true;
       return;
@@ -481,6 +483,33 @@ class StoreServer::Loop {
       });
       if (it->second.empty()) waiters_.erase(it);
     }
+  }
+
+  // The values of several keys as they are now, null for those not set.
+  void OnPeek(Connection& connection, const Message& message) {
+    auto keys = message.find("keys");
+    if (keys == message.end() || !keys->is_array()) throw FrameError("field \"keys\": expected an array");
+    if (keys->size() > kMaxPeekKeys) {
+      return Refuse(connection, message, "mget of " + std::to_string(keys->size()) + " keys (at most " +
+                                             std::to_string(kMaxPeekKeys) + ")");
+    }
+    Message values = Message::array();
+    size_t bytes = 0;
+    for (const auto& key : *keys) {
+      if (!key.is_string()) throw FrameError("field \"keys\": expected strings");
+      auto it = values_.find(key.get_ref<const std::string&>());
+      if (it == values_.end()) {
+        values.push_back(nullptr);
+        continue;
+      }
+      bytes += it->second.size();
+      if (bytes > kMaxPeekReplyBytes) {
+        return Reply(connection, message, {{"op", "error"}, {"message", "mget answer over " +
+                                                                          std::to_string(kMaxPeekReplyBytes) + " bytes: ask for fewer keys"}});
+      }
+      values.push_back(BytesValue(it->second));
+    }
+    Reply(connection, message, {{"op", "ok"}, {"values", std::move(values)}});
   }
 
   static void Unpark(Connection& connection, const Waiter& waiter) {
@@ -605,6 +634,15 @@ class StoreServer::Loop {
       SetVerdict(ServerVerdict::Kind::kResult, -1, "every node succeeded");
       Broadcast({{"op", "result"}, {"code", 0}});
     }
+  }
+
+  // A node that will not wait for the verdict any longer: the job has failed, and every
+  // node is told so, whatever its own outcome.
+  void OnGiveUp(Connection& connection, const Message& message) {
+    const std::string cause = StringField(message, "cause");
+    if (connection.rank < 0) return Refuse(connection, message, "give_up from a connection that never joined");
+    Reply(connection, message, {{"op", "ok"}});
+    Abort(connection.rank, infos_[size_t(connection.rank)].Label() + " gave up: " + cause);
   }
 
   void Abort(int rank, const std::string& message) {
