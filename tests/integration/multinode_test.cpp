@@ -26,7 +26,8 @@ namespace fs = std::filesystem;
 class Job {
  public:
   // `rendezvous_extra` (", \"key\": value, ...") overrides the rendezvous defaults below.
-  Job(int nodes, const std::string& commands_json, const std::string& rendezvous_extra = "")
+  // With checkpointing, a node's drain waits for node 0's training to end.
+  Job(int nodes, const std::string& commands_json, const std::string& rendezvous_extra = "", bool checkpointing = true)
       : nodes_(nodes), port_(FreePort()) {
     nlohmann::json rendezvous = {{"port", port_}, {"join_timeout_s", 20}, {"heartbeat_interval_s", 0.2},
                                  {"heartbeat_timeout_s", 3}, {"exit_barrier_timeout_s", 30}};
@@ -36,7 +37,7 @@ class Job {
         {"enable_baseten_workdir", false},
         {"runtime",
          {{"start_commands", nlohmann::json::parse(commands_json)},
-          {"checkpointing_config", {{"enabled", true}}},
+          {"checkpointing_config", {{"enabled", checkpointing}}},
           {"cache_config", {{"enabled", true}}}}},
         {"launcher", {{"grace_period_s", 5}, {"rendezvous", rendezvous}}}};
     config_ = dir_.Write("job.json", config.dump());
@@ -133,7 +134,7 @@ TEST(MultiNode, ExitBarrierTimeoutNamesTheNodesStillRunning) {
 // node 0 included: node 0's training is stopped and it exits 69 naming node 1, instead of
 // finishing later with "every node succeeded" while node 1 exited 69.
 TEST(MultiNode, FollowerWhoseExitBarrierTimesOutFailsTheJobOnEveryNode) {
-  Job job(2, R"(["if [ $BT_NODE_RANK = 0 ]; then exec sleep 30; fi"])", R"(, "exit_barrier_timeout_s": 1)");
+  Job job(2, R"(["if [ $BT_NODE_RANK = 0 ]; then exec sleep 30; fi"])", R"(, "exit_barrier_timeout_s": 1)", false);
   auto processes = job.StartAll();
   auto results = Job::FinishAll(processes);
   EXPECT_EQ(results[1].exit_code, 69) << results[1].err;
