@@ -31,6 +31,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr size_t kMaxPendingOutputBytes = 256u << 20;  // a peer that stops reading is dropped
 constexpr size_t kMaxWaitsPerConnection = 4096;
+// A failed node's cause goes to every node in the abort: a failure that quotes a table
+// (the fabric's differences, thousands of rows at scale) must not cost N times its size.
+constexpr size_t kMaxCauseBytes = 4096;
 constexpr int kEpollBatch = 512;
 // A connection must prove the token this soon after it is accepted, and only so many may be
 // waiting to: idle connections (a port scanner, a health check, anyone on the network)
@@ -621,7 +624,7 @@ class StoreServer::Loop {
 
   void OnReport(Connection& connection, const Message& message) {
     const int64_t code = IntField(message, "code");
-    const std::string cause = StringField(message, "cause");
+    const std::string cause = Bounded(StringField(message, "cause"));
     Reply(connection, message, {{"op", "ok"}});
     if (connection.rank < 0 || reported_[size_t(connection.rank)]) return;
     {
@@ -639,10 +642,17 @@ class StoreServer::Loop {
   // A node that will not wait for the verdict any longer: the job has failed, and every
   // node is told so, whatever its own outcome.
   void OnGiveUp(Connection& connection, const Message& message) {
-    const std::string cause = StringField(message, "cause");
+    const std::string cause = Bounded(StringField(message, "cause"));
     if (connection.rank < 0) return Refuse(connection, message, "give_up from a connection that never joined");
     Reply(connection, message, {{"op", "ok"}});
     Abort(connection.rank, infos_[size_t(connection.rank)].Label() + " gave up: " + cause);
+  }
+
+  static std::string Bounded(std::string cause) {
+    if (cause.size() <= kMaxCauseBytes) return cause;
+    const size_t cut = cause.size() - kMaxCauseBytes;
+    cause.resize(kMaxCauseBytes);
+    return cause + "... (" + std::to_string(cut) + " more bytes in that node's log)";
   }
 
   void Abort(int rank, const std::string& message) {

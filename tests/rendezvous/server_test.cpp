@@ -389,6 +389,19 @@ TEST(Server, FailedReportAbortsEveryoneNamingTheNode) {
   EXPECT_NE(abort->message.find("node 1 (host1, 127.0.0.1) failed: exit code 3"), std::string::npos) << abort->message;
 }
 
+// A failure that quotes a table (the fabric's differences at scale) goes to every node in
+// the abort: it is cut, so that it does not cost N times its size.
+TEST(Server, AHugeFailureCauseIsCutInTheAbortEveryNodeGets) {
+  StoreServer server(Options(2));
+  auto nodes = JoinAll(server, 2);
+  nodes[1]->Report(69, "fabric: the fabric differs between nodes\n" + std::string(1 << 20, 'x'));
+  auto abort = NextEvent(*nodes[0], PeerEvent::Kind::kAbort);
+  ASSERT_TRUE(abort);
+  EXPECT_LT(abort->message.size(), 5000u);
+  EXPECT_NE(abort->message.find("fabric: the fabric differs between nodes"), std::string::npos);
+  EXPECT_NE(abort->message.find("more bytes in that node's log"), std::string::npos) << abort->message.substr(0, 200);
+}
+
 TEST(Server, AllSuccessfulReportsGiveTheResult) {
   StoreServer server(Options(2));
   auto nodes = JoinAll(server, 2);
