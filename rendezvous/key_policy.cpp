@@ -27,6 +27,7 @@ constexpr std::array kRules = {
     KeyRule{"bt/ready", Writer::kCounter},
     KeyRule{"bt/fabric/inventory/{rank}", Writer::kOwner},
     KeyRule{"bt/fabric/plan/readers", Writer::kCounter},
+    KeyRule{"bt/fabric/published", Writer::kCounter},
     KeyRule{"bt/fabric/probe/ready/{rank}", Writer::kOwner},
     KeyRule{"bt/fabric/probe/result/{rank}", Writer::kOwner},
     KeyRule{"bt/fabric/probe/qp/*/*/{rank}", Writer::kOwner},

@@ -25,6 +25,10 @@ constexpr auto kExchangeTimeout = std::chrono::seconds(120);
 std::string InventoryKey(int rank) { return "bt/fabric/inventory/" + std::to_string(rank); }
 constexpr const char* kPlanKey = "bt/fabric/plan";
 constexpr const char* kPlanReadersKey = "bt/fabric/plan/readers";
+// A counter: the nodes whose inventory is published. Node 0 reads it every kPublishedPoll.
+constexpr const char* kPublishedKey = "bt/fabric/published";
+constexpr auto kPublishedPoll = std::chrono::milliseconds(20);
+constexpr const char* kNeverSetKey = "bt/fabric/never-set";
 // How long node 0 keeps the store up for a failed plan to be read by every node, and how
 // often it counts the readers meanwhile.
 constexpr auto kFailedPlanReadTimeout = std::chrono::seconds(10);
@@ -62,22 +66,34 @@ void FindBootstrapInterface(fabric::Inventory& inventory, const env::NodeIdentit
   inventory.bootstrap_interface = fabric::InterfaceWithAddress(inventory.interfaces, local_address);
 }
 
-// Node 0: every node's inventory, in rank order. A node whose inventory does not parse
-// is named, as is one that never published.
-// One get per node (it blocks until the key exists), all under one deadline.
+// Sleeps `pause` on the store, which looks for a stop (a failed peer, a lost leader, a
+// signal) in between: a wait on a key that is never set, answered by its timeout.
+void PauseStopAware(rendezvous::Store& store, std::chrono::milliseconds pause) {
+  try {
+    store.Wait({kNeverSetKey}, pause);
+  } catch (const rendezvous::StoreTimeout&) {
+  }
+}
+
+// Node 0: every node's inventory, in rank order, once all are in. It reads the count of
+// published inventories until it is complete, then every inventory in one mget per 1,024
+// nodes: a get per node is a round trip each, and on a leader short of CPU each one cost
+// tens of milliseconds (63 s for 1,024 nodes). A node that never published, or whose
+// inventory does not parse, is named.
 std::vector<fabric::NodeFabric> CollectInventories(rendezvous::Store& store, const std::vector<rendezvous::NodeInfo>& roster) {
   const auto deadline = std::chrono::steady_clock::now() + kExchangeTimeout;
+  while (store.Add(kPublishedKey, 0) < int64_t(roster.size()) && std::chrono::steady_clock::now() < deadline) {
+    PauseStopAware(store, kPublishedPoll);
+  }
+  std::vector<std::string> keys;
+  for (const auto& node : roster) keys.push_back(InventoryKey(node.rank));
+  const auto texts = store.Peek(keys);
   std::vector<fabric::NodeFabric> nodes;
-  for (const auto& node : roster) {
-    std::string text;
+  for (size_t i = 0; i < roster.size(); ++i) {
+    const rendezvous::NodeInfo& node = roster[i];
+    if (!texts[i]) throw LaunchFailure(kExitUnavailable, "fabric: " + node.Label() + " never published its inventory");
     try {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      text = store.Get(InventoryKey(node.rank), std::max(left, std::chrono::milliseconds(1)));
-    } catch (const rendezvous::StoreTimeout&) {
-      throw LaunchFailure(kExitUnavailable, "fabric: " + node.Label() + " never published its inventory");
-    }
-    try {
-      nodes.push_back({node.rank, node.host, fabric::Inventory::FromJson(nlohmann::json::parse(text))});
+      nodes.push_back({node.rank, node.host, fabric::Inventory::FromJson(nlohmann::json::parse(*texts[i]))});
     } catch (const std::exception& error) {
       throw LaunchFailure(kExitUnavailable, "fabric: the inventory of " + node.Label() + " is malformed: " + error.what());
     }
@@ -134,6 +150,7 @@ void ExchangeAndPlan(const env::JobConfig& config, const env::NodeIdentity& iden
     return;
   }
   store->Set(InventoryKey(identity.rank), result.inventory.ToJson().dump());
+  store->Add(kPublishedKey, 1);
   if (identity.rank == 0) {
     // Node 0's roster is its own server's: no request.
     result.plan = fabric::PlanFabric(CollectInventories(*store, peers->Roster()), required);

@@ -224,6 +224,7 @@ class Swarm {
     }
     steps_ = {
         {"", 10, {}, -1},  // the node's inventory (its own frame)
+        {frame({{"op", "add"}, {"id", 16}, {"key", "bt/fabric/published"}, {"delta", 1}}), 16, {}, -1},
         {frame({{"op", "get"}, {"id", 11}, {"key", "bt/fabric/plan"}, {"timeout_ms", uint64_t(kStopCheckSlice.count())}}), 11, kStopCheckSlice, -1},
         {frame({{"op", "add"}, {"id", 12}, {"key", "bt/fabric/plan/readers"}, {"delta", 1}}), 12, {}, 2},
         {"", 13, {}, -1},  // the node's phase, "ready" (its own frame)
