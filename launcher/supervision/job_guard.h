@@ -1,7 +1,8 @@
 // What stops a command's process group when the launcher dies without warning (SIGKILL
 // from mpirun a second after its SIGTERM, the OOM killer): a small process forked beside
 // the job that waits on a pipe only the launcher holds. The kernel closes that pipe when
-// the launcher dies, however it dies; the guard then SIGKILLs the group, so no training
+// the launcher dies, however it dies; the guard then SIGKILLs the group and every
+// descendant of it (torchrun's workers run in sessions of their own), so no training
 // outlives its launcher holding the GPUs. A launcher that ends normally says so first and
 // the guard exits without a signal.
 #pragma once
