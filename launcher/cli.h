@@ -29,6 +29,7 @@ struct CliOptions {
   std::optional<std::string> bench_dir;    // bench: where to write (default: a temporary directory)
   int bench_nodes = 1024;                  // bench rendezvous --nodes
   int bench_runs = 3;                      // bench rendezvous --runs
+  bool bench_protocol_only = false;        // bench rendezvous --protocol-only
   int parent_pid = 0;                      // upload-worker
   size_t preflight_bytes = size_t(1) << 28;  // nccl-preflight-worker --bytes
   std::optional<std::string> sysfs_root;   // run, rendezvous, fabric, doctor: read devices from DIR/class/infiniband

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <memory>
@@ -16,6 +17,7 @@
 #include <spdlog/spdlog.h>
 
 #include "rendezvous/auth.h"
+#include "rendezvous/key_policy.h"
 
 namespace bt::rendezvous {
 namespace {
@@ -327,12 +329,37 @@ int64_t StoreClient::Add(const std::string& key, int64_t delta) {
   return IntField(Request({{"op", "add"}, {"key", key}, {"delta", delta}}, kRequestTimeout), "value");
 }
 
+std::vector<std::optional<std::string>> StoreClient::Peek(const std::vector<std::string>& keys) {
+  std::vector<std::optional<std::string>> values;
+  for (size_t first = 0; first < keys.size(); first += kMaxPeekKeys) {
+    const auto batch_end = keys.begin() + int64_t(std::min(keys.size(), first + kMaxPeekKeys));
+    const Message reply = Request({{"op", "mget"}, {"keys", std::vector<std::string>(keys.begin() + int64_t(first), batch_end)}},
+                                  kRequestTimeout);
+    auto answered = reply.find("values");
+    if (answered == reply.end() || !answered->is_array() || answered->size() != size_t(batch_end - keys.begin()) - first) {
+      throw StoreError("the leader answered mget without one value per key");
+    }
+    for (const auto& value : *answered) {
+      if (value.is_binary()) {
+        values.emplace_back(std::string(value.get_binary().begin(), value.get_binary().end()));
+      } else {
+        values.emplace_back(std::nullopt);
+      }
+    }
+  }
+  return values;
+}
+
 void StoreClient::Join(const NodeInfo& info, int node_count) {
   Request({{"op", "join"}, {"count", node_count}, {"info", info.ToJson()}}, kRequestTimeout);
 }
 
 void StoreClient::Report(int exit_code, const std::string& cause) {
   Request({{"op", "report"}, {"code", exit_code}, {"cause", cause}}, kRequestTimeout);
+}
+
+void StoreClient::GiveUp(const std::string& cause) {
+  Request({{"op", "give_up"}, {"cause", cause}}, kRequestTimeout);
 }
 
 void StoreClient::SayGoodbye() {

@@ -78,10 +78,15 @@ class StoreClient final : public Store {
   std::string Get(const std::string& key, std::chrono::milliseconds timeout) override;
   void Wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
   int64_t Add(const std::string& key, int64_t delta) override;
+  // At most kMaxPeekKeys keys a request; more are asked for in several.
+  std::vector<std::optional<std::string>> Peek(const std::vector<std::string>& keys) override;
 
   // Claims `info.rank`; throws StoreError when the leader refuses (a verdict explains why).
   void Join(const NodeInfo& info, int node_count);
   void Report(int exit_code, const std::string& cause);
+  // Ends the job as failed by this node (after its report, e.g. when it stops waiting at the
+  // exit barrier): the leader aborts it, so every node reports the same result.
+  void GiveUp(const std::string& cause);
   void SayGoodbye();
 
   int event_fd() const { return event_fd_; }  // readable when TakeEvent() has something

@@ -52,6 +52,16 @@ class MemoryStore final : public Store {
     return value;
   }
 
+  std::vector<std::optional<std::string>> Peek(const std::vector<std::string>& keys) override {
+    std::lock_guard lock(mutex_);
+    std::vector<std::optional<std::string>> values;
+    for (const auto& key : keys) {
+      auto it = values_.find(key);
+      values.push_back(it == values_.end() ? std::nullopt : std::optional<std::string>(it->second));
+    }
+    return values;
+  }
+
  private:
   std::mutex mutex_;
   std::condition_variable changed_;

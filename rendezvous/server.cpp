@@ -21,6 +21,7 @@
 #include <spdlog/spdlog.h>
 
 #include "rendezvous/auth.h"
+#include "rendezvous/key_policy.h"
 #include "rendezvous/store.h"
 #include "rendezvous/wire.h"
 
@@ -30,6 +31,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr size_t kMaxPendingOutputBytes = 256u << 20;  // a peer that stops reading is dropped
 constexpr size_t kMaxWaitsPerConnection = 4096;
+// A failed node's cause goes to every node in the abort: a failure that quotes a table
+// (the fabric's differences, thousands of rows at scale) must not cost N times its size.
+constexpr size_t kMaxCauseBytes = 4096;
 constexpr int kEpollBatch = 512;
 // A connection must prove the token this soon after it is accepted, and only so many may be
 // waiting to: idle connections (a port scanner, a health check, anyone on the network)
@@ -147,6 +151,7 @@ struct Connection {
   std::string dead_reason;
   int rank = -1;
   size_t pending_waits = 0;
+  size_t parked_bytes = 0;  // what its parked requests hold on the leader (see ParkedBytes)
   Clock::time_point last_seen = Clock::now();
   Clock::time_point accepted_at = Clock::now();
 };
@@ -158,7 +163,12 @@ struct Waiter {
   int64_t id;
   bool wants_value;
   Clock::time_point deadline;
+  size_t bytes;  // charged to its connection's parked_bytes while parked
 };
+
+// What a parked request on `key` holds: the key twice (the waiter table and the expiry
+// index), the waiter and the tables' nodes.
+size_t ParkedBytes(const std::string& key) { return 2 * key.size() + sizeof(Waiter) + 128; }
 
 }  // namespace
 
@@ -380,8 +390,10 @@ class StoreServer::Loop {
     if (op == "set") return OnSet(connection, message);
     if (op == "get" || op == "wait") return OnWait(connection, message, op == "get");
     if (op == "add") return OnAdd(connection, message);
+    if (op == "mget") return OnPeek(connection, message);
     if (op == "join") return OnJoin(connection, message);
     if (op == "report") return OnReport(connection, message);
+    if (op == "give_up") return OnGiveUp(connection, message);
     if (op == "bye") {
       connection.said_goodbye = true;
       return;
@@ -411,14 +423,29 @@ class StoreServer::Loop {
 
   void OnSet(Connection& connection, const Message& message) {
     const std::string key = StringField(message, "key");
-    values_[key] = BytesField(message, "value");
+    std::string value = BytesField(message, "value");
+    if (auto why = KeySizeRefusal(key)) return Refuse(connection, message, *why);
+    if (auto why = ValueSizeRefusal(key, value.size())) return Refuse(connection, message, *why);
+    if (auto why = WriteRefusal(key, KeyWrite::kSet, connection.rank)) return Refuse(connection, message, *why);
+    values_[key] = std::move(value);
     Reply(connection, message, {{"op", "ok"}});
     WakeWaiters(key);
+  }
+
+  // A request the leader does not accept: the node is told why, then its connection is
+  // closed (a joined node's loss aborts the job, and the abort names the refusal).
+  void Refuse(Connection& connection, const Message& request, const std::string& why) {
+    spdlog::warn("rendezvous: refused a request from {}{}: {}", connection.peer,
+                 connection.rank >= 0 ? " (node " + std::to_string(connection.rank) + ")" : "", why);
+    Reply(connection, request, {{"op", "error"}, {"message", "refused: " + why}});
+    shutdown(connection.fd, SHUT_WR);
+    Kill(connection, "refused: " + why);
   }
 
   void OnWait(Connection& connection, const Message& message, bool wants_value) {
     const std::string key = StringField(message, "key");
     const int64_t id = IntField(message, "id");
+    if (auto why = KeySizeRefusal(key)) return Refuse(connection, message, *why);
     if (key == kRosterKey && roster_complete_ && !values_.count(key)) PublishRoster();
     auto it = values_.find(key);
     if (it != values_.end()) {
@@ -427,13 +454,19 @@ class StoreServer::Loop {
       return Send(connection, reply);
     }
     if (connection.pending_waits >= kMaxWaitsPerConnection) throw FrameError("too many pending waits");
+    const size_t bytes = ParkedBytes(key);
+    if (connection.parked_bytes + bytes > kMaxParkedBytesPerConnection) {
+      return Refuse(connection, message, "parked requests would hold more than " +
+                                             std::to_string(kMaxParkedBytesPerConnection) + " bytes on the leader");
+    }
     auto deadline = Clock::time_point::max();
     if (auto timeout = message.find("timeout_ms"); timeout != message.end() && timeout->is_number_unsigned()) {
       deadline = Clock::now() + std::chrono::milliseconds(std::min<uint64_t>(timeout->get<uint64_t>(), 1ull << 40));
       wait_deadlines_.emplace(deadline, key);
     }
     ++connection.pending_waits;
-    waiters_[key].push_back(Waiter{connection.fd, id, wants_value, deadline});
+    connection.parked_bytes += bytes;
+    waiters_[key].push_back(Waiter{connection.fd, id, wants_value, deadline, bytes});
   }
 
   // Drops parked requests whose client has given up on them.
@@ -447,7 +480,7 @@ class StoreServer::Loop {
       std::erase_if(it->second, [&](const Waiter& waiter) {
         if (waiter.deadline > now) return false;
         if (auto connection = connections_.find(waiter.fd); connection != connections_.end()) {
-          --connection->second->pending_waits;
+          Unpark(*connection->second, waiter);
         }
         return true;
       });
@@ -455,12 +488,49 @@ class StoreServer::Loop {
     }
   }
 
+  // The values of several keys as they are now, null for those not set.
+  void OnPeek(Connection& connection, const Message& message) {
+    auto keys = message.find("keys");
+    if (keys == message.end() || !keys->is_array()) throw FrameError("field \"keys\": expected an array");
+    if (keys->size() > kMaxPeekKeys) {
+      return Refuse(connection, message, "mget of " + std::to_string(keys->size()) + " keys (at most " +
+                                             std::to_string(kMaxPeekKeys) + ")");
+    }
+    Message values = Message::array();
+    size_t bytes = 0;
+    for (const auto& key : *keys) {
+      if (!key.is_string()) throw FrameError("field \"keys\": expected strings");
+      auto it = values_.find(key.get_ref<const std::string&>());
+      if (it == values_.end()) {
+        values.push_back(nullptr);
+        continue;
+      }
+      bytes += it->second.size();
+      if (bytes > kMaxPeekReplyBytes) {
+        return Reply(connection, message, {{"op", "error"}, {"message", "mget answer over " +
+                                                                          std::to_string(kMaxPeekReplyBytes) + " bytes: ask for fewer keys"}});
+      }
+      values.push_back(BytesValue(it->second));
+    }
+    Reply(connection, message, {{"op", "ok"}, {"values", std::move(values)}});
+  }
+
+  static void Unpark(Connection& connection, const Waiter& waiter) {
+    --connection.pending_waits;
+    connection.parked_bytes -= waiter.bytes;
+  }
+
   void OnAdd(Connection& connection, const Message& message) {
     const std::string key = StringField(message, "key");
+    const int64_t delta = IntField(message, "delta");
+    if (auto why = KeySizeRefusal(key)) return Refuse(connection, message, *why);
+    if (auto why = WriteRefusal(key, delta == 0 ? KeyWrite::kRead : KeyWrite::kAdd, connection.rank)) {
+      return Refuse(connection, message, *why);
+    }
     auto it = values_.find(key);
     int64_t value = 0;
     try {
-      value = AddToCounter(key, it == values_.end() ? nullptr : &it->second, IntField(message, "delta"));
+      value = AddToCounter(key, it == values_.end() ? nullptr : &it->second, delta);
     } catch (const StoreError& error) {
       return Reply(connection, message, {{"op", "error"}, {"message", error.what()}});
     }
@@ -477,7 +547,7 @@ class StoreServer::Loop {
     for (const Waiter& waiter : waiters) {
       auto connection = connections_.find(waiter.fd);
       if (connection == connections_.end()) continue;
-      --connection->second->pending_waits;
+      Unpark(*connection->second, waiter);
       Message reply = {{"op", "ok"}, {"id", waiter.id}};
       if (waiter.wants_value) reply["value"] = BytesValue(values_[key]);
       Send(*connection->second, reply);
@@ -554,7 +624,7 @@ class StoreServer::Loop {
 
   void OnReport(Connection& connection, const Message& message) {
     const int64_t code = IntField(message, "code");
-    const std::string cause = StringField(message, "cause");
+    const std::string cause = Bounded(StringField(message, "cause"));
     Reply(connection, message, {{"op", "ok"}});
     if (connection.rank < 0 || reported_[size_t(connection.rank)]) return;
     {
@@ -567,6 +637,22 @@ class StoreServer::Loop {
       SetVerdict(ServerVerdict::Kind::kResult, -1, "every node succeeded");
       Broadcast({{"op", "result"}, {"code", 0}});
     }
+  }
+
+  // A node that will not wait for the verdict any longer: the job has failed, and every
+  // node is told so, whatever its own outcome.
+  void OnGiveUp(Connection& connection, const Message& message) {
+    const std::string cause = Bounded(StringField(message, "cause"));
+    if (connection.rank < 0) return Refuse(connection, message, "give_up from a connection that never joined");
+    Reply(connection, message, {{"op", "ok"}});
+    Abort(connection.rank, infos_[size_t(connection.rank)].Label() + " gave up: " + cause);
+  }
+
+  static std::string Bounded(std::string cause) {
+    if (cause.size() <= kMaxCauseBytes) return cause;
+    const size_t cut = cause.size() - kMaxCauseBytes;
+    cause.resize(kMaxCauseBytes);
+    return cause + "... (" + std::to_string(cut) + " more bytes in that node's log)";
   }
 
   void Abort(int rank, const std::string& message) {

@@ -35,6 +35,9 @@ class Store {
   virtual void Wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
   // Adds to an integer counter (created at 0) and returns the new value, atomically.
   virtual int64_t Add(const std::string& key, int64_t delta) = 0;
+  // The values of `keys` as they are now, nullopt for a key not set: never waits. For
+  // progress reports that read many nodes' keys at once (one request, not one a key).
+  virtual std::vector<std::optional<std::string>> Peek(const std::vector<std::string>& keys) = 0;
 
   // Returns once `participants` callers have entered the barrier `name`. Each name is
   // used once per job (the keys are not reset).

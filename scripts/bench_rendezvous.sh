@@ -1,28 +1,33 @@
 #!/usr/bin/env bash
-# The rendezvous under N nodes arriving together: `bt-launch bench rendezvous` against the
-# same pattern on torch's TCPStore (Debian's python3-torch), in one run; prints both tables,
-# then one JSON line with the ratio at PEER_NODES.
-#   NODES="1024 16384" PEER_NODES=1024 RUNS=3 BUILD_DIR=build
+# N nodes starting a job together: `bt-launch bench rendezvous` (what `run` does before its
+# first command, every node with the 8-rail InfiniBand fixture's inventory) against the
+# protocol pattern on torch's TCPStore (Debian's python3-torch), in one run; prints both
+# tables, then one JSON line with the ratio at PEER_NODES.
+#   NODES="1024 16384" PEER_NODES=1024 RUNS=3 BUILD_DIR=build BENCH_ARGS=--protocol-only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 binary=${BUILD_DIR:-build}/launcher/bt-launch
 [ -x "$binary" ] || ./scripts/build.sh >/dev/null
 runs=${RUNS:-3}
+sysfs_root=${SYSFS_ROOT:-tests/fixtures/fabric/ib8-ndr-a/sys}
+# shellcheck disable=SC2206  # BENCH_ARGS is a list of options
+bench=("$binary" bench rendezvous --sysfs-root "$sysfs_root" ${BENCH_ARGS:-})
 peer_nodes=${PEER_NODES:-1024}
 work=$(mktemp -d /tmp/bt-bench-rendezvous.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
 for nodes in ${NODES:-1024 16384}; do
-  echo "== bt-launch bench rendezvous --nodes $nodes"
-  "$binary" bench rendezvous --nodes "$nodes" --runs "$runs" 2>/dev/null | tee "$work/bt-$nodes"
+  echo "== bt-launch bench rendezvous --nodes $nodes ${BENCH_ARGS:-}"
+  "${bench[@]}" --nodes "$nodes" --runs "$runs" 2>/dev/null | tee "$work/bt-$nodes"
 done
-[ -f "$work/bt-$peer_nodes" ] || "$binary" bench rendezvous --nodes "$peer_nodes" --runs "$runs" 2>/dev/null > "$work/bt-$peer_nodes"
+[ -f "$work/bt-$peer_nodes" ] || "${bench[@]}" --nodes "$peer_nodes" --runs "$runs" 2>/dev/null > "$work/bt-$peer_nodes"
 echo "== torch TCPStore, the same pattern, $peer_nodes nodes, one client thread each"
 /usr/bin/python3 tests/bench/tcpstore_rendezvous.py "$peer_nodes" "$runs" | tee "$work/torch"
 python3 - "$work/bt-$peer_nodes" "$work/torch" <<'PY'
 import json, sys
 ours = json.loads(open(sys.argv[1]).read().splitlines()[-1])
 peer = json.loads(open(sys.argv[2]).read().splitlines()[-1])
-print(json.dumps({"nodes": ours["nodes"], "p50_s": ours["p50_s"], "tcpstore_p50_s": peer["p50_s"],
-                  "speedup": round(peer["p50_s"] / ours["p50_s"], 1)}))
+print(json.dumps({"nodes": ours["nodes"], "shape": ours.get("shape", "protocol"), "p50_s": ours["p50_s"],
+                  "tcpstore_p50_s": peer["p50_s"], "speedup": round(peer["p50_s"] / ours["p50_s"], 1),
+                  "leader_bytes_per_node": ours.get("leader_bytes_per_node_p50")}))
 PY

@@ -3,10 +3,15 @@
 # rank and count from OMPI_COMM_WORLD_RANK/SIZE; MPI variables never reach the training.
 #   examples/mpirun/run.sh HOSTFILE      one line per node ("node01 slots=1"); node 0 leads
 #   examples/mpirun/run.sh               NODES (default 2) processes on this host
-# MPIRUN_ARGS adds mpirun options (e.g. "--allow-run-as-root --oversubscribe" in a container).
+# MPIRUN_ARGS adds mpirun options (e.g. "--allow-run-as-root --oversubscribe" in a container);
+# MPI_KILL_TIMEOUT_S is how long mpirun waits between its SIGTERM and SIGKILL (default 660).
 set -euo pipefail
 hostfile=${1:-}
-args=(--bind-to none -x BT_RENDEZVOUS_TOKEN)
+# When a rank fails, mpirun SIGTERMs the other launchers and SIGKILLs them this long after
+# (Open MPI's default is 1 s): long enough for launcher.grace_period_s and the checkpoint
+# drain (launcher.checkpoint.drain_timeout_s), or they are cut short.
+kill_timeout=${MPI_KILL_TIMEOUT_S:-660}
+args=(--bind-to none -x BT_RENDEZVOUS_TOKEN --mca odls_base_sigkill_timeout "$kill_timeout")
 nodes=${NODES:-2}
 if [ -n "$hostfile" ]; then
   nodes=$(grep -cEv '^[[:space:]]*(#|$)' "$hostfile")

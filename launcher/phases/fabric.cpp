@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -23,9 +25,16 @@ constexpr auto kExchangeTimeout = std::chrono::seconds(120);
 std::string InventoryKey(int rank) { return "bt/fabric/inventory/" + std::to_string(rank); }
 constexpr const char* kPlanKey = "bt/fabric/plan";
 constexpr const char* kPlanReadersKey = "bt/fabric/plan/readers";
-constexpr const char* kPlanReadByAllKey = "bt/fabric/plan/read-by-all";
-// How long node 0 keeps the store up for a failed plan to be read by every node.
+// A counter: the nodes whose inventory is published. Node 0 reads it every kPublishedPoll.
+constexpr const char* kPublishedKey = "bt/fabric/published";
+constexpr auto kPublishedPoll = std::chrono::milliseconds(20);
+constexpr const char* kNeverSetKey = "bt/fabric/never-set";
+// How long node 0 keeps the store up for a failed plan to be read by every node, and how
+// often it counts the readers meanwhile.
 constexpr auto kFailedPlanReadTimeout = std::chrono::seconds(10);
+constexpr auto kPlanReadersPoll = std::chrono::milliseconds(50);
+// The rows of the mismatch table node 0 sends every node; its own log has them all.
+constexpr size_t kMaxSharedMismatches = 64;
 
 // The source address the kernel would route from to reach the leader: a UDP socket's
 // connect() picks it without sending anything. Used where no store connection proves it.
@@ -76,22 +85,34 @@ void FindBootstrapInterface(fabric::Inventory& inventory, const env::NodeIdentit
   }
 }
 
-// Node 0: every node's inventory, in rank order. A node whose inventory does not parse
-// is named, as is one that never published.
-// One get per node (it blocks until the key exists), all under one deadline.
+// Sleeps `pause` on the store, which looks for a stop (a failed peer, a lost leader, a
+// signal) in between: a wait on a key that is never set, answered by its timeout.
+void PauseStopAware(rendezvous::Store& store, std::chrono::milliseconds pause) {
+  try {
+    store.Wait({kNeverSetKey}, pause);
+  } catch (const rendezvous::StoreTimeout&) {
+  }
+}
+
+// Node 0: every node's inventory, in rank order, once all are in. It reads the count of
+// published inventories until it is complete, then every inventory in one mget per 1,024
+// nodes: a get per node is a round trip each, and on a leader short of CPU each one cost
+// tens of milliseconds (63 s for 1,024 nodes). A node that never published, or whose
+// inventory does not parse, is named.
 std::vector<fabric::NodeFabric> CollectInventories(rendezvous::Store& store, const std::vector<rendezvous::NodeInfo>& roster) {
   const auto deadline = std::chrono::steady_clock::now() + kExchangeTimeout;
+  while (store.Add(kPublishedKey, 0) < int64_t(roster.size()) && std::chrono::steady_clock::now() < deadline) {
+    PauseStopAware(store, kPublishedPoll);
+  }
+  std::vector<std::string> keys;
+  for (const auto& node : roster) keys.push_back(InventoryKey(node.rank));
+  const auto texts = store.Peek(keys);
   std::vector<fabric::NodeFabric> nodes;
-  for (const auto& node : roster) {
-    std::string text;
+  for (size_t i = 0; i < roster.size(); ++i) {
+    const rendezvous::NodeInfo& node = roster[i];
+    if (!texts[i]) throw LaunchFailure(kExitUnavailable, "fabric: " + node.Label() + " never published its inventory");
     try {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      text = store.Get(InventoryKey(node.rank), std::max(left, std::chrono::milliseconds(1)));
-    } catch (const rendezvous::StoreTimeout&) {
-      throw LaunchFailure(kExitUnavailable, "fabric: " + node.Label() + " never published its inventory");
-    }
-    try {
-      nodes.push_back({node.rank, node.host, fabric::Inventory::FromJson(nlohmann::json::parse(text))});
+      nodes.push_back({node.rank, node.host, fabric::Inventory::FromJson(nlohmann::json::parse(*texts[i]))});
     } catch (const std::exception& error) {
       throw LaunchFailure(kExitUnavailable, "fabric: the inventory of " + node.Label() + " is malformed: " + error.what());
     }
@@ -99,34 +120,70 @@ std::vector<fabric::NodeFabric> CollectInventories(rendezvous::Store& store, con
   return nodes;
 }
 
-fabric::FabricPlan ExchangeAndPlan(const env::JobConfig& config, const env::NodeIdentity& identity, Peers* peers,
-                                   const fabric::Inventory& inventory, const fabric::GidPreferences& gids) {
+size_t RailsOnEveryNode(const fabric::FabricPlan& plan) {
+  size_t rails = SIZE_MAX;
+  for (const auto& node : plan.nodes) rails = std::min(rails, node.selection.ports.size());
+  return plan.nodes.empty() ? 0 : rails;
+}
+
+// What node 0 sends every other node: the verdict, the first rows of the mismatch table and
+// the rails every node has, the same few KiB at any node count (no node's selection: each
+// node makes its own from its own inventory, as node 0 did).
+std::string SharedPlanJson(const fabric::FabricPlan& plan) {
+  fabric::FabricPlan shared = plan;
+  shared.nodes.clear();
+  if (shared.mismatches.size() > kMaxSharedMismatches) {
+    if (!shared.ok) {
+      shared.failure += " (the first " + std::to_string(kMaxSharedMismatches) + " of " +
+                        std::to_string(shared.mismatches.size()) + " differences below; node 0's log has them all)";
+    }
+    shared.mismatches.resize(kMaxSharedMismatches);
+  }
+  nlohmann::json json = shared.ToJson();
+  json["rails_on_every_node"] = RailsOnEveryNode(plan);
+  return json.dump();
+}
+
+// A failed plan makes node 0 exit, which takes the store down: first let every node read
+// it, or a node still reading gets "connection reset" instead of the failure's table.
+void AwaitPlanReaders(rendezvous::Store& store, int node_count) {
+  const auto deadline = std::chrono::steady_clock::now() + kFailedPlanReadTimeout;
+  while (store.Add(kPlanReadersKey, 0) < node_count - 1) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      spdlog::warn("fabric: not every node read the failed plan within {} s", kFailedPlanReadTimeout.count());
+      return;
+    }
+    std::this_thread::sleep_for(kPlanReadersPoll);
+  }
+}
+
+// Node 0 plans for every node; the others take its verdict and add their own selection.
+void ExchangeAndPlan(const env::JobConfig& config, const env::NodeIdentity& identity, Peers* peers, FabricResult& result) {
   rendezvous::Store* store = peers ? peers->store() : nullptr;
-  if (config.launcher.fabric.require == env::FabricRequirement::kNone) store = nullptr;  // nothing to compare
+  const auto required = config.launcher.fabric.require;
+  if (required == env::FabricRequirement::kNone) store = nullptr;  // nothing to compare
   if (store == nullptr) {
     if (peers && peers->store() == nullptr) spdlog::info("fabric: the mpi backend has no store: this node's fabric is checked on its own");
-    return fabric::PlanFabric({{identity.rank, "", inventory}}, config.launcher.fabric.require, gids);
+    result.plan = fabric::PlanFabric({{identity.rank, "", result.inventory}}, required, result.gids);
+    result.rails_on_every_node = RailsOnEveryNode(result.plan);
+    return;
   }
-  store->Set(InventoryKey(identity.rank), inventory.ToJson().dump());
+  store->Set(InventoryKey(identity.rank), result.inventory.ToJson().dump());
+  store->Add(kPublishedKey, 1);
   if (identity.rank == 0) {
-    const fabric::FabricPlan plan =
-        fabric::PlanFabric(CollectInventories(*store, peers->Roster()), config.launcher.fabric.require, gids);
-    store->Set(kPlanKey, plan.ToJson().dump());
-    // A failed plan makes node 0 exit, which takes the store down: first let every node read
-    // it, or a node still reading gets "connection reset" instead of the failure's table.
-    if (!plan.ok && peers->Roster().size() > 1) {
-      try {
-        store->Wait({kPlanReadByAllKey}, kFailedPlanReadTimeout);
-      } catch (const rendezvous::StoreTimeout&) {
-        spdlog::warn("fabric: not every node read the failed plan within {} s", kFailedPlanReadTimeout.count());
-      }
-    }
-    return plan;
+    // Node 0's roster is its own server's: no request.
+    result.plan = fabric::PlanFabric(CollectInventories(*store, peers->Roster()), required, result.gids);
+    result.rails_on_every_node = RailsOnEveryNode(result.plan);
+    store->Set(kPlanKey, SharedPlanJson(result.plan));
+    if (!result.plan.ok && identity.count > 1) AwaitPlanReaders(*store, identity.count);
+    return;
   }
   try {
-    auto plan = fabric::FabricPlan::FromJson(nlohmann::json::parse(store->Get(kPlanKey, kExchangeTimeout)));
-    if (store->Add(kPlanReadersKey, 1) == int64_t(peers->Roster().size()) - 1) store->Set(kPlanReadByAllKey, "1");
-    return plan;
+    const auto shared = nlohmann::json::parse(store->Get(kPlanKey, kExchangeTimeout));
+    store->Add(kPlanReadersKey, 1);
+    result.plan = fabric::FabricPlan::FromJson(shared);
+    result.plan.nodes = fabric::PlanFabric({{identity.rank, "", result.inventory}}, result.plan.policy, result.gids).nodes;
+    result.rails_on_every_node = shared.value("rails_on_every_node", RailsOnEveryNode(result.plan));
   } catch (const rendezvous::StoreTimeout&) {
     throw LaunchFailure(kExitUnavailable, "fabric: node 0 never published the fabric plan");
   } catch (const nlohmann::json::exception& error) {
@@ -229,8 +286,8 @@ FabricResult PlanFabricPhase(const env::JobConfig& config, const env::NodeIdenti
   FabricResult result;
   result.inventory = std::move(inventory);
   FindBootstrapInterface(result.inventory, identity, peers, config.launcher.rendezvous.port);
-  ReadUserNcclSettings(result, environment);
-  result.plan = ExchangeAndPlan(config, identity, peers, result.inventory, result.gids);
+ReadUserNcclSettings(result, environment);
+  ExchangeAndPlan(config, identity, peers, result);
   const fabric::NodePlan* node = result.plan.ForRank(identity.rank);
   if (node == nullptr) throw LaunchFailure(kExitUnavailable, "fabric: the plan from node 0 has no entry for this node");
   if (!result.plan.ok) {
@@ -243,6 +300,21 @@ FabricResult PlanFabricPhase(const env::JobConfig& config, const env::NodeIdenti
   return result;
 }
 
+fabric::FabricPlan ReadWholePlan(const env::JobConfig& config, Peers& peers, int node_count,
+                                 const fabric::GidPreferences& gids) {
+  std::vector<std::string> keys;
+  for (int rank = 0; rank < node_count; ++rank) keys.push_back(InventoryKey(rank));
+  const auto inventories = peers.store()->Peek(keys);
+  const auto roster = peers.Roster();
+  std::vector<fabric::NodeFabric> nodes;
+  for (int rank = 0; rank < node_count; ++rank) {
+    if (!inventories[size_t(rank)]) continue;
+    const std::string host = size_t(rank) < roster.size() ? roster[size_t(rank)].host : "?";
+    nodes.push_back({rank, host, fabric::Inventory::FromJson(nlohmann::json::parse(*inventories[size_t(rank)]))});
+  }
+  return fabric::PlanFabric(nodes, config.launcher.fabric.require, gids);
+}
+
 FabricResult InspectFabric(const env::JobConfig& config, const env::NodeIdentity& identity,
                            const std::string& sysfs_root, const env::JobEnvironment& environment) {
   FabricResult result;
@@ -251,6 +323,7 @@ FabricResult InspectFabric(const env::JobConfig& config, const env::NodeIdentity
   AddActiveMtu(result.inventory);  // libibverbs is loaded here, never on the launch path
   ReadUserNcclSettings(result, environment);
   result.plan = fabric::PlanFabric({{identity.rank, "", result.inventory}}, config.launcher.fabric.require, result.gids);
+  result.rails_on_every_node = RailsOnEveryNode(result.plan);
   result.nccl = NcclFor(result, result.plan.nodes.front(), environment);
   return result;
 }

@@ -16,10 +16,14 @@ namespace bt::launcher {
 
 struct FabricResult {
   rendezvous::fabric::Inventory inventory;  // this node's
-  rendezvous::fabric::FabricPlan plan;      // every node's, as node 0 decided it
+  // Node 0's verdict; its `nodes` hold every node's selection on node 0, and on the others
+  // only their own (a selection follows from the node's own inventory), so that what node
+  // 0 sends each node does not grow with the number of nodes.
+  rendezvous::fabric::FabricPlan plan;
   rendezvous::fabric::NcclEnvironment nccl;  // this node's
   rendezvous::fabric::NcclConfigFiles nccl_config;  // NCCL's config files: their values are the user's
   rendezvous::fabric::GidPreferences gids;  // the job's NCCL_IB_ADDR_* (environment or config files)
+  size_t rails_on_every_node = 0;            // the fewest selected ports any node has
 };
 
 // This node's devices, read before the rendezvous: the reads then overlap the wait for
@@ -32,6 +36,12 @@ rendezvous::fabric::Inventory ReadFabricInventory(const std::string& sysfs_root)
 // null on a single node; without a store (mpi backend) each node plans for itself.
 FabricResult PlanFabricPhase(const env::JobConfig& config, const env::NodeIdentity& identity, Peers* peers,
                              rendezvous::fabric::Inventory inventory, env::JobEnvironment& environment);
+
+// Every node's plan as node 0 made it, from every node's published inventory: for
+// `bt-launch rendezvous`, which shows them all. O(nodes) for each node that asks, so never
+// on the way to the start commands.
+rendezvous::fabric::FabricPlan ReadWholePlan(const env::JobConfig& config, Peers& peers, int node_count,
+                                             const rendezvous::fabric::GidPreferences& gids);
 
 // This node on its own, as `bt-launch fabric` shows it: nothing exported. Throws
 // LaunchFailure 65 only on a malformed NCCL_IB_ADDR_* of the user's.

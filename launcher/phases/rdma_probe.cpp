@@ -85,10 +85,9 @@ std::string AgreeToProbe(rendezvous::Store& store, const env::NodeIdentity& iden
   return "";
 }
 
-std::vector<Link> MyLinks(const env::FabricSettings& settings, const env::NodeIdentity& identity, const fabric::FabricPlan& plan) {
-  size_t rails = SIZE_MAX;
-  for (const auto& node : plan.nodes) rails = std::min(rails, node.selection.ports.size());
-  const fabric::NodePlan* mine = plan.ForRank(identity.rank);
+std::vector<Link> MyLinks(const env::FabricSettings& settings, const env::NodeIdentity& identity, const FabricResult& result) {
+  const size_t rails = result.rails_on_every_node;
+  const fabric::NodePlan* mine = result.plan.ForRank(identity.rank);
   std::vector<Link> links;
   for (const auto& [low, high] : ProbePairs(settings.probe, identity.count)) {
     if (low != identity.rank && high != identity.rank) continue;
@@ -231,7 +230,7 @@ void RunRdmaProbe(const env::JobConfig& config, const env::NodeIdentity& identit
     return;
   }
   const Verbs& verbs = LoadVerbs();
-  std::vector<Link> links = MyLinks(settings, identity, fabric.plan);
+  std::vector<Link> links = MyLinks(settings, identity, fabric);
   for (Link& link : links) OpenAndPublish(verbs, *store, identity.rank, link);
   for (Link& link : links) Connect(verbs, *store, link, timeout);
   for (Link& link : links) {

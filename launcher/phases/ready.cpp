@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -12,40 +13,93 @@ using Clock = std::chrono::steady_clock;
 constexpr std::chrono::seconds kPublishEvery{1};
 constexpr std::chrono::seconds kWaitLogEvery{10};
 constexpr std::chrono::milliseconds kReadyCheck{500};
+// How often node 0 reads the ready count until every node is in: it opens the barrier
+// within this of the last node's arrival, at one request per interval.
+constexpr std::chrono::milliseconds kLeaderCountPoll{20};
+constexpr const char* kReadyCount = "bt/ready";
 constexpr const char* kAllReady = "bt/ready/all";
-constexpr std::chrono::seconds kPhaseReadTimeout{2};
+// Node 0's summary of the nodes not ready yet, for the others' progress lines.
+constexpr const char* kWaitingSummary = "bt/ready/waiting";
+constexpr size_t kMaxNodesNamed = 32;
 constexpr std::chrono::seconds kStopCheck{1};
 
 std::string PhaseKey(int rank) { return "bt/phase/" + std::to_string(rank); }
 
-// "node 3 (host-3) staging /models/base: 12.1 of 40.0 GiB" for every node (every node not
-// ready yet, without `include_ready`): the roster with each node's phase.
-std::string DescribePhases(Peers& peers, const env::NodeIdentity& identity, bool include_ready) {
-  rendezvous::Store* store = peers.store();
-  std::vector<rendezvous::NodeInfo> roster = peers.Roster();
+// Every node's phase, as node 0 reads it: one request per kMaxPeekKeys nodes, nullopt for a
+// node that published none.
+std::vector<std::optional<std::string>> ReadPhases(rendezvous::Store& store, int count) {
+  std::vector<std::string> keys;
+  for (int rank = 0; rank < count; ++rank) keys.push_back(PhaseKey(rank));
+  return store.Peek(keys);
+}
+
+// "node 3 (host-3) staging /models/base: 12.1 of 40.0 GiB" for the first kMaxNodesNamed nodes
+// (not ready yet, without `include_ready`), then how many more.
+std::string DescribePhases(const std::vector<std::optional<std::string>>& phases,
+                           const std::vector<rendezvous::NodeInfo>& roster, bool include_ready) {
   std::string text;
-  for (int rank = 0; rank < identity.count; ++rank) {
-    std::string phase = "(no phase published)";
-    try {
-      phase = store->Get(PhaseKey(rank), kPhaseReadTimeout);
-    } catch (const rendezvous::StoreTimeout&) {
-    } catch (const rendezvous::StoreError&) {  // a stop (LaunchFailure) goes on
-    }
+  size_t named = 0, unnamed = 0;
+  for (size_t rank = 0; rank < phases.size(); ++rank) {
+    const std::string phase = phases[rank].value_or("(no phase published)");
     if (phase == "ready" && !include_ready) continue;
-    std::string host = rank < int(roster.size()) ? roster[size_t(rank)].host : "?";
+    if (named == kMaxNodesNamed) {
+      ++unnamed;
+      continue;
+    }
+    ++named;
+    const std::string host = rank < roster.size() ? roster[rank].host : "?";
     text += (text.empty() ? "" : "; ") + std::string("node ") + std::to_string(rank) + " (" + host + ") " + phase;
   }
+  if (unnamed > 0) text += "; and " + std::to_string(unnamed) + " more";
   return text;
 }
 
-// Waits up to kReadyCheck for the barrier to open.
-bool AllReady(rendezvous::Store& store) {
+// What this node says about the nodes it waits for. Node 0 reads their phases (and the hosts
+// from its own server) and keeps the summary under kWaitingSummary; the others read that one
+// key and the ready count: the leader answers O(nodes) per interval for the whole cluster,
+// never O(nodes²), and no read waits for a key that is not there.
+std::string DescribeWaiting(Peers& peers, const env::NodeIdentity& identity, bool include_ready) {
+  rendezvous::Store& store = *peers.store();
+  const std::string ready = std::to_string(store.Add(kReadyCount, 0)) + " of " + std::to_string(identity.count) + " ready";
+  if (identity.rank == 0) {
+    const auto phases = ReadPhases(store, identity.count);
+    const auto roster = peers.Roster();
+    store.Set(kWaitingSummary, ready + "; not ready: " + DescribePhases(phases, roster, false));
+    return DescribePhases(phases, roster, include_ready);
+  }
+  const auto summary = store.Peek({kWaitingSummary});
+  return summary.front() ? "node 0 says " + *summary.front() : ready + " (node 0's log names the others)";
+}
+
+// The progress line's text; a store that fails while it is read makes the line say so,
+// never the barrier fail (a stop raised inside a store call goes on).
+std::string ProgressText(Peers& peers, const env::NodeIdentity& identity, bool include_ready) {
   try {
-    store.Wait({kAllReady}, kReadyCheck);
-    return true;
-  } catch (const rendezvous::StoreTimeout&) {
+    return DescribeWaiting(peers, identity, include_ready);
+  } catch (const rendezvous::StoreError& error) {
+    return std::string("(cannot read the other nodes' phases: ") + error.what() + ")";
+  } catch (const rendezvous::StoreTimeout& error) {
+    return std::string("(cannot read the other nodes' phases: ") + error.what() + ")";
+  }
+}
+
+// Waits up to `slice` for the barrier to open. Node 0 opens it: it reads the ready count
+// until every node is in, then sets kAllReady, which the others wait for on the leader.
+bool AllReady(rendezvous::Store& store, const env::NodeIdentity& identity, std::chrono::milliseconds slice) {
+  if (identity.rank != 0) {
+    try {
+      store.Wait({kAllReady}, slice);
+      return true;
+    } catch (const rendezvous::StoreTimeout&) {
+      return false;
+    }
+  }
+  if (store.Add(kReadyCount, 0) < identity.count) {
+    std::this_thread::sleep_for(std::min(slice, kLeaderCountPoll));
     return false;
   }
+  store.Set(kAllReady, "1");
+  return true;
 }
 
 // Blocking calls in slices of kStopCheck with `check_stop` between them; a broken store
@@ -63,6 +117,12 @@ class StopAwareStore final : public rendezvous::Store {
     int64_t value = 0;
     Explained([&] { value = store_.Add(key, delta); });
     return value;
+  }
+
+  std::vector<std::optional<std::string>> Peek(const std::vector<std::string>& keys) override {
+    std::vector<std::optional<std::string>> values;
+    Explained([&] { values = store_.Peek(keys); });
+    return values;
   }
 
   std::string Get(const std::string& key, std::chrono::milliseconds timeout) override {
@@ -153,19 +213,19 @@ void WaitUntilAllReady(Peers& peers, const env::NodeIdentity& identity, Clock::t
   rendezvous::Store* store = peers.store();
   if (store == nullptr) return;  // the mpi backend: ranks start together under mpirun
   NodePhase(&peers, identity.rank).Publish("ready");
-  // The last node to get ready opens the barrier; the others wait for that key on the
-  // leader, which answers the moment it is set, waking every kReadyCheck to look for a
-  // stop, the deadline and the next progress line. A lost leader is PreRunPeers' to name.
-  if (store->Add("bt/ready", 1) == identity.count) store->Set(kAllReady, "1");
+  store->Add(kReadyCount, 1);
+  // Each slice looks for a stop, the deadline and the next progress line in between; the
+  // progress costs the leader a few requests, never a wait. A lost leader is PreRunPeers'
+  // to name.
   auto last_log = Clock::now();
-  while (!AllReady(*store)) {
+  while (!AllReady(*store, identity, kReadyCheck)) {
     CheckStop(&peers, signals);
     if (Clock::now() >= deadline) {
       throw LaunchFailure(kExitUnavailable, "nodes not ready by the weights deadline (launcher.weights.timeout_s): " +
-                                                DescribePhases(peers, identity, false));
+                                                ProgressText(peers, identity, false));
     }
     if (Clock::now() - last_log >= kWaitLogEvery) {
-      spdlog::info("waiting for every node to be ready: {}", DescribePhases(peers, identity, true));
+      spdlog::info("waiting for every node to be ready: {}", ProgressText(peers, identity, true));
       last_log = Clock::now();
     }
   }

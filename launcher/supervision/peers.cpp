@@ -253,8 +253,17 @@ int TcpPeers::Finish(const JobOutcome& outcome, SignalRouter& signals) {
       const int waited = config_.launcher.rendezvous.exit_barrier_timeout_s;
       std::string who = server_ ? "nodes " + rendezvous::FormatRanks(server_->unreported()) + " have"
                                 : "the other nodes have";
-      spdlog::error("exit barrier: {} not finished after {} s; leaving, which stops them "
-                    "(raise launcher.rendezvous.exit_barrier_timeout_s for uneven workloads)", who, waited);
+      const std::string cause = "left the exit barrier after " + std::to_string(waited) + " s: " + who + " not finished";
+      // The job now has one result, a failure, on every node: the leader aborts it, which
+      // stops the nodes still running and tells node 0 (not "every node succeeded" later).
+      try {
+        client_->GiveUp(cause);
+        spdlog::error("exit barrier: {} not finished after {} s; ending the job as failed, which stops them "
+                      "(raise launcher.rendezvous.exit_barrier_timeout_s for uneven workloads)", who, waited);
+      } catch (const std::runtime_error& error) {  // StoreError, or StoreTimeout from a stalled leader
+        spdlog::error("exit barrier: {} not finished after {} s, and the leader cannot be told ({}); leaving",
+                      who, waited, error.what());
+      }
       code = own_failure ? code : kExitUnavailable;
     } else if (verdict_->kind == PeerEvent::Kind::kResult) {
       code = 0;

@@ -20,6 +20,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "launcher/supervision/job_guard.h"
+
 namespace bt::launcher {
 namespace {
 
@@ -252,12 +254,18 @@ int Supervisor::RunOne(const Command& command, const std::vector<std::string>& e
                        StopRequests* stop, JobOutcome& outcome) {
   sigset_t reset = signals_.routed_signals();
   sigaddset(&reset, SIGPIPE);
+  // Under mpirun the launcher may be SIGKILLed a second after its SIGTERM: the group must
+  // not outlive it. The guard is ours, not the job's: never signalled as an escaped process.
+  JobGuard guard;
+  inherited_children_.insert(guard.pid());
   int spawn_error = 0;
   pid_t child = Spawn(command, environ, working_dir, signals_.original_mask(), reset, spawn_error);
   if (child < 0) {
+    inherited_children_.erase(guard.pid());
     spdlog::error("cannot execute {}: {}", command.argv.front(), std::strerror(spawn_error));
     return spawn_error == ENOENT ? 127 : 126;  // the shell's codes for "not found" / "not executable"
   }
+  guard.Guard(child);
   bool terminal_handed = HandTerminalTo(child);
   std::optional<int> status;
   while (!status) {
@@ -291,6 +299,7 @@ int Supervisor::RunOne(const Command& command, const std::vector<std::string>& e
   ReclaimTerminal(terminal_handed);
   CleanUpGroup(child, outcome);
   outcome.terminating_signal = WIFSIGNALED(*status) ? std::optional<int>(WTERMSIG(*status)) : std::nullopt;
+  inherited_children_.erase(guard.pid());
   return ExitCodeOf(*status);
 }
 

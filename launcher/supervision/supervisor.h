@@ -68,7 +68,7 @@ class Supervisor {
   std::chrono::milliseconds grace_period_;
   std::chrono::milliseconds peer_failure_grace_;
   std::chrono::milliseconds active_grace_;
-  std::set<pid_t> inherited_children_;  // ours before we spawned anything: not the job's
+  std::set<pid_t> inherited_children_;  // ours before we spawned anything, and the job's guard: not the job's
   std::optional<std::chrono::steady_clock::time_point> kill_deadline_;
   bool shutting_down_ = false;
 };

@@ -1,9 +1,16 @@
-// `bt-launch bench rendezvous --nodes N`: how node 0's store copes when a cluster's nodes
-// arrive together. Node 0 is a real `bt-launch rendezvous --serve` process; this process
-// plays nodes 1..N-1, every one in flight at once on one epoll loop: connect (retrying as
-// real nodes do), authenticate, join with ~2 KiB of node info, hear "complete", pass a
-// store barrier, report success and hear the result. Figures: the time from the leader
-// listening until the last node finished each phase; median of --runs.
+// `bt-launch bench rendezvous --nodes N`: what starting a job costs when a cluster's nodes
+// arrive together. Node 0 is a real `bt-launch run` (its start command `true`, every
+// setting at its default); this process plays nodes 1..N-1, every one in flight at once
+// on one epoll loop, doing what `run` does between its start and its first command and
+// then its exit: connect (retrying as real nodes do), authenticate, join with ~2 KiB of
+// node info, hear "complete"; publish the fabric inventory, read node 0's plan, count
+// itself a reader (fabric); publish its phase, count itself in and wait for node 0 to open
+// the ready barrier (ready); report success and hear the result (exit); heartbeats every
+// second throughout, and blocking reads re-issued in the slices `run` uses. Figures: the
+// time from the leader listening until the last node finished each phase, the bytes node 0
+// sent each node; median of --runs.
+// --protocol-only keeps the earlier shape (node 0 `rendezvous --serve` with the fabric
+// check off, no heartbeats, a store barrier instead of fabric and ready) for comparison.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -29,6 +36,7 @@
 #include "launcher/tools/bench_rendezvous.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/client.h"
+#include "rendezvous/fabric/inventory.h"
 #include "rendezvous/node_info.h"
 #include "rendezvous/server.h"
 #include "rendezvous/wire.h"
@@ -44,9 +52,28 @@ constexpr const char* kToken = "bench-rendezvous-token";
 constexpr const char* kBarrierCount = "barrier/bench/count";
 constexpr const char* kBarrierDone = "barrier/bench/done";
 
-enum class Phase { kConnecting, kHello, kWelcome, kJoin, kComplete, kBarrierAdd, kBarrierWait, kResult, kDone };
-constexpr int kPhases = 4;  // join, complete, barrier, exit: what the table shows
-const char* const kPhaseNames[kPhases] = {"join", "complete", "barrier", "exit"};
+enum class Phase { kConnecting, kHello, kWelcome, kJoin, kComplete, kBarrierAdd, kBarrierWait, kSteps, kResult, kDone };
+enum class Shape { kRun, kProtocol };
+constexpr int kMaxPhases = 5;
+// What the table shows, per shape.
+const std::vector<std::string> kRunPhases = {"join", "complete", "fabric", "ready", "exit"};
+const std::vector<std::string> kProtocolPhases = {"join", "complete", "barrier", "exit"};
+const std::vector<std::string>& PhaseNames(Shape shape) { return shape == Shape::kRun ? kRunPhases : kProtocolPhases; }
+// As `run` sends them (launcher/phases/ready.cpp, StopAwareStore in the same file): the
+// heartbeat at the default interval, blocking reads in slices.
+constexpr auto kHeartbeatInterval = std::chrono::seconds(1);
+constexpr auto kStopCheckSlice = std::chrono::milliseconds(1000);
+constexpr auto kReadyCheckSlice = std::chrono::milliseconds(500);
+
+// One request of a node's sequence after "complete" (run shape): sent when the previous
+// one is answered; a sliced one is sent again each `slice` until answered, as a blocking
+// call in slices is.
+struct Step {
+  std::string frame;
+  int64_t id = 0;
+  std::chrono::milliseconds slice{0};  // 0: answered at once
+  int finishes_phase = -1;             // the table's phase this answer ends, or -1
+};
 
 struct SimulatedNode {
   int rank = 0;
@@ -55,13 +82,17 @@ struct SimulatedNode {
   rendezvous::FrameDecoder decoder{rendezvous::kMaxFrameBytes};
   std::string pending;  // bytes not yet written
   std::string nonce;
+  size_t step = 0;                     // the next of Swarm::steps_ (run shape)
+  Clock::time_point resend_at = Clock::time_point::max();  // a sliced request's next slice
+  Clock::time_point next_heartbeat = Clock::time_point::max();
   Clock::time_point retry_at{};
   Clock::time_point connect_deadline{};
   int attempts = 0;
 };
 
 struct RunFigures {
-  double phase_s[kPhases] = {};
+  double phase_s[kMaxPhases] = {};
+  uint64_t bytes_from_leader = 0;  // everything nodes 1..N-1 read
   int connect_retries = 0;  // refused, timed out or shed connects
   double leader_cpu_s = 0;  // user + system time of the leader process
 };
@@ -93,14 +124,23 @@ nlohmann::json NodeInfoOfAbout2KiB(int rank) {
   return info.ToJson();
 }
 
-pid_t StartLeader(const std::string& binary, int count, uint16_t port, const std::string& root) {
-  const std::string config = "{\"compute\": {\"node_count\": " + std::to_string(count) +
-                             "}, \"launcher\": {\"fabric\": {\"require\": \"none\"}, \"rendezvous\": {\"join_timeout_s\": "
-                             "600, \"heartbeat_interval_s\": 30, \"heartbeat_timeout_s\": 600}}}";
-  const std::vector<std::string> environ = {"BT_JOB_CONFIG=" + config, std::string("BT_RENDEZVOUS_TOKEN=") + kToken,
+// Node 0: `run` with every setting at its default but the join deadline, or (protocol
+// only) `rendezvous --serve` with the fabric check off and 30 s heartbeats.
+pid_t StartLeader(const std::string& binary, Shape shape, int count, uint16_t port, const std::string& root,
+                  const std::string& sysfs_root) {
+  nlohmann::json config = {{"compute", {{"node_count", count}}}, {"launcher", {{"rendezvous", {{"join_timeout_s", 600}}}}}};
+  std::vector<std::string> argv = {binary, "run", "--root", root, "--log-level", "warn", "--sysfs-root", sysfs_root};
+  if (shape == Shape::kRun) {
+    config["enable_baseten_workdir"] = false;
+    config["runtime"] = {{"start_commands", nlohmann::json::array({"true"})}};
+  } else {
+    config["launcher"]["fabric"] = {{"require", "none"}};
+    config["launcher"]["rendezvous"].update({{"heartbeat_interval_s", 30}, {"heartbeat_timeout_s", 600}});
+    argv = {binary, "rendezvous", "--serve", "--root", root, "--log-level", "warn"};
+  }
+  const std::vector<std::string> environ = {"BT_JOB_CONFIG=" + config.dump(), std::string("BT_RENDEZVOUS_TOKEN=") + kToken,
                                             "BT_RENDEZVOUS_PORT=" + std::to_string(port), "BT_LEADER_ADDR=127.0.0.1",
-                                            "PATH=/usr/bin:/bin"};
-  const std::vector<std::string> argv = {binary, "rendezvous", "--serve", "--root", root, "--log-level", "warn"};
+                                            "BT_NODE_RANK=0", "BT_GROUP_SIZE=" + std::to_string(count), "PATH=/usr/bin:/bin"};
   auto args = storage::CStringArray(argv);
   auto envp = storage::CStringArray(environ);
   posix_spawn_file_actions_t actions;
@@ -116,7 +156,8 @@ pid_t StartLeader(const std::string& binary, int count, uint16_t port, const std
 // One epoll loop driving every simulated node through the protocol (docs/PROTOCOL.md).
 class Swarm {
  public:
-  Swarm(int count, uint16_t port) : count_(count), port_(port), nodes_(size_t(count)) {
+  Swarm(Shape shape, int count, uint16_t port, const std::string& inventory_json)
+      : shape_(shape), phases_(int(PhaseNames(shape).size())), count_(count), port_(port), nodes_(size_t(count)) {
     epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
     // Everything a node sends that does not depend on the leader's answers is encoded
     // before the clock starts, as a real node has its info ready before it connects: the
@@ -130,6 +171,8 @@ class Swarm {
     wait_frame_ = rendezvous::EncodeFrame({{"op", "wait"}, {"id", 4}, {"key", kBarrierDone}, {"timeout_ms", 600000}});
     report_frame_ = rendezvous::EncodeFrame({{"op", "report"}, {"id", 5}, {"code", 0}, {"cause", "exit code 0"}});
     bye_frame_ = rendezvous::EncodeFrame({{"op", "bye"}});
+    heartbeat_frame_ = rendezvous::EncodeFrame({{"op", "hb"}});
+    if (shape_ == Shape::kRun) BuildRunSteps(inventory_json);
   }
   ~Swarm() {
     for (auto& node : nodes_) {
@@ -142,7 +185,7 @@ class Swarm {
     start_ = start;
     for (int rank = 1; rank < count_; ++rank) Connect(nodes_[size_t(rank)]);
     std::vector<epoll_event> events(4096);
-    while (finished_[kPhases - 1] < count_ - 1) {
+    while (finished_[phases_ - 1] < count_ - 1) {
       if (Clock::now() > deadline) throw LaunchFailure(kExitUnavailable, "bench: the rendezvous did not finish in time");
       const int ready = epoll_wait(epoll_fd_, events.data(), int(events.size()), 5);
       for (int i = 0; i < ready; ++i) OnEvent(nodes_[events[size_t(i)].data.u32], events[size_t(i)].events);
@@ -152,6 +195,77 @@ class Swarm {
   }
 
  private:
+  // Node 0's inventory as another node of the same cluster would publish it: its own node
+  // GUIDs (cloned GUIDs are a difference node 0 reports) and the bootstrap interface that
+  // reaches the leader (here, node 0's: they share the loopback).
+  static std::string InventoryOfNode(const nlohmann::json& leader_inventory, int rank) {
+    nlohmann::json inventory = leader_inventory;
+    inventory["bootstrap_interface"] = "lo";
+    int device_index = 0;
+    for (auto& device : inventory["devices"]) {
+      char guid[32];
+      std::snprintf(guid, sizeof guid, "b700:%04x:%04x:%04x", unsigned(rank >> 16), unsigned(rank & 0xffff), unsigned(device_index++));
+      device["node_guid"] = guid;
+      device["sys_image_guid"] = guid;
+    }
+    return inventory.dump();
+  }
+
+  // What a follower's `run` asks between "complete" and its report (launcher/phases/
+  // fabric.cpp and ready.cpp), every request with the id of its step.
+  void BuildRunSteps(const std::string& inventory_json) {
+    auto frame = [](const Message& message) { return rendezvous::EncodeFrame(message); };
+    const auto leader_inventory = nlohmann::json::parse(inventory_json);
+    for (int rank = 1; rank < count_; ++rank) {
+      inventory_frames_.push_back(frame({{"op", "set"}, {"id", 10}, {"key", "bt/fabric/inventory/" + std::to_string(rank)},
+                                         {"value", rendezvous::BytesValue(InventoryOfNode(leader_inventory, rank))}}));
+      phase_frames_.push_back(frame({{"op", "set"}, {"id", 13}, {"key", "bt/phase/" + std::to_string(rank)},
+                                     {"value", rendezvous::BytesValue("ready")}}));
+    }
+    steps_ = {
+        {"", 10, {}, -1},  // the node's inventory (its own frame)
+        {frame({{"op", "add"}, {"id", 16}, {"key", "bt/fabric/published"}, {"delta", 1}}), 16, {}, -1},
+        {frame({{"op", "get"}, {"id", 11}, {"key", "bt/fabric/plan"}, {"timeout_ms", uint64_t(kStopCheckSlice.count())}}), 11, kStopCheckSlice, -1},
+        {frame({{"op", "add"}, {"id", 12}, {"key", "bt/fabric/plan/readers"}, {"delta", 1}}), 12, {}, 2},
+        {"", 13, {}, -1},  // the node's phase, "ready" (its own frame)
+        {frame({{"op", "add"}, {"id", 14}, {"key", "bt/ready"}, {"delta", 1}}), 14, {}, -1},
+        {frame({{"op", "wait"}, {"id", 15}, {"key", "bt/ready/all"}, {"timeout_ms", uint64_t(kReadyCheckSlice.count())}}), 15, kReadyCheckSlice, 3},
+    };
+  }
+
+  void SendStep(SimulatedNode& node) {
+    const Step& step = steps_[node.step];
+    if (step.id == 10) SendBytes(node, inventory_frames_[size_t(node.rank - 1)]);
+    else if (step.id == 13) SendBytes(node, phase_frames_[size_t(node.rank - 1)]);
+    else SendBytes(node, step.frame);
+    node.resend_at = step.slice.count() > 0 ? Clock::now() + step.slice : Clock::time_point::max();
+  }
+
+  // An answer to the node's current step: the next one, or the report after the last.
+  void OnStepAnswer(SimulatedNode& node, const Message& message) {
+    Expect(node, message, "ok");
+    const Step& step = steps_[node.step];
+    if (rendezvous::IntField(message, "id") != step.id) return;  // a late answer to an earlier slice
+    if (step.finishes_phase >= 0) Finished(step.finishes_phase);
+    node.resend_at = Clock::time_point::max();
+    if (++node.step < steps_.size()) return SendStep(node);
+    node.phase = Phase::kResult;
+    SendBytes(node, report_frame_);
+  }
+
+  // Heartbeats and re-sent slices that are due (run shape).
+  void SendDue(Clock::time_point now) {
+    if (shape_ != Shape::kRun) return;
+    for (auto& node : nodes_) {
+      if (node.fd < 0 || node.phase < Phase::kJoin || node.phase == Phase::kDone) continue;
+      if (now >= node.next_heartbeat) {
+        SendBytes(node, heartbeat_frame_);
+        node.next_heartbeat = now + kHeartbeatInterval;
+      }
+      if (node.phase == Phase::kSteps && now >= node.resend_at) SendStep(node);
+    }
+  }
+
   void Connect(SimulatedNode& node) {
     node.fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     int one = 1;
@@ -201,6 +315,7 @@ class Swarm {
       for (auto& node : nodes_) {
         if (node.fd >= 0 && node.phase == Phase::kConnecting && now >= node.connect_deadline) Reconnect(node);
       }
+      SendDue(now);
     }
     std::vector<int> later;
     for (int rank : retrying_) {
@@ -230,6 +345,7 @@ class Swarm {
       const ssize_t got = read(node.fd, buffer, sizeof buffer);
       if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) return Reconnect(node);
       if (got < 0) break;
+      figures_.bytes_from_leader += uint64_t(got);
       node.decoder.Feed(buffer, size_t(got));
     }
     Message message;
@@ -251,6 +367,7 @@ class Swarm {
           throw LaunchFailure(kExitUnavailable, "bench: the leader refused the handshake: " + message.dump());
         }
         node.phase = Phase::kJoin;
+        node.next_heartbeat = Clock::now() + kHeartbeatInterval;  // the real client's reader starts now
         return SendBytes(node, join_frames_[size_t(node.rank - 1)]);
       case Phase::kJoin:
         Expect(node, message, "ok");
@@ -260,6 +377,10 @@ class Swarm {
       case Phase::kComplete:
         Expect(node, message, "complete");
         Finished(1);
+        if (shape_ == Shape::kRun) {
+          node.phase = Phase::kSteps;
+          return SendStep(node);
+        }
         node.phase = Phase::kBarrierAdd;
         return SendBytes(node, add_frame_);
       case Phase::kBarrierAdd:
@@ -273,10 +394,12 @@ class Swarm {
         Finished(2);
         node.phase = Phase::kResult;
         return SendBytes(node, report_frame_);
+      case Phase::kSteps:
+        return OnStepAnswer(node, message);
       case Phase::kResult:
         if (op == "ok") return;  // the report's answer
         Expect(node, message, "result");
-        Finished(3);
+        Finished(phases_ - 1);
         node.phase = Phase::kDone;
         return SendBytes(node, bye_frame_);
       default:
@@ -291,7 +414,7 @@ class Swarm {
   }
 
   void Finished(int phase) {
-    if (++finished_[phase] == count_ - 1) figures_.phase_s[phase] = std::chrono::duration<double>(Clock::now() - start_).count();
+    if (++finished_[size_t(phase)] == count_ - 1) figures_.phase_s[phase] = std::chrono::duration<double>(Clock::now() - start_).count();
   }
 
   void Send(SimulatedNode& node, const Message& message) { SendBytes(node, rendezvous::EncodeFrame(message)); }
@@ -320,16 +443,19 @@ class Swarm {
     epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, node.fd, &event);
   }
 
+  Shape shape_;
+  int phases_;
   int count_;
   uint16_t port_;
   std::vector<SimulatedNode> nodes_;
-  std::vector<std::string> join_frames_;
-  std::string add_frame_, set_frame_, wait_frame_, report_frame_, bye_frame_;
+  std::vector<std::string> join_frames_, inventory_frames_, phase_frames_;
+  std::vector<Step> steps_;
+  std::string add_frame_, set_frame_, wait_frame_, report_frame_, bye_frame_, heartbeat_frame_;
   std::vector<int> retrying_;
   std::mt19937 random_{std::random_device{}()};
   Clock::time_point next_timeout_scan_{};
   int epoll_fd_ = -1;
-  int finished_[kPhases] = {};
+  std::vector<int> finished_ = std::vector<int>(kMaxPhases, 0);
   Clock::time_point start_;
   RunFigures figures_;
 };
@@ -364,12 +490,12 @@ void WaitUntilListening(uint16_t port, pid_t leader) {
   }
 }
 
-RunFigures RunOnce(int count) {
+RunFigures RunOnce(Shape shape, int count, const std::string& sysfs_root, const std::string& inventory_json) {
   const uint16_t port = FreePort();
   char root[] = "/tmp/bt-bench-rendezvous.XXXXXX";
   if (mkdtemp(root) == nullptr) throw LaunchFailure(kExitIo, "bench: cannot create a directory in /tmp");
-  Swarm swarm(count, port);  // node infos built before the clock starts
-  const pid_t leader = StartLeader(storage::CurrentExecutable(), count, port, root);
+  Swarm swarm(shape, count, port, inventory_json);  // frames built before the clock starts
+  const pid_t leader = StartLeader(storage::CurrentExecutable(), shape, count, port, root, sysfs_root);
   RunFigures figures;
   try {
     WaitUntilListening(port, leader);
@@ -400,27 +526,41 @@ double Median(std::vector<double> values) {
 int BenchRendezvous(const CliOptions& cli) {
   const int count = cli.bench_nodes;
   const int runs = cli.bench_runs;
+  const Shape shape = cli.bench_protocol_only ? Shape::kProtocol : Shape::kRun;
+  const std::vector<std::string>& names = PhaseNames(shape);
   const size_t file_limit = rendezvous::RaiseOpenFileLimit(size_t(count) + 1024);
   if (size_t(count) + 64 > file_limit) {
     throw LaunchFailure(kExitUsage, "bench rendezvous: " + std::to_string(count) + " nodes need " + std::to_string(count + 64) +
                                         " file descriptors; the limit is " + std::to_string(file_limit));
   }
   spdlog::set_level(spdlog::level::warn);
-  std::printf("%-6s %-4s %10s %10s %10s %10s %13s %8s\n", "nodes", "run", "join_s", "complete_s", "barrier_s", "exit_s",
-              "leader_cpu_s", "retries");
-  std::vector<std::vector<double>> phases(kPhases);
-  std::vector<double> leader_cpu;
+  // Every simulated node publishes what node 0 reads from the same devices: one fabric.
+  const std::string sysfs_root = rendezvous::fabric::SysfsRoot(cli.sysfs_root);
+  const std::string inventory_json = rendezvous::fabric::ReadInventory(sysfs_root).ToJson().dump();
+  std::printf("%-6s %-4s", "nodes", "run");
+  for (const auto& name : names) std::printf(" %10s", (name + "_s").c_str());
+  std::printf(" %13s %8s %14s\n", "leader_cpu_s", "retries", "leader_B/node");
+  std::vector<std::vector<double>> phases(names.size());
+  std::vector<double> leader_cpu, bytes_per_node;
   for (int run = 1; run <= runs; ++run) {
-    const RunFigures figures = RunOnce(count);
-    for (int phase = 0; phase < kPhases; ++phase) phases[size_t(phase)].push_back(figures.phase_s[phase]);
+    const RunFigures figures = RunOnce(shape, count, sysfs_root, inventory_json);
+    std::printf("%-6d %-4d", count, run);
+    for (size_t phase = 0; phase < names.size(); ++phase) {
+      phases[phase].push_back(figures.phase_s[phase]);
+      std::printf(" %10.3f", figures.phase_s[phase]);
+    }
     leader_cpu.push_back(figures.leader_cpu_s);
-    std::printf("%-6d %-4d %10.3f %10.3f %10.3f %10.3f %13.3f %8d\n", count, run, figures.phase_s[0], figures.phase_s[1],
-                figures.phase_s[2], figures.phase_s[3], figures.leader_cpu_s, figures.connect_retries);
+    bytes_per_node.push_back(double(figures.bytes_from_leader) / double(count - 1));
+    std::printf(" %13.3f %8d %14.0f\n", figures.leader_cpu_s, figures.connect_retries, bytes_per_node.back());
     std::fflush(stdout);
   }
-  nlohmann::json summary = {{"nodes", count}, {"runs", runs}, {"p50_s", Median(phases[kPhases - 1])},
-                            {"leader_cpu_p50_s", Median(leader_cpu)}};
-  for (int phase = 0; phase < kPhases; ++phase) summary[std::string(kPhaseNames[phase]) + "_p50_s"] = Median(phases[size_t(phase)]);
+  nlohmann::json summary = {{"nodes", count},
+                            {"runs", runs},
+                            {"shape", shape == Shape::kRun ? "run" : "protocol"},
+                            {"p50_s", Median(phases.back())},
+                            {"leader_cpu_p50_s", Median(leader_cpu)},
+                            {"leader_bytes_per_node_p50", Median(bytes_per_node)}};
+  for (size_t phase = 0; phase < names.size(); ++phase) summary[names[phase] + "_p50_s"] = Median(phases[phase]);
   std::printf("%s\n", summary.dump().c_str());
   return 0;
 }

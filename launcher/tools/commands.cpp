@@ -63,6 +63,8 @@ int RendezvousSubcommand(const CliOptions& cli) {
     PreRunPeers pre_run(*peers, signals);
     NameStoreFailures(timeline, [&] {
       fabric = PlanFabricPhase(job.config, job.identity, &pre_run, std::move(inventory), job.environment);
+      // Node 0 sent only its verdict; this tool shows every node's selection.
+      if (job.identity.rank != 0 && fabric->plan.checked()) fabric->plan = ReadWholePlan(job.config, pre_run, job.identity.count, fabric->gids);
     });
   } catch (const LaunchFailure& failure) {
     spdlog::error("{}", failure.what());

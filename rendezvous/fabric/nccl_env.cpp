@@ -106,7 +106,7 @@ NcclEnvironment ComputeNcclEnvironment(const FabricPlan& plan, const NodePlan& n
   if (plan.use_rdma && !node.selection.ports.empty()) {
     std::string reason = std::to_string(node.selection.ports.size()) + " ACTIVE " + node.selection.link_layer +
                          " port(s) in PCI order";
-    if (plan.nodes.size() > 1 && plan.mismatches.empty()) reason += ", the same shape on all " + std::to_string(plan.nodes.size()) + " nodes";
+    if (plan.node_count > 1 && plan.mismatches.empty()) reason += ", the same shape on all " + std::to_string(plan.node_count) + " nodes";
     if (!node.selection.excluded.empty()) {
       reason += "; left out:";
       for (const std::string& excluded : node.selection.excluded) reason += " " + excluded;
@@ -114,7 +114,7 @@ NcclEnvironment ComputeNcclEnvironment(const FabricPlan& plan, const NodePlan& n
     builder.Offer("NCCL_IB_HCA", HcaList(node.selection), reason);
     if (node.selection.link_layer == "Ethernet") OfferGidIndex(builder, node, inventory, user_variable, nccl_version);
   } else if (!plan.use_rdma) {
-    const std::string reason = plan.RanksWithoutRdma().size() == plan.nodes.size()
+    const std::string reason = plan.nodes_without_rdma == plan.node_count
                                    ? "no node has a usable RDMA port: sockets"
                                    : "not every node has usable RDMA and launcher.fabric.require is \"" +
                                          PolicyName(plan.policy) + "\": sockets, the same transport on every node";

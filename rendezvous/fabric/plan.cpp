@@ -314,6 +314,8 @@ FabricPlan PlanFabric(const std::vector<NodeFabric>& nodes, env::FabricRequireme
     plan.nodes.push_back({node.rank, selections.back(), Summary(selections.back())});
     rdma_expected = rdma_expected || selections.back().link_layer == "InfiniBand" || HasBrokenRdmaPort(node.inventory, gids);
   }
+  plan.node_count = int(plan.nodes.size());
+  plan.nodes_without_rdma = int(plan.RanksWithoutRdma().size());
   plan.policy = required;
   if (required == env::FabricRequirement::kAuto) {
     plan.policy = rdma_expected ? env::FabricRequirement::kIb : env::FabricRequirement::kAny;
@@ -366,7 +368,8 @@ nlohmann::json FabricPlan::ToJson() const {
                          {"ports", ports}, {"excluded", node.selection.excluded}});
   }
   return {{"policy", PolicyName(policy)}, {"ok", ok}, {"failure", failure}, {"use_rdma", use_rdma},
-          {"mismatches", rows}, {"warnings", warnings}, {"nodes", node_list}};
+          {"mismatches", rows}, {"warnings", warnings}, {"nodes", node_list}, {"node_count", node_count},
+          {"nodes_without_rdma", nodes_without_rdma}};
 }
 
 FabricPlan FabricPlan::FromJson(const nlohmann::json& json) {
@@ -398,6 +401,8 @@ FabricPlan FabricPlan::FromJson(const nlohmann::json& json) {
       }
       plan.nodes.push_back(std::move(entry));
     }
+    plan.node_count = json.value("node_count", int(plan.nodes.size()));
+    plan.nodes_without_rdma = json.value("nodes_without_rdma", int(plan.RanksWithoutRdma().size()));
     return plan;
   } catch (const nlohmann::json::exception& error) {
     throw InventoryError(std::string("fabric plan from the leader: ") + error.what());

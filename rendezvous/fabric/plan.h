@@ -64,6 +64,10 @@ struct FabricPlan {
   std::vector<Mismatch> mismatches;
   std::vector<std::string> warnings;
   std::vector<NodePlan> nodes;  // in rank order
+  // How many nodes node 0 planned for, and how many of them have no usable RDMA port: the
+  // plan node 0 shares with the others keeps these but not `nodes` (each node has its own).
+  int node_count = 0;
+  int nodes_without_rdma = 0;
 
   nlohmann::json ToJson() const;
   static FabricPlan FromJson(const nlohmann::json& json);  // throws InventoryError

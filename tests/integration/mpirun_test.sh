@@ -42,4 +42,26 @@ echo "== a failing rank fails the job (tcp backend names it)"
 FAIL_ON_NODE=2 BT_RENDEZVOUS_PORT=$port timeout 120 mpirun "${mpirun_args[@]}" -x BT_RENDEZVOUS_PORT -x FAIL_ON_NODE \
   "$BIN" run --config examples/multi-node.json --root "$work/root" >"$work/out" 2>&1 && fail "the job succeeded"
 grep -q "job failed: node 2 (" "$work/out" || fail "no node named node 2 as the failure"
+
+echo "== launchers mpirun SIGKILLs take their training with them (both backends)"
+# Node 3 fails at once; the others' training ignores SIGTERM, so mpirun's SIGKILL (1 s
+# after its SIGTERM, Open MPI's default) hits their launchers mid-grace.
+for backend in tcp mpi; do
+  rm -f "$work"/train-*.pid
+  cat > "$work/orphan.json" <<JSON
+{"compute": {"node_count": 4}, "enable_baseten_workdir": false,
+ "runtime": {"start_commands": ["if [ \$BT_NODE_RANK = 3 ]; then sleep 2; exit 3; fi; trap '' TERM; sleep 300 & echo \$! > $work/train-\$BT_NODE_RANK.pid; wait"]},
+ "launcher": {"grace_period_s": 60, "rendezvous": {"backend": "$backend"}}}
+JSON
+  BT_RENDEZVOUS_PORT=$port timeout 120 mpirun "${mpirun_args[@]}" --mca odls_base_sigkill_timeout 1 -x BT_RENDEZVOUS_PORT \
+    "$BIN" run --config "$work/orphan.json" --root "$work/root" >"$work/out" 2>&1 && fail "$backend: the job succeeded"
+  sleep 2
+  for rank in 0 1 2; do
+    pid=$(cat "$work/train-$rank.pid" 2>/dev/null) || fail "$backend: node $rank never started its training"
+    if kill -0 "$pid" 2>/dev/null && ! grep -q '^State:.*Z' "/proc/$pid/status"; then
+      kill -KILL "$pid"
+      fail "$backend: node $rank's training (pid $pid) outlived its launcher"
+    fi
+  done
+done
 echo "PASS"

@@ -26,7 +26,8 @@ namespace fs = std::filesystem;
 class Job {
  public:
   // `rendezvous_extra` (", \"key\": value, ...") overrides the rendezvous defaults below.
-  Job(int nodes, const std::string& commands_json, const std::string& rendezvous_extra = "")
+  // With checkpointing, a node's drain waits for node 0's training to end.
+  Job(int nodes, const std::string& commands_json, const std::string& rendezvous_extra = "", bool checkpointing = true)
       : nodes_(nodes), port_(FreePort()) {
     nlohmann::json rendezvous = {{"port", port_}, {"join_timeout_s", 20}, {"heartbeat_interval_s", 0.2},
                                  {"heartbeat_timeout_s", 3}, {"exit_barrier_timeout_s", 30}};
@@ -36,7 +37,7 @@ class Job {
         {"enable_baseten_workdir", false},
         {"runtime",
          {{"start_commands", nlohmann::json::parse(commands_json)},
-          {"checkpointing_config", {{"enabled", true}}},
+          {"checkpointing_config", {{"enabled", checkpointing}}},
           {"cache_config", {{"enabled", true}}}}},
         {"launcher", {{"grace_period_s", 5}, {"rendezvous", rendezvous}}}};
     config_ = dir_.Write("job.json", config.dump());
@@ -123,8 +124,26 @@ TEST(MultiNode, ExitBarrierTimeoutNamesTheNodesStillRunning) {
   EXPECT_EQ(results[0].exit_code, 69);
   EXPECT_NE(results[0].err.find("exit barrier: nodes 1 have not finished after 1 s"), std::string::npos) << results[0].err;
   EXPECT_EQ(results[1].exit_code, 69) << "node 1 must stop when the leader leaves";
-  EXPECT_NE(results[1].err.find("leader (node 0) lost"), std::string::npos) << results[1].err;
+  EXPECT_NE(results[1].err.find("node 0 ("), std::string::npos) << results[1].err;
+  EXPECT_NE(results[1].err.find("gave up: left the exit barrier after 1 s: nodes 1 have not finished"), std::string::npos)
+      << results[1].err;
   EXPECT_LT(results[1].elapsed, 20s);
+}
+
+// The mirror image: a follower stops waiting. Its timeout is the job's result on every node,
+// node 0 included: node 0's training is stopped and it exits 69 naming node 1, instead of
+// finishing later with "every node succeeded" while node 1 exited 69.
+TEST(MultiNode, FollowerWhoseExitBarrierTimesOutFailsTheJobOnEveryNode) {
+  Job job(2, R"(["if [ $BT_NODE_RANK = 0 ]; then exec sleep 30; fi"])", R"(, "exit_barrier_timeout_s": 1)", false);
+  auto processes = job.StartAll();
+  auto results = Job::FinishAll(processes);
+  EXPECT_EQ(results[1].exit_code, 69) << results[1].err;
+  EXPECT_NE(results[1].err.find("exit barrier: the other nodes have not finished after 1 s; ending the job as failed"),
+            std::string::npos) << results[1].err;
+  EXPECT_EQ(results[0].exit_code, results[1].exit_code) << "the nodes disagree about the job's result:\n" << results[0].err;
+  EXPECT_NE(results[0].err.find("node 1 ("), std::string::npos) << results[0].err;
+  EXPECT_NE(results[0].err.find("gave up: left the exit barrier after 1 s"), std::string::npos) << results[0].err;
+  EXPECT_LT(results[0].elapsed, 20s) << "node 0's training ran on after the job had failed";
 }
 
 TEST(MultiNode, FailedNodeStopsEveryoneAndIsNamed) {

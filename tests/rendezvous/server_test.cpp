@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -16,6 +17,7 @@
 
 #include "rendezvous/auth.h"
 #include "rendezvous/client.h"
+#include "rendezvous/key_policy.h"
 #include "rendezvous/wire.h"
 
 namespace bt::rendezvous {
@@ -387,6 +389,19 @@ TEST(Server, FailedReportAbortsEveryoneNamingTheNode) {
   EXPECT_NE(abort->message.find("node 1 (host1, 127.0.0.1) failed: exit code 3"), std::string::npos) << abort->message;
 }
 
+// A failure that quotes a table (the fabric's differences at scale) goes to every node in
+// the abort: it is cut, so that it does not cost N times its size.
+TEST(Server, AHugeFailureCauseIsCutInTheAbortEveryNodeGets) {
+  StoreServer server(Options(2));
+  auto nodes = JoinAll(server, 2);
+  nodes[1]->Report(69, "fabric: the fabric differs between nodes\n" + std::string(1 << 20, 'x'));
+  auto abort = NextEvent(*nodes[0], PeerEvent::Kind::kAbort);
+  ASSERT_TRUE(abort);
+  EXPECT_LT(abort->message.size(), 5000u);
+  EXPECT_NE(abort->message.find("fabric: the fabric differs between nodes"), std::string::npos);
+  EXPECT_NE(abort->message.find("more bytes in that node's log"), std::string::npos) << abort->message.substr(0, 200);
+}
+
 TEST(Server, AllSuccessfulReportsGiveTheResult) {
   StoreServer server(Options(2));
   auto nodes = JoinAll(server, 2);
@@ -436,6 +451,86 @@ TEST(Server, PortInUseIsNamed) {
   } catch (const StoreError& error) {
     EXPECT_NE(std::string(error.what()).find("cannot listen on port " + std::to_string(first.port())), std::string::npos);
   }
+}
+
+// The expected refusal: the request is answered "refused: ..." and the connection is gone.
+void ExpectRefused(const std::function<void()>& request, const std::string& why) {
+  try {
+    request();
+    ADD_FAILURE() << "accepted; expected a refusal naming: " << why;
+  } catch (const StoreError& error) {
+    EXPECT_NE(std::string(error.what()).find(why), std::string::npos) << error.what();
+  }
+}
+
+TEST(Server, ConnectionThatNeverJoinedCannotWriteTheLaunchersKeys) {
+  StoreServer server(Options(2));
+  auto stranger = Connect(server);  // holds the token, never joins
+  ExpectRefused([&] { stranger->Set("bt/roster", R"({"nodes":[{"rank":0,"host":"forged"}]})"); },
+                "without having joined");
+  EXPECT_THROW(stranger->Set("job/key", "x"), StoreError) << "the refused connection must be closed";
+  auto another = Connect(server);
+  ExpectRefused([&] { another->Add("bt/ready", 1); }, "without having joined");
+  auto user = Connect(server);
+  user->Set("job/key", "anyone authenticated may use keys outside bt/");
+  auto nodes = JoinAll(server, 2);
+  ASSERT_TRUE(NextEvent(*nodes[1], PeerEvent::Kind::kComplete));
+  const auto roster = RosterFromJson(nlohmann::json::parse(nodes[1]->Get("bt/roster", 1s)));
+  ASSERT_EQ(roster.size(), 2u);
+  EXPECT_EQ(roster[0].host, "host0") << "a connection that never joined forged the roster";
+  EXPECT_EQ(server.verdict().kind, ServerVerdict::Kind::kPending);
+}
+
+TEST(Server, NodeWritingTheLeadersKeyIsRefusedAndTheJobAbortsNamingIt) {
+  StoreServer server(Options(3));
+  auto nodes = JoinAll(server, 3);
+  ASSERT_TRUE(NextEvent(*nodes[0], PeerEvent::Kind::kComplete));
+  ExpectRefused([&] { nodes[2]->Set("bt/ready/all", "1"); }, "node 2 writes \"bt/ready/all\", which only the leader");
+  auto abort = NextEvent(*nodes[0], PeerEvent::Kind::kAbort);
+  ASSERT_TRUE(abort);
+  EXPECT_EQ(abort->rank, 2);
+  EXPECT_NE(abort->message.find("refused: node 2 writes \"bt/ready/all\""), std::string::npos) << abort->message;
+}
+
+TEST(Server, NodeWritingAnotherNodesKeyIsRefused) {
+  StoreServer server(Options(3));
+  auto nodes = JoinAll(server, 3);
+  ASSERT_TRUE(NextEvent(*nodes[0], PeerEvent::Kind::kComplete));
+  nodes[1]->Set("bt/phase/1", "its own phase");
+  nodes[0]->Set("bt/fabric/plan", "the leader's");
+  EXPECT_EQ(nodes[1]->Add("bt/ready", 1), 1) << "every node adds to a shared counter";
+  ExpectRefused([&] { nodes[1]->Set("bt/phase/2", "ready"); }, "which belongs to node 2");
+}
+
+TEST(Server, OversizedKeysAndValuesAreRefused) {
+  StoreServer server(Options(1));
+  auto long_key = Connect(server);
+  ExpectRefused([&] { long_key->Set(std::string(kMaxKeyBytes + 1, 'k'), "v"); }, "a key of 1025 bytes (at most 1024)");
+  auto long_value = Connect(server);
+  ExpectRefused([&] { long_value->Set("job/key", std::string(kMaxValueBytes + 1, 'v')); }, "at most 16777216");
+  auto long_wait = Connect(server);
+  ExpectRefused([&] { long_wait->Get(std::string(4u << 20, 'k'), 1s); }, "a key of 4194304 bytes");
+  auto fine = Connect(server);
+  fine->Set(std::string(kMaxKeyBytes, 'k'), std::string(kMaxValueBytes, 'v'));
+  EXPECT_EQ(fine->Get(std::string(kMaxKeyBytes, 'k'), 5s).size(), kMaxValueBytes);
+}
+
+TEST(Server, ParkedWaitsOfOneConnectionAreBoundedInBytes) {
+  StoreServer server(Options(1));
+  RawPeer peer(server.port());
+  ASSERT_TRUE(peer.Authenticate());
+  // Full-length keys, fewer waits than one connection may park (4,096): only the bytes they
+  // hold (over 2 KiB each) exceed a bound.
+  const size_t waits = 4090;
+  ASSERT_GT(waits * (2 * kMaxKeyBytes + 64), kMaxParkedBytesPerConnection);
+  for (size_t id = 1; id <= waits; ++id) {
+    std::string key = std::to_string(id) + std::string(kMaxKeyBytes - 8, 'k');
+    peer.Send(EncodeFrame({{"op", "wait"}, {"id", id}, {"key", key}}));
+  }
+  EXPECT_TRUE(peer.ClosedByServer(5s));
+  auto client = Connect(server);  // the leader serves on
+  client->Set("after", "x");
+  EXPECT_EQ(client->Get("after", 1s), "x");
 }
 
 TEST(Client, LeaderThatNeverAnswersIsNamed) {

@@ -37,6 +37,7 @@ class MemoryBackend : public Backend {
     std::string Get(const std::string& k, std::chrono::milliseconds t) override { return target_.Get(k, t); }
     void Wait(const std::vector<std::string>& k, std::chrono::milliseconds t) override { target_.Wait(k, t); }
     int64_t Add(const std::string& k, int64_t d) override { return target_.Add(k, d); }
+    std::vector<std::optional<std::string>> Peek(const std::vector<std::string>& k) override { return target_.Peek(k); }
 
    private:
     Store& target_;
@@ -93,6 +94,26 @@ TYPED_TEST(StoreTest, GetBlocksUntilAnotherParticipantSets) {
   EXPECT_EQ(this->backend_.Shared().Get("late", 5s), "here");
   EXPECT_GE(std::chrono::steady_clock::now() - start, 90ms);
   setter.join();
+}
+
+TYPED_TEST(StoreTest, PeekReadsManyKeysAtOnceWithoutWaiting) {
+  Store& store = this->backend_.Shared();
+  std::vector<std::string> keys;
+  for (int i = 0; i < 2500; ++i) {  // more than one request's worth (kMaxPeekKeys)
+    keys.push_back("peek/" + std::to_string(i));
+    if (i % 2 == 0) store.Set(keys.back(), std::to_string(i));
+  }
+  auto start = std::chrono::steady_clock::now();
+  const auto values = store.Peek(keys);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s) << "a missing key must not be waited for";
+  ASSERT_EQ(values.size(), keys.size());
+  for (int i = 0; i < 2500; ++i) {
+    if (i % 2 == 0) {
+      EXPECT_EQ(values[size_t(i)], std::to_string(i));
+    } else {
+      EXPECT_FALSE(values[size_t(i)].has_value()) << i;
+    }
+  }
 }
 
 TYPED_TEST(StoreTest, WaitTimesOutNamingTheMissingKeys) {

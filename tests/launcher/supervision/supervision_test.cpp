@@ -318,6 +318,45 @@ TEST(Supervision, WorkerInItsOwnSessionGetsTheShutdownSignalLikeTorchrunsWorkers
   if (Alive(worker)) kill(worker, SIGKILL);
 }
 
+// mpirun SIGKILLs a launcher about a second after its SIGTERM, whatever grace_period_s says:
+// the job's processes must die with it, not be re-parented and keep their GPUs.
+TEST(Supervision, LauncherKilledWithoutWarningTakesItsJobWithIt) {
+  TempDir dir;
+  // The shell stays the group's leader, with the training as its child: the processes a
+  // parent-death signal on the leader alone would leave running.
+  std::string config = ConfigWithCommands(
+      dir, R"(["sleep 300 & echo $! > )" + dir.path() + R"(/training.pid; echo started; wait"])");
+  LauncherProcess launcher({{"run", "--config", config, "--root", dir.path() + "/root"}});
+  ASSERT_TRUE(launcher.WaitForOutput("started", 10s));
+  const pid_t training = std::atoi(ReadFile(dir.path() + "/training.pid").c_str());
+  ASSERT_TRUE(Alive(training));
+  launcher.Signal(SIGKILL);
+  launcher.Finish();
+  for (int i = 0; i < 50 && Alive(training); ++i) std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(Alive(training)) << "the training (pid " << training << ") outlived its SIGKILLed launcher";
+  if (Alive(training)) kill(training, SIGKILL);
+}
+
+// torchrun starts its workers in sessions of their own: a SIGKILLed launcher must not leave
+// them running either.
+TEST(Supervision, LauncherKilledWithoutWarningTakesWorkersInTheirOwnSessionsWithIt) {
+  TempDir dir;
+  dir.Write("agent.py", "import subprocess, time\n"
+                        "worker = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+                        "open('" + dir.path() + "/worker.pid', 'w').write(str(worker.pid))\n"
+                        "print('agent-started', flush=True)\ntime.sleep(300)\n");
+  std::string config = ConfigWithCommands(dir, R"(["python3 )" + dir.path() + R"(/agent.py"])");
+  LauncherProcess launcher({{"run", "--config", config, "--root", dir.path() + "/root"}});
+  ASSERT_TRUE(launcher.WaitForOutput("agent-started", 10s));
+  const pid_t worker = std::atoi(ReadFile(dir.path() + "/worker.pid").c_str());
+  ASSERT_TRUE(Alive(worker));
+  launcher.Signal(SIGKILL);
+  launcher.Finish();
+  for (int i = 0; i < 50 && Alive(worker); ++i) std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(Alive(worker)) << "the worker (pid " << worker << ", its own session) outlived its SIGKILLed launcher";
+  if (Alive(worker)) kill(worker, SIGKILL);
+}
+
 TEST(Supervision, PrintsATimelineAtExit) {
   TempDir dir;
   ProcessResult result = RunLauncher({RunArgs(dir, {"/bin/true"})});

@@ -1,0 +1,114 @@
+#include "rendezvous/key_policy.h"
+
+#include <array>
+#include <charconv>
+#include <vector>
+
+namespace bt::rendezvous {
+namespace {
+
+// Who writes a key of the launcher's namespace.
+enum class Writer {
+  kServer,   // the leader's server itself (bt/roster): no connection
+  kOwner,    // the node whose rank the key names ({rank} below)
+  kCounter,  // a counter every joined node adds to (the leader alone may set it)
+};
+
+struct KeyRule {
+  std::string_view pattern;  // '/'-separated; "*" is any one segment, "{rank}" and "rank-{rank}" the writer's rank
+  Writer writer;
+};
+
+// Every key of bt/ that a node other than the leader writes; any other bt/ key is the
+// leader's (node 0's). Each phase's keys are named where the phase is (launcher/phases/).
+constexpr std::array kRules = {
+    KeyRule{"bt/roster", Writer::kServer},
+    KeyRule{"bt/phase/{rank}", Writer::kOwner},
+    KeyRule{"bt/ready", Writer::kCounter},
+    KeyRule{"bt/fabric/inventory/{rank}", Writer::kOwner},
+    KeyRule{"bt/fabric/plan/readers", Writer::kCounter},
+    KeyRule{"bt/fabric/published", Writer::kCounter},
+    KeyRule{"bt/fabric/probe/ready/{rank}", Writer::kOwner},
+    KeyRule{"bt/fabric/probe/result/{rank}", Writer::kOwner},
+    KeyRule{"bt/fabric/probe/qp/*/*/{rank}", Writer::kOwner},
+    KeyRule{"bt/nccl/gpus/{rank}", Writer::kOwner},
+    KeyRule{"bt/nccl/result/{rank}", Writer::kOwner},
+    KeyRule{"bt/ckpt/parts/*", Writer::kCounter},
+    KeyRule{"bt/ckpt/parts/*/rank-{rank}", Writer::kOwner},
+};
+
+std::vector<std::string_view> Segments(std::string_view text) {
+  std::vector<std::string_view> segments;
+  while (true) {
+    const size_t slash = text.find('/');
+    segments.push_back(text.substr(0, slash));
+    if (slash == std::string_view::npos) return segments;
+    text.remove_prefix(slash + 1);
+  }
+}
+
+std::optional<int> ParseRank(std::string_view text) {
+  int rank = -1;
+  if (text.empty() || text.size() > 9) return std::nullopt;
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), rank);
+  if (error != std::errc() || end != text.data() + text.size() || rank < 0) return std::nullopt;
+  return rank;
+}
+
+// Whether `key` has the shape of `pattern`; `owner` gets the rank a {rank} segment names.
+bool Matches(std::string_view pattern, std::string_view key, std::optional<int>& owner) {
+  const auto want = Segments(pattern);
+  const auto have = Segments(key);
+  if (want.size() != have.size()) return false;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const size_t placeholder = want[i].find("{rank}");
+    if (placeholder != std::string_view::npos) {
+      if (have[i].substr(0, placeholder) != want[i].substr(0, placeholder)) return false;
+      owner = ParseRank(have[i].substr(std::min(placeholder, have[i].size())));
+      if (!owner) return false;
+    } else if (want[i] != "*" && want[i] != have[i]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string Quoted(std::string_view key) { return "\"" + std::string(key) + "\""; }
+
+}  // namespace
+
+std::optional<std::string> WriteRefusal(std::string_view key, KeyWrite write, int rank) {
+  if (!key.starts_with(kLauncherKeyPrefix)) return std::nullopt;
+  if (rank < 0) return "writes " + Quoted(key) + " without having joined: the launcher's keys (" +
+                       std::string(kLauncherKeyPrefix) + ") are written by the job's nodes only";
+  for (const KeyRule& rule : kRules) {
+    std::optional<int> owner;
+    if (!Matches(rule.pattern, key, owner)) continue;
+    switch (rule.writer) {
+      case Writer::kServer:
+        return "writes " + Quoted(key) + ", which only the leader's server writes";
+      case Writer::kOwner:
+        if (write == KeyWrite::kRead || *owner == rank) return std::nullopt;
+        return "node " + std::to_string(rank) + " writes " + Quoted(key) + ", which belongs to node " +
+               std::to_string(*owner);
+      case Writer::kCounter:
+        if (write != KeyWrite::kSet || rank == 0) return std::nullopt;
+        return "node " + std::to_string(rank) + " sets the counter " + Quoted(key) + ", which nodes only add to";
+    }
+  }
+  if (write == KeyWrite::kRead || rank == 0) return std::nullopt;
+  return "node " + std::to_string(rank) + " writes " + Quoted(key) + ", which only the leader (node 0) writes";
+}
+
+std::optional<std::string> KeySizeRefusal(std::string_view key) {
+  if (key.size() <= kMaxKeyBytes) return std::nullopt;
+  return "a key of " + std::to_string(key.size()) + " bytes (at most " + std::to_string(kMaxKeyBytes) + ")";
+}
+
+std::optional<std::string> ValueSizeRefusal(std::string_view key, size_t value_bytes) {
+  if (value_bytes <= kMaxValueBytes) return std::nullopt;
+  return "a value of " + std::to_string(value_bytes) + " bytes for " + Quoted(key) + " (at most " +
+         std::to_string(kMaxValueBytes) + ")";
+}
+
+}  // namespace bt::rendezvous

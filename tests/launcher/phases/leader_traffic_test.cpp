@@ -1,0 +1,159 @@
+// The phases before the run over one in-process store, every node a thread: what each node
+// asks of node 0 and what node 0 sends back, as `run` does it (the fabric plan, the ready
+// barrier's progress).
+#include <atomic>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "launcher/phases/fabric.h"
+#include "launcher/phases/ready.h"
+#include "rendezvous/store.h"
+
+namespace bt::launcher {
+namespace {
+
+using namespace std::chrono_literals;
+
+// One node's handle on the shared store, counting what it asks for.
+class CountingStore final : public rendezvous::Store {
+ public:
+  explicit CountingStore(rendezvous::Store& store) : store_(store) {}
+  void Set(const std::string& key, const std::string& value) override { store_.Set(key, value); }
+  std::string Get(const std::string& key, std::chrono::milliseconds timeout) override {
+    ++gets;
+    return store_.Get(key, timeout);
+  }
+  void Wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override { store_.Wait(keys, timeout); }
+  int64_t Add(const std::string& key, int64_t delta) override { return store_.Add(key, delta); }
+  std::vector<std::optional<std::string>> Peek(const std::vector<std::string>& keys) override {
+    peeked_keys += int(keys.size());
+    return store_.Peek(keys);
+  }
+
+  std::atomic<int> gets{0};
+  std::atomic<int> peeked_keys{0};
+
+ private:
+  rendezvous::Store& store_;
+};
+
+// A node's view of the others: its store handle, and a roster that counts who asks for it
+// (on a follower, the roster is a request for 2 KiB per node to node 0).
+class CountingPeers final : public Peers {
+ public:
+  CountingPeers(rendezvous::Store& store, int count) : store_(store), count_(count) {}
+  int fd() const override { return -1; }
+  std::optional<std::string> TakeStop() override { return std::nullopt; }
+  int Finish(const JobOutcome& outcome, SignalRouter&) override { return outcome.exit_code; }
+  void Report(const JobOutcome&) override {}
+  std::vector<rendezvous::NodeInfo> Roster() override {
+    ++roster_calls;
+    std::vector<rendezvous::NodeInfo> roster(static_cast<size_t>(count_));
+    for (int rank = 0; rank < count_; ++rank) {
+      roster[size_t(rank)].rank = rank;
+      roster[size_t(rank)].host = "host-" + std::to_string(rank);
+    }
+    return roster;
+  }
+  rendezvous::Store* store() override { return &store_; }
+
+  std::atomic<int> roster_calls{0};
+  CountingStore store_;
+
+ private:
+  int count_;
+};
+
+// Nodes alike but for their addresses; each reaches the leader (127.0.0.1) over lo.
+rendezvous::fabric::Inventory EthernetOnly(int rank) {
+  rendezvous::fabric::Inventory inventory;
+  inventory.interfaces.push_back({"lo", true, true, {"127.0.0.1"}});
+  inventory.interfaces.push_back({"eth0", true, true, {"10.0.0." + std::to_string(rank + 1)}});
+  return inventory;
+}
+
+// Runs the fabric phase on `count` nodes at once; returns each node's peers.
+std::vector<std::unique_ptr<CountingPeers>> RunFabricPhase(rendezvous::Store& store, int count) {
+  std::vector<std::unique_ptr<CountingPeers>> peers;
+  for (int rank = 0; rank < count; ++rank) peers.push_back(std::make_unique<CountingPeers>(store, count));
+  env::JobConfig config;
+  std::vector<std::thread> nodes;
+  std::atomic<int> failures{0};
+  for (int rank = 0; rank < count; ++rank) {
+    nodes.emplace_back([&, rank] {
+      env::NodeIdentity identity{rank, count, "127.0.0.1"};
+      env::JobEnvironment environment;
+      try {
+        const FabricResult result = PlanFabricPhase(config, identity, peers[size_t(rank)].get(), EthernetOnly(rank), environment);
+        if (result.plan.ForRank(rank) == nullptr) ++failures;
+      } catch (const std::exception& error) {
+        ADD_FAILURE() << "node " << rank << ": " << error.what();
+        ++failures;
+      }
+    });
+  }
+  for (auto& node : nodes) node.join();
+  EXPECT_EQ(failures, 0);
+  return peers;
+}
+
+TEST(FabricPhase, FollowersNeverAskForTheRoster) {
+  auto store = rendezvous::MakeMemoryStore();
+  auto peers = RunFabricPhase(*store, 4);
+  for (int rank = 1; rank < 4; ++rank) {
+    EXPECT_EQ(peers[size_t(rank)]->roster_calls, 0) << "node " << rank << " fetched the whole roster from node 0";
+  }
+}
+
+TEST(FabricPhase, WhatNodeZeroSendsEachNodeDoesNotGrowWithTheNodes) {
+  auto small = rendezvous::MakeMemoryStore();
+  RunFabricPhase(*small, 2);
+  auto large = rendezvous::MakeMemoryStore();
+  RunFabricPhase(*large, 24);
+  const std::string small_plan = small->Get("bt/fabric/plan", 1s);
+  const std::string large_plan = large->Get("bt/fabric/plan", 1s);
+  // A few bytes may differ (a range of ranks in a warning, "0-1" against "0-23"); a node's
+  // entry in the plan is about 150 bytes.
+  EXPECT_LT(large_plan.size(), small_plan.size() + 64) << "the plan every follower reads grows with the node count:\n"
+                                                       << large_plan;
+}
+
+// Five nodes wait in the ready barrier through one progress line (every 10 s); the sixth
+// arrives after it. The waiting followers ask node 0 for a counter and one summary key, never
+// the roster or a key per node, and every node leaves within a slice of the last arrival.
+TEST(ReadyBarrier, WaitingNodesAskLittleOfNodeZeroAndLeaveAsSoonAsItOpens) {
+  constexpr int kNodes = 6;
+  SignalRouter signals;  // before any thread: they inherit its blocked mask
+  auto store = rendezvous::MakeMemoryStore();
+  std::vector<std::unique_ptr<CountingPeers>> peers;
+  for (int rank = 0; rank < kNodes; ++rank) peers.push_back(std::make_unique<CountingPeers>(*store, kNodes));
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  std::vector<std::chrono::steady_clock::time_point> left(kNodes);
+  auto node = [&](int rank) {
+    try {
+      WaitUntilAllReady(*peers[size_t(rank)], env::NodeIdentity{rank, kNodes, "127.0.0.1"}, deadline, signals);
+    } catch (const std::exception& error) {
+      ADD_FAILURE() << "node " << rank << ": " << error.what();
+    }
+    left[size_t(rank)] = std::chrono::steady_clock::now();
+  };
+  std::vector<std::thread> waiting;
+  for (int rank = 0; rank < kNodes - 1; ++rank) waiting.emplace_back(node, rank);
+  std::this_thread::sleep_for(10500ms);  // one progress line
+  const auto last_arrived = std::chrono::steady_clock::now();
+  node(kNodes - 1);
+  for (auto& thread : waiting) thread.join();
+  for (int rank = 1; rank < kNodes - 1; ++rank) {
+    const CountingPeers& follower = *peers[size_t(rank)];
+    EXPECT_EQ(follower.roster_calls, 0) << "node " << rank;
+    EXPECT_EQ(follower.store_.gets, 0) << "node " << rank << " read keys one by one";
+    EXPECT_LE(follower.store_.peeked_keys, 2) << "node " << rank;
+  }
+  for (int rank = 0; rank < kNodes - 1; ++rank) {
+    EXPECT_LT(left[size_t(rank)] - last_arrived, 1s) << "node " << rank << " noticed the open barrier late";
+  }
+}
+
+}  // namespace
+}  // namespace bt::launcher
