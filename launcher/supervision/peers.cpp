@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <sys/wait.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -28,6 +29,15 @@ std::string LoopbackHint(const env::NodeIdentity& identity) {
   return "; the leader address " + identity.leader_addr +
          " is a loopback address, which only reaches node 0 when every node runs on its host: on a cluster set "
          "BT_LEADER_ADDR (or --leader-addr) to node 0's routable address";
+}
+
+// Node 0's port is taken: most often by another job's node 0 on this host (two jobs sharing
+// nodes, or a second task of this one), whose rendezvous this job's other nodes would reach.
+std::string PortInUseHint(const rendezvous::StoreError& error) {
+  if (std::string(error.what()).find(std::strerror(EADDRINUSE)) == std::string::npos) return "";
+  return "; another job (or another task of this one) probably serves its rendezvous on this node: give each job "
+         "its nodes (Slurm: --exclusive, one task per node) or its own port (BT_RENDEZVOUS_PORT, "
+         "launcher.rendezvous.port) and its own BT_RENDEZVOUS_TOKEN";
 }
 
 std::string DescribeExit(const JobOutcome& outcome) {
@@ -135,7 +145,7 @@ std::unique_ptr<TcpPeers> TcpPeers::Join(const env::JobConfig& config, const env
     try {
       peers->server_ = std::make_unique<rendezvous::StoreServer>(options);
     } catch (const rendezvous::StoreError& error) {
-      throw LaunchFailure(kExitUnavailable, std::string("cannot serve the rendezvous: ") + error.what());
+      throw LaunchFailure(kExitUnavailable, std::string("cannot serve the rendezvous: ") + error.what() + PortInUseHint(error));
     }
     spdlog::info("serving the rendezvous for {} nodes on port {}", identity.count, peers->server_->port());
   }
