@@ -50,6 +50,15 @@ std::string DescribeExit(const JobOutcome& outcome) {
   return "exit code " + std::to_string(outcome.exit_code);
 }
 
+// A node stopped by another node's failure exits with that node's code: schedulers report
+// the highest task code (srun) or read every pod's, so the job then has one result, the
+// training's, instead of 69 hiding it. A node lost without a report has no code: 69.
+int SurvivorExitCode(const PeerEvent& verdict) {
+  if (verdict.kind != PeerEvent::Kind::kAbort || verdict.exit_code == 0) return kExitUnavailable;
+  spdlog::info("exiting with node {}'s exit code {}: the job's result", verdict.rank, verdict.exit_code);
+  return verdict.exit_code;
+}
+
 // Leftovers of the job (or the uploader) that exit while the launcher waits for the other
 // nodes: reaped here, or they stay zombies until the launcher exits.
 void ReapExitedChildren() {
@@ -271,7 +280,7 @@ int TcpPeers::Finish(const JobOutcome& outcome, SignalRouter& signals) {
       code = outcome.exit_code;
     } else {
       spdlog::error("job failed: {}", verdict_->message);
-      code = own_failure ? outcome.exit_code : kExitUnavailable;
+      code = own_failure ? outcome.exit_code : SurvivorExitCode(*verdict_);
     }
   }
   return code;
