@@ -256,7 +256,7 @@ TEST(Supervision, AStopGivesOneGraceToTheGroupAndToWhatLeftIt) {
   ProcessResult result = launcher.Finish();
   const auto took = std::chrono::steady_clock::now() - stopped_at;
   pid_t escaped = std::atoi(ReadFile(dir.path() + "/escaped.pid").c_str());
-  EXPECT_EQ(result.exit_code, 128 + SIGTERM) << result.err;
+  EXPECT_EQ(result.exit_code, 128 + SIGKILL) << "the group ignored SIGTERM: SIGKILLed after the grace\n" << result.err;
   EXPECT_GE(took, 2900ms) << result.err;
   EXPECT_LT(took, 4500ms) << "the escaped process got a second grace:\n" << result.err;
   EXPECT_FALSE(Alive(escaped)) << "pid " << escaped << " outlived the launcher";
