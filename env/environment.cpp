@@ -106,13 +106,48 @@ std::vector<std::string> CurrentEnviron() {
   return entries;
 }
 
+namespace {
+
+std::optional<std::string> NonEmpty(const std::map<std::string, std::string>& variables, const std::string& name) {
+  auto it = variables.find(name);
+  if (it == variables.end() || it->second.empty()) return std::nullopt;
+  return it->second;
+}
+
+// The job as the orchestrator knows it, the same on every node of this job and different for
+// the next: so two jobs of one config on shared nodes (two Slurm jobs, two Indexed Jobs in
+// one namespace) get different ids and so different derived tokens, and never form one
+// rendezvous. None under mpirun: its ranks may sit in different Slurm steps.
+std::optional<std::string> OrchestratorJobId(const std::map<std::string, std::string>& inherited) {
+  for (const char* mpi_rank : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
+    if (NonEmpty(inherited, mpi_rank)) return std::nullopt;
+  }
+  if (auto slurm_job = NonEmpty(inherited, "SLURM_JOB_ID")) {
+    // Two steps of one allocation are two trainings (`srun -N2 &` twice): the step id keeps them apart.
+    auto step = NonEmpty(inherited, "SLURM_STEP_ID");
+    return "slurm-" + *slurm_job + (step ? "." + *step : "");
+  }
+  // A LeaderWorkerSet group is named by its leader pod: <lws>-<group>.<lws>.<namespace>...
+  if (auto leader = NonEmpty(inherited, "LWS_LEADER_ADDRESS")) return "k8s-" + leader->substr(0, leader->find('.'));
+  // An Indexed Job's pods are named <job>-<index>, and the pod's name is its HOSTNAME.
+  auto index = NonEmpty(inherited, "JOB_COMPLETION_INDEX");
+  auto hostname = NonEmpty(inherited, "HOSTNAME");
+  const std::string suffix = index ? "-" + *index : "";
+  if (index && hostname && hostname->size() > suffix.size() && hostname->ends_with(suffix)) {
+    return "k8s-" + hostname->substr(0, hostname->size() - suffix.size());
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::string ResolveJobId(const JobConfig& config, const std::map<std::string, std::string>& inherited) {
-  auto it = inherited.find("BT_TRAINING_JOB_ID");
-  if (it != inherited.end() && !it->second.empty()) {
-    ValidateJobId(it->second, "BT_TRAINING_JOB_ID");
-    return it->second;
+  if (auto explicit_id = NonEmpty(inherited, "BT_TRAINING_JOB_ID")) {
+    ValidateJobId(*explicit_id, "BT_TRAINING_JOB_ID");
+    return *explicit_id;
   }
   if (config.launcher.job_id) return *config.launcher.job_id;
+  if (auto orchestrator_id = OrchestratorJobId(inherited)) return *orchestrator_id;
   return "local-" + config.source_digest.substr(0, 8);
 }
 

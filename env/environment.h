@@ -60,9 +60,11 @@ JobEnvironment BuildJobEnvironment(const JobConfig& config, const NodeIdentity& 
 // the path and the errno text.
 void CreateDirectories(const JobEnvironment& environment);
 
-// The job id every node agrees on: BT_TRAINING_JOB_ID, else launcher.job_id, else one
-// derived from the config text (same config, same id). Throws ConfigError when the
-// inherited BT_TRAINING_JOB_ID is not a path component (ValidateJobId).
+// The job id every node agrees on: BT_TRAINING_JOB_ID, else launcher.job_id, else the
+// orchestrator's (slurm-<SLURM_JOB_ID>.<SLURM_STEP_ID>; k8s-<Indexed Job name> or
+// k8s-<LeaderWorkerSet leader>), else one derived from the config text (same config, same
+// id). Throws ConfigError when the inherited BT_TRAINING_JOB_ID is not a path component
+// (ValidateJobId).
 std::string ResolveJobId(const JobConfig& config, const std::map<std::string, std::string>& inherited);
 
 // The secret `secret_name` from `secrets_dir` (one trailing newline dropped, at most 1 MiB).

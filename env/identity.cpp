@@ -44,16 +44,42 @@ Candidate FromOpenMpi(const EnvLookup& env) {
   return candidate;
 }
 
+// Rank and count are the step's (SLURM_NODEID, SLURM_NNODES), so the leader must be the
+// step's first node too: a step on nodes 3-4 of an allocation (`srun -N2 --relative=2`)
+// has none of the job list's first node. SLURM_NODELIST is also the job's list (22.05).
 Candidate FromSlurm(const EnvLookup& env) {
   Candidate candidate{"Slurm", env("SLURM_NODEID"), env("SLURM_NNODES"), std::nullopt};
   if (!candidate.count) candidate.count = env("SLURM_JOB_NUM_NODES");
-  auto nodelist = env("SLURM_JOB_NODELIST");
+  auto nodelist = env("SLURM_STEP_NODELIST");
+  if (!nodelist) nodelist = env("SLURM_JOB_NODELIST");
   if (!nodelist) nodelist = env("SLURM_NODELIST");
   if (candidate.rank && nodelist) {
     auto hosts = ExpandSlurmHostlist(*nodelist);
     if (!hosts.empty()) candidate.leader = hosts.front();
   }
   return candidate;
+}
+
+// bt-launch is one task per node: it starts the per-GPU workers itself. A second task on a
+// node would serve or join the rendezvous as a second copy of its rank, which fails later
+// in ways that do not name the cause (port in use, rendezvous closed, a join timeout).
+// srun does this whenever the allocation asked for more tasks per node (the usual GPU
+// script's --ntasks-per-node=8), so say it at once.
+void RequireOneSlurmTaskPerNode(const EnvLookup& env) {
+  auto tasks = env("SLURM_STEP_NUM_TASKS");
+  auto nodes = env("SLURM_STEP_NUM_NODES");
+  if (!tasks || !nodes) {
+    tasks = env("SLURM_NTASKS");
+    nodes = env("SLURM_NNODES");
+  }
+  auto local_id = env("SLURM_LOCALID");
+  const bool extra_tasks = tasks && nodes && ParseNonNegative(*tasks, "SLURM_NTASKS") > ParseNonNegative(*nodes, "SLURM_NNODES");
+  const bool second_on_node = local_id && ParseNonNegative(*local_id, "SLURM_LOCALID") > 0;
+  if (!extra_tasks && !second_on_node) return;
+  throw IdentityError("srun started " + tasks.value_or("?") + " tasks on " + nodes.value_or("?") +
+                      " nodes (SLURM_LOCALID " + local_id.value_or("?") +
+                      "), but bt-launch runs once per node and starts the per-GPU workers itself: "
+                      "run it with `srun --ntasks-per-node=1` (or -n equal to -N)");
 }
 
 // LeaderWorkerSet names its leader and size; an Indexed Job gives only the index.
@@ -98,6 +124,8 @@ NodeIdentity ResolveIdentity(const IdentityFlags& flags, const EnvLookup& env, s
     if (!count && candidate.count) count = {*candidate.count, candidate.source};
     if (!leader && candidate.leader) leader = {*candidate.leader, candidate.source};
   }
+
+  if (rank && rank->second == "Slurm") RequireOneSlurmTaskPerNode(present);
 
   NodeIdentity identity;
   identity.under_mpi = IsMpiLaunched(present);

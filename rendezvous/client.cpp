@@ -463,7 +463,11 @@ void StoreClient::OnMessage(const Message& message) {
   if (op == "hb") return;
   if (op == "complete") return PushEvent({PeerEvent::Kind::kComplete, -1, ""});
   if (op == "result") return PushEvent({PeerEvent::Kind::kResult, -1, "every node succeeded"});
-  if (op == "abort") return PushEvent({PeerEvent::Kind::kAbort, int(IntField(message, "rank")), StringField(message, "message")});
+  if (op == "abort") {
+    // A leader of an older version sends no code: the failed node's code is then unknown.
+    const int code = message.contains("code") ? int(IntField(message, "code")) : 0;
+    return PushEvent({PeerEvent::Kind::kAbort, int(IntField(message, "rank")), StringField(message, "message"), code});
+  }
   if (op == "join_timeout") return PushEvent({PeerEvent::Kind::kJoinTimeout, -1, StringField(message, "message")});
   throw FrameError("unexpected op \"" + op + "\" from the leader");
 }

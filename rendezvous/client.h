@@ -37,6 +37,7 @@ struct PeerEvent {
   enum class Kind { kComplete, kAbort, kResult, kJoinTimeout, kLeaderLost } kind;
   int rank = -1;        // the failed node, for kAbort
   std::string message;  // one line for the log
+  int exit_code = 0;    // kAbort: the failed node's reported exit code; 0 when it was lost
 };
 
 // How a node retries reaching the leader; the rendezvous benchmark's simulated nodes

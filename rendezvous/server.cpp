@@ -632,7 +632,7 @@ class StoreServer::Loop {
       reported_[size_t(connection.rank)] = true;
     }
     ++reported_count_;
-    if (code != 0) return Abort(connection.rank, infos_[size_t(connection.rank)].Label() + " failed: " + cause);
+    if (code != 0) return Abort(connection.rank, infos_[size_t(connection.rank)].Label() + " failed: " + cause, int(code));
     if (reported_count_ == options_.node_count && verdict_.kind == ServerVerdict::Kind::kPending) {
       SetVerdict(ServerVerdict::Kind::kResult, -1, "every node succeeded");
       Broadcast({{"op", "result"}, {"code", 0}});
@@ -655,16 +655,18 @@ class StoreServer::Loop {
     return cause + "... (" + std::to_string(cut) + " more bytes in that node's log)";
   }
 
-  void Abort(int rank, const std::string& message) {
+  // `exit_code`: what the failed node reported, passed on so that every node can exit with
+  // it; 0 for a node lost without a report.
+  void Abort(int rank, const std::string& message, int exit_code = 0) {
     if (verdict_.kind != ServerVerdict::Kind::kPending) return;
     spdlog::error("rendezvous: aborting the job: {}", message);
-    SetVerdict(ServerVerdict::Kind::kAbort, rank, message);
-    Broadcast({{"op", "abort"}, {"rank", rank}, {"message", message}});
+    SetVerdict(ServerVerdict::Kind::kAbort, rank, message, exit_code);
+    Broadcast({{"op", "abort"}, {"rank", rank}, {"message", message}, {"code", exit_code}});
   }
 
-  void SetVerdict(ServerVerdict::Kind kind, int rank, const std::string& message) {
+  void SetVerdict(ServerVerdict::Kind kind, int rank, const std::string& message, int exit_code = 0) {
     std::lock_guard lock(mutex_);
-    verdict_ = {kind, rank, message};
+    verdict_ = {kind, rank, message, exit_code};
     verdict_time_ = Clock::now();
   }
 

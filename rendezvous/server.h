@@ -34,6 +34,7 @@ struct ServerVerdict {
   enum class Kind { kPending, kResult, kAbort, kJoinTimeout } kind = Kind::kPending;
   int failed_rank = -1;
   std::string message;  // one line naming the failed node and cause, or the missing ranks
+  int exit_code = 0;    // kAbort: the failed node's reported exit code; 0 when it was lost
 };
 
 // Raises the soft open-file limit to the hard one, and the hard one to `wanted` where the

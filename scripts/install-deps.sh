@@ -12,6 +12,7 @@ packages=(
   tini hyperfine iproute2 procps faketime python3 python3-yaml
   python3-torch
   rclone
+  slurmctld slurmd slurm-client munge
 )
 # s3rver (the S3 API server of the checkpoint tests) comes from npm: Debian's npm unless
 # the machine already has one.

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <sys/wait.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -30,6 +31,15 @@ std::string LoopbackHint(const env::NodeIdentity& identity) {
          "BT_LEADER_ADDR (or --leader-addr) to node 0's routable address";
 }
 
+// Node 0's port is taken: most often by another job's node 0 on this host (two jobs sharing
+// nodes, or a second task of this one), whose rendezvous this job's other nodes would reach.
+std::string PortInUseHint(const rendezvous::StoreError& error) {
+  if (std::string(error.what()).find(std::strerror(EADDRINUSE)) == std::string::npos) return "";
+  return "; another job (or another task of this one) probably serves its rendezvous on this node: give each job "
+         "its nodes (Slurm: --exclusive, one task per node) or its own port (BT_RENDEZVOUS_PORT, "
+         "launcher.rendezvous.port) and its own BT_RENDEZVOUS_TOKEN";
+}
+
 std::string DescribeExit(const JobOutcome& outcome) {
   if (outcome.launcher_failure) return "bt-launch failed (exit code " + std::to_string(outcome.exit_code) + "): " + *outcome.launcher_failure;
   if (outcome.stop_reason) return "stopped because " + *outcome.stop_reason;
@@ -39,6 +49,15 @@ std::string DescribeExit(const JobOutcome& outcome) {
            std::to_string(outcome.exit_code) + ")";
   }
   return "exit code " + std::to_string(outcome.exit_code);
+}
+
+// A node stopped by another node's failure exits with that node's code: schedulers report
+// the highest task code (srun) or read every pod's, so the job then has one result, the
+// training's, instead of 69 hiding it. A node lost without a report has no code: 69.
+int SurvivorExitCode(const PeerEvent& verdict) {
+  if (verdict.kind != PeerEvent::Kind::kAbort || verdict.exit_code == 0) return kExitUnavailable;
+  spdlog::info("exiting with node {}'s exit code {}: the job's result", verdict.rank, verdict.exit_code);
+  return verdict.exit_code;
 }
 
 // Leftovers of the job (or the uploader) that exit while the launcher waits for the other
@@ -136,7 +155,7 @@ std::unique_ptr<TcpPeers> TcpPeers::Join(const env::JobConfig& config, const env
     try {
       peers->server_ = std::make_unique<rendezvous::StoreServer>(options);
     } catch (const rendezvous::StoreError& error) {
-      throw LaunchFailure(kExitUnavailable, std::string("cannot serve the rendezvous: ") + error.what());
+      throw LaunchFailure(kExitUnavailable, std::string("cannot serve the rendezvous: ") + error.what() + PortInUseHint(error));
     }
     spdlog::info("serving the rendezvous for {} nodes on port {}", identity.count, peers->server_->port());
   }
@@ -271,7 +290,7 @@ int TcpPeers::Finish(const JobOutcome& outcome, SignalRouter& signals) {
       code = outcome.exit_code;
     } else {
       spdlog::error("job failed: {}", verdict_->message);
-      code = own_failure ? outcome.exit_code : kExitUnavailable;
+      code = own_failure ? outcome.exit_code : SurvivorExitCode(*verdict_);
     }
   }
   return code;

@@ -352,6 +352,7 @@ void Supervisor::BeginShutdown(pid_t group, std::chrono::milliseconds grace) {
   shutting_down_ = true;
   if (kill_deadline_) return;
   kill_deadline_ = Clock::now() + grace;
+  stop_grace_ends_ = kill_deadline_;
   active_grace_ = grace;
   spdlog::info("process group {} has {} ms to exit before SIGKILL", group, grace.count());
 }
@@ -416,7 +417,7 @@ void Supervisor::StopEscapedDescendants() {
     spdlog::warn("process {} ({}) outlived the job's commands: sending SIGTERM", pid, CommandLine(pid));
     kill(pid, SIGTERM);
   }
-  const auto deadline = Clock::now() + grace_period_;
+  const auto deadline = stop_grace_ends_.value_or(Clock::now() + grace_period_);
   std::optional<int> unused;
   while (Clock::now() < deadline && !EscapedDescendants(0, inherited_children_).empty()) {
     pollfd fds[1] = {{signals_.fd(), POLLIN, 0}};

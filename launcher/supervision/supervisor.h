@@ -70,6 +70,9 @@ class Supervisor {
   std::chrono::milliseconds active_grace_;
   std::set<pid_t> inherited_children_;  // ours before we spawned anything, and the job's guard: not the job's
   std::optional<std::chrono::steady_clock::time_point> kill_deadline_;
+  // When the grace of a stop (a signal, a failed peer) ends: it covers processes that left
+  // the group as well, so the whole stop fits one grace (Slurm's KillWait, a pod's period).
+  std::optional<std::chrono::steady_clock::time_point> stop_grace_ends_;
   bool shutting_down_ = false;
 };
 

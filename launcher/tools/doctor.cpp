@@ -167,7 +167,7 @@ class Doctor {
     if (int status = getaddrinfo(identity_.leader_addr.c_str(), port.c_str(), &hints, &addresses); status != 0) {
       Add("leader name", Verdict::kFail, identity_.leader_addr + " (from " + identity_.leader_source + ") does not resolve: " + gai_strerror(status),
           "check the name: Kubernetes needs a headless Service named as the pods' subdomain (publishNotReadyAddresses), "
-          "Slurm the first host of SLURM_JOB_NODELIST in DNS or /etc/hosts");
+          "Slurm the first host of SLURM_STEP_NODELIST in DNS or /etc/hosts");
       return;
     }
     std::vector<std::string> resolved;
@@ -247,7 +247,13 @@ class Doctor {
       Add("clock skew", Verdict::kSkip, "measured against a running leader (node 0's bt-launch)");
       return;
     }
-    if (error == ETIMEDOUT) {
+    if (error == ECONNREFUSED) {
+      // The leader's host answered: node 0's bt-launch serves only while the job runs, so
+      // before it (`srun -N2 bt-launch doctor` on a fresh allocation) this is no fault.
+      Add("leader port", Verdict::kWarn, where + ": " + std::strerror(error) + ": nothing serves yet, as before the job starts",
+          "if the job is running, node 0's bt-launch exited or listens on another port: "
+          "BT_RENDEZVOUS_PORT / launcher.rendezvous.port must agree on every node");
+    } else if (error == ETIMEDOUT) {
       Add("leader port", Verdict::kFail, "no answer from " + where + " within 3 s (packets dropped)",
           "a firewall, security group or NetworkPolicy drops TCP port " + std::to_string(endpoint_->port) +
               ": allow it between the nodes");

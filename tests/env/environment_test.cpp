@@ -60,6 +60,35 @@ TEST_F(EnvironmentTest, LauncherSettingsNameTheJob) {
   EXPECT_EQ(vars["BT_TRAINING_PROJECT_NAME"], "finetunes");
 }
 
+// Two Slurm jobs (or two steps of one) with the same config must not share a job id: the
+// derived rendezvous token would let one job's nodes join the other's rendezvous.
+TEST_F(EnvironmentTest, UnderSlurmTheJobIdIsTheSlurmJobAndStep) {
+  const std::string config = R"({"name": "sft"})";
+  EXPECT_EQ(Build(config, {"SLURM_JOB_ID=58", "SLURM_STEP_ID=0"}).variables["BT_TRAINING_JOB_ID"], "slurm-58.0");
+  EXPECT_EQ(Build(config, {"SLURM_JOB_ID=59", "SLURM_STEP_ID=0"}).variables["BT_TRAINING_JOB_ID"], "slurm-59.0");
+  EXPECT_EQ(Build(config, {"SLURM_JOB_ID=58", "SLURM_STEP_ID=1"}).variables["BT_TRAINING_JOB_ID"], "slurm-58.1");
+  EXPECT_EQ(Build(config, {"SLURM_JOB_ID=58"}).variables["BT_TRAINING_JOB_ID"], "slurm-58");
+  EXPECT_EQ(Build(config, {"SLURM_JOB_ID=58", "BT_TRAINING_JOB_ID=mine"}).variables["BT_TRAINING_JOB_ID"], "mine");
+  EXPECT_EQ(Build(R"({"launcher": {"job_id": "cfg"}})", {"SLURM_JOB_ID=58"}).variables["BT_TRAINING_JOB_ID"], "cfg");
+}
+
+// mpirun's ranks can sit in different Slurm steps (its daemons are one srun step, the ranks
+// on the batch host are not): a step-derived id would differ between them.
+TEST_F(EnvironmentTest, UnderMpirunTheSlurmJobIsNotTheJobId) {
+  auto vars = Build(R"({"name": "sft"})", {"SLURM_JOB_ID=58", "SLURM_STEP_ID=0", "OMPI_COMM_WORLD_RANK=1"}).variables;
+  EXPECT_EQ(vars["BT_TRAINING_JOB_ID"].rfind("local-", 0), 0u);
+}
+
+TEST_F(EnvironmentTest, UnderKubernetesTheJobIdIsTheIndexedJobOrTheLeaderWorkerSetGroup) {
+  const std::string config = R"({"name": "sft"})";
+  EXPECT_EQ(Build(config, {"JOB_COMPLETION_INDEX=3", "HOSTNAME=trainer-a-3"}).variables["BT_TRAINING_JOB_ID"], "k8s-trainer-a");
+  EXPECT_EQ(Build(config, {"JOB_COMPLETION_INDEX=0", "HOSTNAME=trainer-b-0"}).variables["BT_TRAINING_JOB_ID"], "k8s-trainer-b");
+  EXPECT_EQ(Build(config, {"LWS_WORKER_INDEX=1", "LWS_LEADER_ADDRESS=lws-2.lws.default"}).variables["BT_TRAINING_JOB_ID"],
+            "k8s-lws-2");
+  // A hostname that is not <job>-<index> says nothing about the job.
+  EXPECT_EQ(Build(config, {"JOB_COMPLETION_INDEX=3", "HOSTNAME=custom"}).variables["BT_TRAINING_JOB_ID"].rfind("local-", 0), 0u);
+}
+
 TEST_F(EnvironmentTest, TorchrunCompatibleVariables) {
   NodeIdentity identity{2, 4, "10.0.0.1", "flags", "flags", "flags", false};
   auto vars = Build(R"({"compute": {"node_count": 4, "accelerator": "H200:4"}, "launcher": {"master_port": 29555}})", {},

@@ -98,6 +98,48 @@ TEST(Identity, SlurmTakesTheFirstHostOfTheNodelist) {
   EXPECT_EQ(identity.rank_source, "Slurm");
 }
 
+// `sbatch -N4` then `srun -N2 --relative=2`: the step runs on node03-04, SLURM_NODEID is
+// step-relative, and both SLURM_JOB_NODELIST and SLURM_NODELIST are the job's list.
+TEST(Identity, SlurmStepTakesTheLeaderFromTheStepsNodelist) {
+  NodeIdentity identity = ResolveIdentity({}, Env({{"SLURM_NODEID", "0"}, {"SLURM_NNODES", "2"},
+                                                   {"SLURM_JOB_NODELIST", "node[01-04]"}, {"SLURM_NODELIST", "node[01-04]"},
+                                                   {"SLURM_STEP_NODELIST", "node[03-04]"}}),
+                                          2);
+  EXPECT_EQ(identity.leader_addr, "node03");
+  EXPECT_EQ(identity.leader_source, "Slurm");
+}
+
+TEST(Identity, SlurmWithTwoTasksPerNodeIsAnErrorThatNamesTheFix) {
+  for (const char* local_id : {"0", "1"}) {
+    try {
+      ResolveIdentity({}, Env({{"SLURM_NODEID", "1"}, {"SLURM_NNODES", "2"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", local_id},
+                               {"SLURM_STEP_NODELIST", "node[01-02]"}}),
+                      2);
+      ADD_FAILURE() << "two tasks per node accepted (SLURM_LOCALID " << local_id << ")";
+    } catch (const IdentityError& error) {
+      EXPECT_NE(std::string(error.what()).find("4 tasks on 2 nodes"), std::string::npos) << error.what();
+      EXPECT_NE(std::string(error.what()).find("--ntasks-per-node=1"), std::string::npos) << error.what();
+    }
+  }
+}
+
+// The step's counts win over an allocation's SLURM_NTASKS that the step environment kept.
+TEST(Identity, SlurmWithOneTaskPerNodeInAStepOfAWiderAllocationIsFine) {
+  NodeIdentity identity = ResolveIdentity(
+      {}, Env({{"SLURM_NODEID", "1"}, {"SLURM_NNODES", "2"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "0"},
+               {"SLURM_STEP_NUM_TASKS", "2"}, {"SLURM_STEP_NUM_NODES", "2"}, {"SLURM_STEP_NODELIST", "node[01-02]"}}),
+      2);
+  EXPECT_EQ(identity.rank, 1);
+}
+
+TEST(Identity, SlurmTaskCountIsNotCheckedWhenTheRankComesFromElsewhere) {
+  NodeIdentity identity = ResolveIdentity(
+      {}, Env({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"BT_LEADER_ADDR", "node01"},
+               {"SLURM_NODEID", "0"}, {"SLURM_NNODES", "2"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "3"}}),
+      2);
+  EXPECT_EQ(identity.rank_source, "Open MPI");
+}
+
 TEST(Identity, KubernetesIndexedJob) {
   NodeIdentity identity = ResolveIdentity({}, Env({{"JOB_COMPLETION_INDEX", "3"}, {"BT_LEADER_ADDR", "job-0.svc"}}), 4);
   EXPECT_EQ(identity.rank, 3);

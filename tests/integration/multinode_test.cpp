@@ -146,13 +146,16 @@ TEST(MultiNode, FollowerWhoseExitBarrierTimesOutFailsTheJobOnEveryNode) {
   EXPECT_LT(results[0].elapsed, 20s) << "node 0's training ran on after the job had failed";
 }
 
-TEST(MultiNode, FailedNodeStopsEveryoneAndIsNamed) {
+// Every node exits with the failed training's code, so that a scheduler reading the highest
+// task code (srun) or every pod's sees 3, not 69; the log names the node it came from.
+TEST(MultiNode, FailedNodeStopsEveryoneWhoExitWithItsCodeAndNameIt) {
   Job job(3, R"(["if [ $BT_NODE_RANK = 1 ]; then sleep 0.3; exit 3; fi; exec sleep 60"])");
   auto processes = job.StartAll();
   auto results = Job::FinishAll(processes);
   EXPECT_EQ(results[1].exit_code, 3) << results[1].err;
   for (int rank : {0, 2}) {
-    EXPECT_EQ(results[rank].exit_code, 69) << results[rank].err;
+    EXPECT_EQ(results[rank].exit_code, 3) << results[rank].err;
+    EXPECT_NE(results[rank].err.find("exiting with node 1's exit code 3"), std::string::npos) << results[rank].err;
     EXPECT_NE(results[rank].err.find("job failed: node 1 ("), std::string::npos) << results[rank].err;
     EXPECT_NE(results[rank].err.find("failed: exit code 3"), std::string::npos) << results[rank].err;
     EXPECT_LT(results[rank].elapsed, 20s);
@@ -167,7 +170,7 @@ TEST(MultiNode, TrainingKilledBySigkillStopsTheWholeJobWithin15Seconds) {
   EXPECT_LT(std::chrono::steady_clock::now() - started, 15s);
   EXPECT_EQ(results[2].exit_code, 137);
   for (int rank : {0, 1}) {
-    EXPECT_EQ(results[rank].exit_code, 69) << results[rank].err;
+    EXPECT_EQ(results[rank].exit_code, 137) << results[rank].err;
     EXPECT_NE(results[rank].err.find("killed by signal KILL"), std::string::npos) << results[rank].err;
   }
 }
@@ -238,7 +241,7 @@ TEST(MultiNode, PeerFailureStopsEveryNodeWithin15sWhateverTheTrainingDoesWithSig
   auto results = Job::FinishAll(processes);
   EXPECT_LT(std::chrono::steady_clock::now() - failed_at, 15s);
   EXPECT_EQ(results[0].exit_code, 3) << results[0].err;
-  EXPECT_EQ(results[1].exit_code, 69) << results[1].err;
+  EXPECT_EQ(results[1].exit_code, 3) << results[1].err;
   EXPECT_NE(results[1].err.find("has 5000 ms to exit before SIGKILL"), std::string::npos) << results[1].err;
   for (const auto& result : results) {
     EXPECT_NE(result.err.find("exit code 3"), std::string::npos) << result.err;

@@ -1,4 +1,8 @@
 // The command line and the launcher's own exit codes, through the real binary.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <filesystem>
 
 #include <gtest/gtest.h>
@@ -84,6 +88,38 @@ TEST(Cli, CountDisagreeingWithTheConfigExits65) {
                                        "--node-count", "2", "--leader-addr", "h", "--", "true"}});
   EXPECT_EQ(result.exit_code, 65);
   EXPECT_NE(result.err.find("node count 2 from flags disagrees with compute.node_count 4"), std::string::npos) << result.err;
+}
+
+// Two jobs sharing a node: the second node 0 finds the port taken. The error names the
+// likely cause and both ways out, not only the errno text.
+TEST(Cli, RendezvousPortInUseNamesAnotherJobAndTheFix) {
+  TempDir dir;
+  const uint16_t port = FreePort();
+  int holder = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in any{};
+  any.sin_family = AF_INET;
+  any.sin_port = htons(port);
+  ASSERT_EQ(bind(holder, reinterpret_cast<sockaddr*>(&any), sizeof any), 0);
+  ProcessResult result = RunLauncher({{"run", "--root", dir.path(), "--node-rank", "0", "--node-count", "2",
+                                       "--leader-addr", "127.0.0.1", "--", "true"},
+                                      {{"BT_RENDEZVOUS_PORT", std::to_string(port)}}});
+  close(holder);
+  EXPECT_EQ(result.exit_code, 69);
+  EXPECT_NE(result.err.find("Address already in use"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("another job"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("--exclusive"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("BT_RENDEZVOUS_PORT"), std::string::npos) << result.err;
+}
+
+// srun with two tasks per node: every task says why at once, before any rendezvous.
+TEST(Cli, TwoSlurmTasksPerNodeExit65NamingTheFix) {
+  TempDir dir;
+  ProcessResult result = RunLauncher({{"run", "--root", dir.path(), "--", "true"},
+                                      {{"SLURM_JOB_ID", "7"}, {"SLURM_STEP_ID", "0"}, {"SLURM_NODEID", "0"},
+                                       {"SLURM_NNODES", "2"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "0"},
+                                       {"SLURM_STEP_NODELIST", "127.0.0.1"}}});
+  EXPECT_EQ(result.exit_code, 65);
+  EXPECT_NE(result.err.find("--ntasks-per-node=1"), std::string::npos) << result.err;
 }
 
 TEST(Cli, UncreatableRootExits74) {

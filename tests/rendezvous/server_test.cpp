@@ -386,6 +386,8 @@ TEST(Server, FailedReportAbortsEveryoneNamingTheNode) {
   auto abort = NextEvent(*nodes[0], PeerEvent::Kind::kAbort);
   ASSERT_TRUE(abort);
   EXPECT_EQ(abort->rank, 1);
+  EXPECT_EQ(abort->exit_code, 3) << "the others exit with the failed node's code";
+  EXPECT_EQ(server.verdict().exit_code, 3);
   EXPECT_NE(abort->message.find("node 1 (host1, 127.0.0.1) failed: exit code 3"), std::string::npos) << abort->message;
 }
 
@@ -420,6 +422,7 @@ TEST(Server, LauncherThatDisappearsIsLost) {
   auto abort = NextEvent(*nodes[0], PeerEvent::Kind::kAbort);
   ASSERT_TRUE(abort);
   EXPECT_NE(abort->message.find("node 1 (host1, 127.0.0.1) lost: connection closed"), std::string::npos) << abort->message;
+  EXPECT_EQ(abort->exit_code, 0) << "a lost node reported no code";
 }
 
 TEST(Server, SilentNodeIsLostAfterTheHeartbeatTimeout) {

@@ -281,6 +281,27 @@ TEST(Supervision, ProcessThatLeftTheGroupAndIgnoresSigtermDoesNotOutliveTheLaunc
   if (Alive(escaped)) kill(escaped, SIGKILL);
 }
 
+// scancel: the escaped process got the forwarded SIGTERM when the stop began, so its grace
+// ran with the group's. A second grace after the group's would outlast Slurm's KillWait.
+TEST(Supervision, AStopGivesOneGraceToTheGroupAndToWhatLeftIt) {
+  TempDir dir;
+  std::string config = ConfigWithCommands(
+      dir, R"(["trap '' TERM; setsid sh -c 'echo $$ > )" + dir.path() + R"(/escaped.pid; exec sleep 300' & echo started; exec sleep 300"])",
+      R"(, "launcher": {"grace_period_s": 3})");
+  LauncherProcess launcher({{"run", "--config", config, "--root", dir.path() + "/root"}});
+  ASSERT_TRUE(launcher.WaitForOutput("started", 20s));
+  const auto stopped_at = std::chrono::steady_clock::now();
+  launcher.Signal(SIGTERM);
+  ProcessResult result = launcher.Finish();
+  const auto took = std::chrono::steady_clock::now() - stopped_at;
+  pid_t escaped = std::atoi(ReadFile(dir.path() + "/escaped.pid").c_str());
+  EXPECT_EQ(result.exit_code, 128 + SIGKILL) << "the group ignored SIGTERM: SIGKILLed after the grace\n" << result.err;
+  EXPECT_GE(took, 2900ms) << result.err;
+  EXPECT_LT(took, 4500ms) << "the escaped process got a second grace:\n" << result.err;
+  EXPECT_FALSE(Alive(escaped)) << "pid " << escaped << " outlived the launcher";
+  if (Alive(escaped)) kill(escaped, SIGKILL);
+}
+
 TEST(Supervision, ALogReaderTheLauncherInheritedIsNotTreatedAsAnEscapedProcess) {
   TempDir dir;
   // bash forks the process substitution before it execs bt-launch: sed is the launcher's
