@@ -1,5 +1,7 @@
 // The checkpoint phases of a run (DESIGN.md §1): loading checkpoints before the start
-// commands, the agent that watches and hands off while they run, and the drain after.
+// commands, the agent that watches and hands off while they run, and the drain after; and
+// the listing behind `bt-launch checkpoints` (tools/commands.h), which reads and verifies
+// manifests exactly as the load does.
 #pragma once
 
 #include <functional>
@@ -51,7 +53,8 @@ CheckpointPhase StartCheckpoints(const env::JobConfig& config, const env::JobEnv
 // was not committed.
 bool DrainCheckpoints(CheckpointPhase& phase, const env::JobConfig& config, const JobOutcome& outcome);
 
-// `bt-launch checkpoints`: committed checkpoints per rank; --verify re-hashes them.
+// `bt-launch checkpoints` (CheckpointsSubcommand): committed checkpoints per rank; --verify
+// re-hashes them, with the load's comparison against the manifest.
 int ListCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment, const CliOptions& cli);
 
 // The cross-node commit over the rendezvous store (keys under bt/ckpt/).
