@@ -444,11 +444,16 @@ std::string MaskCredentials(const std::string& uri) {
     const size_t at = uri.find('@');
     return at == std::string::npos ? uri : "***" + uri.substr(at);
   }
+  // The credentials end at the last '@' whose text before it is a user (no '/') or a
+  // user:secret pair: secrets may hold '/' and '@' (AWS secret keys do), bucket names never.
   const size_t authority = separator + 3;
-  const size_t path = uri.find('/', authority);
-  const size_t at = uri.rfind('@', path == std::string::npos ? std::string::npos : path);
-  if (at == std::string::npos || at < authority) return uri;
-  return uri.substr(0, authority) + "***" + uri.substr(at);
+  for (size_t at = uri.rfind('@'); at != std::string::npos && at >= authority; at = at == 0 ? std::string::npos : uri.rfind('@', at - 1)) {
+    const std::string user_info = uri.substr(authority, at - authority);
+    if (user_info.find('/') == std::string::npos || user_info.find(':') != std::string::npos) {
+      return uri.substr(0, authority) + "***" + uri.substr(at);
+    }
+  }
+  return uri;
 }
 
 DestinationSpec ParseDestination(const std::string& uri, const std::string& origin) {

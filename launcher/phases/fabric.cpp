@@ -234,7 +234,8 @@ void ReadUserNcclSettings(FabricResult& result, const env::JobEnvironment& envir
     auto it = environment.variables.find(name);
     return it == environment.variables.end() ? std::nullopt : std::optional<std::string>(it->second);
   };
-  result.nccl_config = fabric::NcclConfigFiles::Read(job_variable, fabric::NcclSystemConfigPath(result.inventory.sysfs_root));
+  result.nccl_config = fabric::NcclConfigFiles::Read(job_variable, fabric::NcclUserHome(),
+                                                     fabric::NcclSystemConfigPath(result.inventory.sysfs_root));
   try {
     result.gids = fabric::GidPreferencesFrom(UserNcclVariables(result, environment));
   } catch (const std::invalid_argument& error) {

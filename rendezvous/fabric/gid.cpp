@@ -66,7 +66,7 @@ GidPreferences GidPreferences::FromLookup(const std::optional<std::string>& fami
     bool ok = slash != std::string::npos && slash + 1 < range->size() &&
               range->find_first_not_of("0123456789", slash + 1) == std::string::npos &&
               inet_pton(preferences.family, range->substr(0, slash).c_str(), bytes) == 1 &&
-              std::stoi(range->substr(slash + 1)) <= width;
+              range->size() - slash - 1 <= 3 && std::stoi(range->substr(slash + 1)) <= width;  // 3 digits: no overflow
     if (!ok) throw std::invalid_argument("NCCL_IB_ADDR_RANGE: expected an address/prefix of the wanted family, got \"" + *range + "\"");
     preferences.range = *range;
   }

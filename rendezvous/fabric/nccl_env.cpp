@@ -1,7 +1,12 @@
 #include "rendezvous/fabric/nccl_env.h"
 
-#include <fstream>
+#include <fcntl.h>
+#include <pwd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <map>
+#include <sstream>
 #include <stdexcept>
 
 #include "rendezvous/fabric/gid.h"
@@ -141,16 +146,46 @@ GidPreferences GidPreferencesFrom(const VariableLookup& user_variable) {
                                     UserValue(user_variable, "NCCL_IB_ADDR_RANGE"));
 }
 
-NcclConfigFiles NcclConfigFiles::Read(const VariableLookup& job_variable, const std::string& system_file) {
+namespace {
+
+// NCCL's config files are a few lines; a larger one is read this far.
+constexpr size_t kMaxNcclConfigBytes = 1 << 20;
+
+// A regular file only, opened without blocking: a FIFO (or a device) named by
+// NCCL_CONF_FILE would otherwise block the launcher's only thread past SIGTERM.
+std::string ReadConfigFile(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string text;
+  struct stat status {};
+  if (fstat(fd, &status) == 0 && S_ISREG(status.st_mode)) {
+    char buffer[4096];
+    for (ssize_t got; text.size() < kMaxNcclConfigBytes && (got = read(fd, buffer, sizeof buffer)) > 0;) {
+      text.append(buffer, size_t(got));
+    }
+  }
+  close(fd);
+  return text;
+}
+
+}  // namespace
+
+std::string NcclUserHome() {
+  const passwd* entry = getpwuid(getuid());
+  return entry != nullptr && entry->pw_dir != nullptr ? entry->pw_dir : "";
+}
+
+NcclConfigFiles NcclConfigFiles::Read(const VariableLookup& job_variable, const std::string& home_dir,
+                                      const std::string& system_file) {
   NcclConfigFiles files;
   if (auto path = UserValue(job_variable, "NCCL_CONF_FILE")) {
     files.paths.push_back(*path);
-  } else if (auto home = UserValue(job_variable, "HOME")) {
-    files.paths.push_back(*home + "/.nccl.conf");
+  } else if (!home_dir.empty()) {
+    files.paths.push_back(home_dir + "/.nccl.conf");
   }
   files.paths.push_back(system_file);
   for (const std::string& path : files.paths) {
-    std::ifstream file(path);
+    std::istringstream file(ReadConfigFile(path));
     for (std::string line; std::getline(file, line);) {
       const size_t equals = line.find('=');
       if (line.empty() || line[0] == '#' || equals == std::string::npos || equals == 0) continue;

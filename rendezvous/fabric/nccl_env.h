@@ -37,14 +37,20 @@ bool NcclTreatsAsUnset(const std::string& name, const std::string& value);
 // NCCL's config files, as its initEnv reads them: NCCL_CONF_FILE, else ~/.nccl.conf; then
 // the system file. `KEY=VALUE` lines, `#` comments; a key the first file sets wins, and the
 // environment beats both (NCCL calls setenv without overwrite).
+// The home directory NCCL reads .nccl.conf from: getpwuid(getuid())'s, as NCCL's own
+// lookup does ("" when there is no passwd entry). The job runs as the launcher's user.
+std::string NcclUserHome();
+
 struct NcclConfigFiles {
   std::vector<std::string> paths;                      // in precedence order, existing or not
   std::vector<std::pair<std::string, std::string>> values;  // key, value (first file wins)
   std::vector<std::string> sources;                    // the file each value came from
 
-  // `job_variable` is the job's environment (NCCL_CONF_FILE, HOME); `system_file` is
-  // /etc/nccl.conf (beside the sysfs root in fixture trees).
-  static NcclConfigFiles Read(const VariableLookup& job_variable, const std::string& system_file);
+  // `job_variable` is the job's environment (NCCL_CONF_FILE); `home_dir` is where NCCL looks
+  // for .nccl.conf: the passwd entry's home of the job's user (NcclUserHome), not $HOME;
+  // `system_file` is /etc/nccl.conf (beside the sysfs root in fixture trees).
+  static NcclConfigFiles Read(const VariableLookup& job_variable, const std::string& home_dir,
+                              const std::string& system_file);
   std::optional<std::string> Find(const std::string& name) const;
   std::string SourceOf(const std::string& name) const;  // "" when no file sets it
 };

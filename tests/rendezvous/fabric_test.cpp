@@ -2,6 +2,7 @@
 // sysfs parsing, RoCE GID choice, the leader's plan under each policy, and golden NCCL
 // environments.
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -368,8 +369,8 @@ class NcclConfigFileTest : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
   void Write(const std::string& relative, const std::string& text) { std::ofstream(dir_ / relative) << text; }
   NcclConfigFiles Read(std::map<std::string, std::string> job) {
-    job.emplace("HOME", (dir_ / "home").string());
-    return NcclConfigFiles::Read(LookupIn(job), (dir_ / "etc/nccl.conf").string());
+    job.emplace("HOME", "/nonexistent");  // NCCL reads the passwd home, never $HOME
+    return NcclConfigFiles::Read(LookupIn(job), (dir_ / "home").string(), (dir_ / "etc/nccl.conf").string());
   }
   fs::path dir_;
 };
@@ -398,6 +399,16 @@ TEST_F(NcclConfigFileTest, NcclConfFileReplacesTheHomeFile) {
   EXPECT_FALSE(files.Find("NCCL_IB_HCA"));
   EXPECT_EQ(files.Find("NCCL_IB_ADDR_FAMILY"), "AF_INET6");
   EXPECT_EQ(GidPreferencesFrom([&files](const std::string& name) { return files.Find(name); }).family, AF_INET6);
+}
+
+TEST_F(NcclConfigFileTest, AFifoOrAHugeMaskIsNoHangAndNoCrash) {
+  // A FIFO with no writer: reading it would block the launcher past SIGTERM.
+  ASSERT_EQ(mkfifo((dir_ / "fifo.conf").c_str(), 0600), 0);
+  Write("etc/nccl.conf", "NCCL_IB_HCA=mlx5_0\n");
+  const NcclConfigFiles files = Read({{"NCCL_CONF_FILE", (dir_ / "fifo.conf").string()}});
+  EXPECT_EQ(files.Find("NCCL_IB_HCA"), "mlx5_0");
+  // A mask too large for an int is a bad value, not an internal error.
+  EXPECT_THROW(GidPreferences::FromLookup(std::nullopt, std::nullopt, "10.0.0.0/99999999999"), std::invalid_argument);
 }
 
 TEST(FabricUserSettings, IbDisableIsNotSetBesideTheUsersOwnHcas) {

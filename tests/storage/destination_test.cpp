@@ -217,6 +217,10 @@ TEST(DestinationUri, CredentialsInTheUriAreMaskedInEveryMessage) {
   EXPECT_EQ(MaskCredentials("s3://bucket/a@b"), "s3://bucket/a@b");  // an '@' in the path is no credential
   EXPECT_EQ(MaskCredentials("file:///data/x@y"), "file:///data/x@y");
   EXPECT_EQ(MaskCredentials("KEY:SECRET@bucket"), "***@bucket");  // not even a URI
+  // AWS secret keys hold '/' and '+': the whole secret is masked, however many it has.
+  EXPECT_EQ(MaskCredentials("s3://AKIAX:abc/def+gh/SECRET@bucket/x"), "s3://***@bucket/x");
+  EXPECT_EQ(MaskCredentials("s3://AKIAX:se@cr/et@bucket/x"), "s3://***@bucket/x");
+  EXPECT_THROW(ParseDestination("s3://AKIAX:abc/SECRET@bucket/x", "test"), DestinationError);
   for (const std::string uri : {"s3://AKIAEXAMPLE:wJalrXUtnFEMI@bucket/prefix", "s3:/AKIAEXAMPLE:wJalrXUtnFEMI@bucket"}) {
     try {
       ParseDestination(uri, "launcher.checkpoint.destination");
