@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <string>
 
 #include <spdlog/spdlog.h>
 
@@ -26,19 +27,52 @@ struct ProcessLink {
   pid_t pid;
   pid_t parent;
   pid_t group;
+  bool tagged;  // its environment carries the guard's entry: the command's, inherited
 };
 // Static: the guard may not allocate (it is the forked child of a threaded process).
 ProcessLink g_processes[kMaxProcesses];
 bool g_doomed[kMaxProcesses];
 
-// Parses "pid (comm) state ppid pgrp ..." from /proc/<pid>/stat without allocating.
-bool ReadLink(const char* pid_text, ProcessLink& link) {
+// The guard's entry ("BT_JOB_GUARD=<its pid>"), set before the fork: the guard may not allocate.
+char g_entry[32];
+size_t g_entry_length = 0;
+
+// /proc/<pid_text>/<leaf>, opened without allocating.
+int OpenProcFile(const char* pid_text, const char* leaf) {
   char path[64] = "/proc/";
   size_t length = 6;
-  for (const char* c = pid_text; *c != '\0' && length < sizeof path - 6; ++c) path[length++] = *c;
-  for (const char* c = "/stat"; *c != '\0'; ++c) path[length++] = *c;
+  for (const char* c = pid_text; *c != '\0' && length < 32; ++c) path[length++] = *c;
+  path[length++] = '/';
+  for (const char* c = leaf; *c != '\0' && length < sizeof path - 1; ++c) path[length++] = *c;
   path[length] = '\0';
-  const int fd = open(path, O_RDONLY | O_CLOEXEC);
+  return open(path, O_RDONLY | O_CLOEXEC);
+}
+
+// Whether /proc/<pid>/environ (the environment the process was started with) holds the
+// guard's entry, matched entry by entry across reads.
+bool CarriesGuardEntry(const char* pid_text) {
+  const int fd = OpenProcFile(pid_text, "environ");
+  if (fd < 0) return false;
+  char chunk[4096];
+  size_t matched = 0;  // of g_entry, in the current entry; past the length: no match
+  bool found = false;
+  for (ssize_t got; !found && (got = read(fd, chunk, sizeof chunk)) > 0;) {
+    for (ssize_t i = 0; i < got && !found; ++i) {
+      if (chunk[i] == '\0') {
+        found = matched == g_entry_length;
+        matched = 0;
+      } else {
+        matched = matched < g_entry_length && chunk[i] == g_entry[matched] ? matched + 1 : g_entry_length + 1;
+      }
+    }
+  }
+  close(fd);
+  return found;
+}
+
+// Parses "pid (comm) state ppid pgrp ..." from /proc/<pid>/stat without allocating.
+bool ReadLink(const char* pid_text, ProcessLink& link) {
+  const int fd = OpenProcFile(pid_text, "stat");
   if (fd < 0) return false;
   char text[512];
   const ssize_t got = read(fd, text, sizeof text - 1);
@@ -82,9 +116,11 @@ size_t ReadProcessTable() {
       const auto* entry = reinterpret_cast<const Entry*>(buffer + offset);
       offset += entry->length;
       if (entry->name[0] < '1' || entry->name[0] > '9') continue;
-      ProcessLink link{0, 0, 0};
+      ProcessLink link{0, 0, 0, false};
       for (const char* c = entry->name; *c >= '0' && *c <= '9'; ++c) link.pid = link.pid * 10 + (*c - '0');
-      if (ReadLink(entry->name, link)) g_processes[count++] = link;
+      if (!ReadLink(entry->name, link)) continue;
+      link.tagged = CarriesGuardEntry(entry->name);
+      g_processes[count++] = link;
     }
   }
   close(proc);
@@ -92,12 +128,15 @@ size_t ReadProcessTable() {
 }
 
 // The launcher is gone: the group is frozen (no fork escapes the walk), then every process
-// of it and every descendant of those, in whatever group or session (torchrun starts its
-// workers in sessions of their own), is killed.
-void KillGroupAndDescendants(pid_t group) {
-  kill(-group, SIGSTOP);
+// of it, every process that carries the guard's entry, and every descendant of those, in
+// whatever group or session, is killed. The walk finds torchrun's workers (sessions of
+// their own); the entry finds what the walk cannot: a daemon whose parent exited before
+// the launcher died, and the command itself when the launcher died between the spawn and
+// naming the group (`group` 0).
+void KillJob(pid_t group) {
+  if (group > 0) kill(-group, SIGSTOP);
   const size_t count = ReadProcessTable();
-  for (size_t i = 0; i < count; ++i) g_doomed[i] = g_processes[i].group == group;
+  for (size_t i = 0; i < count; ++i) g_doomed[i] = (group > 0 && g_processes[i].group == group) || g_processes[i].tagged;
   for (bool grew = true; grew;) {
     grew = false;
     for (size_t i = 0; i < count; ++i) {
@@ -110,7 +149,7 @@ void KillGroupAndDescendants(pid_t group) {
   for (size_t i = 0; i < count; ++i) {
     if (g_doomed[i]) kill(g_processes[i].pid, SIGKILL);
   }
-  kill(-group, SIGKILL);
+  if (group > 0) kill(-group, SIGKILL);
 }
 
 // Reads exactly `size` bytes; false at end of file (the launcher is gone or done).
@@ -138,10 +177,13 @@ bool ReadExactly(int fd, void* data, size_t size) {
   }
   setpgid(0, 0);
   pid_t group = 0;
-  if (!ReadExactly(STDIN_FILENO, &group, sizeof group)) _exit(0);  // no command was spawned
+  if (!ReadExactly(STDIN_FILENO, &group, sizeof group)) {
+    KillJob(0);  // gone before naming the group: a spawned command still carries the entry
+    _exit(0);
+  }
   char released = 0;
   if (ReadExactly(STDIN_FILENO, &released, 1)) _exit(0);  // the launcher ended the guard: the command is over
-  KillGroupAndDescendants(group);  // end of file: the launcher is gone
+  KillJob(group);  // end of file: the launcher is gone
   _exit(0);
 }
 
@@ -153,6 +195,11 @@ JobGuard::JobGuard() {
     spdlog::warn("cannot guard the job against the launcher's death (pipe: {})", std::strerror(errno));
     return;
   }
+  // The launcher's pid and a sequence number name this guard in both processes; the child
+  // reads its copy from the static buffer.
+  static unsigned sequence = 0;
+  entry_ = std::string(kGuardVariable) + "=" + std::to_string(getpid()) + "." + std::to_string(++sequence);
+  g_entry_length = entry_.copy(g_entry, sizeof g_entry - 1);
   const pid_t pid = fork();
   if (pid == 0) GuardGroup(fds[0]);
   close(fds[0]);

@@ -175,13 +175,14 @@ void ReclaimTerminal(bool handed) {
 
 // posix_spawn (vfork-fast) with the child's mask and dispositions reset: the launcher's
 // blocked signals must not stay blocked in the job, or it could never be stopped.
-pid_t Spawn(const Command& command, const std::vector<std::string>& environ, const std::string& working_dir,
-            const sigset_t& child_mask, const sigset_t& reset_signals, int& spawn_error) {
+pid_t Spawn(const Command& command, const std::vector<std::string>& environ, const std::string& guard_entry,
+            const std::string& working_dir, const sigset_t& child_mask, const sigset_t& reset_signals, int& spawn_error) {
   std::vector<char*> argv;
   for (const auto& arg : command.argv) argv.push_back(const_cast<char*>(arg.c_str()));
   argv.push_back(nullptr);
   std::vector<char*> envp;
   for (const auto& entry : environ) envp.push_back(const_cast<char*>(entry.c_str()));
+  if (!guard_entry.empty()) envp.push_back(const_cast<char*>(guard_entry.c_str()));
   envp.push_back(nullptr);
 
   posix_spawnattr_t attributes;
@@ -259,7 +260,7 @@ int Supervisor::RunOne(const Command& command, const std::vector<std::string>& e
   JobGuard guard;
   inherited_children_.insert(guard.pid());
   int spawn_error = 0;
-  pid_t child = Spawn(command, environ, working_dir, signals_.original_mask(), reset, spawn_error);
+  pid_t child = Spawn(command, environ, guard.environment_entry(), working_dir, signals_.original_mask(), reset, spawn_error);
   if (child < 0) {
     inherited_children_.erase(guard.pid());
     spdlog::error("cannot execute {}: {}", command.argv.front(), std::strerror(spawn_error));

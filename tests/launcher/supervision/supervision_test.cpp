@@ -339,26 +339,31 @@ TEST(Supervision, WorkerInItsOwnSessionGetsTheShutdownSignalLikeTorchrunsWorkers
   if (Alive(worker)) kill(worker, SIGKILL);
 }
 
+// SIGKILLs the launcher once `started` is printed and expects the process whose pid the job
+// wrote to `pid_file` to be gone within 5 s.
+void ExpectGoneWithItsKilledLauncher(const TempDir& dir, const std::string& config, const std::string& started,
+                                     const std::string& pid_file, const std::string& what) {
+  LauncherProcess launcher({{"run", "--config", config, "--root", dir.path() + "/root"}});
+  ASSERT_TRUE(launcher.WaitForOutput(started, 10s));
+  const pid_t pid = std::atoi(ReadFile(dir.path() + "/" + pid_file).c_str());
+  ASSERT_TRUE(Alive(pid));
+  launcher.Signal(SIGKILL);
+  launcher.Finish();
+  for (int i = 0; i < 50 && Alive(pid); ++i) std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(Alive(pid)) << what << " (pid " << pid << ") outlived its SIGKILLed launcher";
+  if (Alive(pid)) kill(pid, SIGKILL);
+}
+
 // mpirun SIGKILLs a launcher about a second after its SIGTERM, whatever grace_period_s says:
-// the job's processes must die with it, not be re-parented and keep their GPUs.
+// the job's processes must die with it, not be re-parented and keep their GPUs. Killed as
+// soon as the job runs, maybe before the launcher has named the job's group to its guard.
 TEST(Supervision, LauncherKilledWithoutWarningTakesItsJobWithIt) {
   TempDir dir;
   // The shell stays the group's leader, with the training as its child: the processes a
   // parent-death signal on the leader alone would leave running.
   std::string config = ConfigWithCommands(
       dir, R"(["sleep 300 & echo $! > )" + dir.path() + R"(/training.pid; echo started; wait"])");
-  LauncherProcess launcher({{"run", "--config", config, "--root", dir.path() + "/root"}});
-  ASSERT_TRUE(launcher.WaitForOutput("started", 10s));
-  const pid_t training = std::atoi(ReadFile(dir.path() + "/training.pid").c_str());
-  ASSERT_TRUE(Alive(training));
-  // The launcher hands the new group's id to the guard just after the spawn; on a loaded
-  // machine the job can print before that write (a known window, job_guard.h).
-  std::this_thread::sleep_for(500ms);
-  launcher.Signal(SIGKILL);
-  launcher.Finish();
-  for (int i = 0; i < 50 && Alive(training); ++i) std::this_thread::sleep_for(100ms);
-  EXPECT_FALSE(Alive(training)) << "the training (pid " << training << ") outlived its SIGKILLed launcher";
-  if (Alive(training)) kill(training, SIGKILL);
+  ExpectGoneWithItsKilledLauncher(dir, config, "started", "training.pid", "the training");
 }
 
 // torchrun starts its workers in sessions of their own: a SIGKILLed launcher must not leave
@@ -370,15 +375,20 @@ TEST(Supervision, LauncherKilledWithoutWarningTakesWorkersInTheirOwnSessionsWith
                         "open('" + dir.path() + "/worker.pid', 'w').write(str(worker.pid))\n"
                         "print('agent-started', flush=True)\ntime.sleep(300)\n");
   std::string config = ConfigWithCommands(dir, R"(["python3 )" + dir.path() + R"(/agent.py"])");
-  LauncherProcess launcher({{"run", "--config", config, "--root", dir.path() + "/root"}});
-  ASSERT_TRUE(launcher.WaitForOutput("agent-started", 10s));
-  const pid_t worker = std::atoi(ReadFile(dir.path() + "/worker.pid").c_str());
-  ASSERT_TRUE(Alive(worker));
-  launcher.Signal(SIGKILL);
-  launcher.Finish();
-  for (int i = 0; i < 50 && Alive(worker); ++i) std::this_thread::sleep_for(100ms);
-  EXPECT_FALSE(Alive(worker)) << "the worker (pid " << worker << ", its own session) outlived its SIGKILLed launcher";
-  if (Alive(worker)) kill(worker, SIGKILL);
+  ExpectGoneWithItsKilledLauncher(dir, config, "agent-started", "worker.pid", "the worker (its own session)");
+}
+
+// A daemon (its own session, its parent gone) is no descendant of the job's group any more
+// when the launcher dies: the environment it inherited still says whose it is.
+TEST(Supervision, LauncherKilledWithoutWarningTakesADaemonOfTheJobWithIt) {
+  TempDir dir;
+  // The pid is written from inside the new session, and the subshell that started it has
+  // exited by then: the daemon is in no group of the job and no descendant of it.
+  const std::string pid_file = dir.path() + "/daemon.pid";
+  std::string config = ConfigWithCommands(
+      dir, R"(["(setsid sh -c 'echo $$ > )" + pid_file + R"(.tmp && mv )" + pid_file + R"(.tmp )" + pid_file +
+               R"(; exec sleep 300' &); while [ ! -f )" + pid_file + R"( ]; do sleep 0.05; done; echo started; sleep 300"])");
+  ExpectGoneWithItsKilledLauncher(dir, config, "started", "daemon.pid", "the job's daemon");
 }
 
 TEST(Supervision, PrintsATimelineAtExit) {
