@@ -92,11 +92,11 @@ class StoreCommitBoard final : public checkpoint::CommitBoard {
 
   void ReportPart(const std::string& name) override {
     store_.Add(PartKey(name, node_rank_), 1);
-    store_.Add("bt/ckpt/parts/" + name, 1);
+    store_.Add(PartsKey(name), 1);
   }
 
   std::vector<int> MissingParts(const std::string& name) override {
-    if (store_.Add("bt/ckpt/parts/" + name, 0) >= node_count_) return {};
+    if (store_.Add(PartsKey(name), 0) >= node_count_) return {};
     std::vector<int> missing;
     for (int rank = 0; rank < node_count_; ++rank) {
       if (store_.Add(PartKey(name, rank), 0) == 0) missing.push_back(rank);
@@ -104,15 +104,17 @@ class StoreCommitBoard final : public checkpoint::CommitBoard {
     return missing;
   }
 
-  void MarkCommitted(const std::string& name) override { store_.Add("bt/ckpt/committed/" + name, 1); }
-  bool IsCommitted(const std::string& name) override { return store_.Add("bt/ckpt/committed/" + name, 0) > 0; }
+  void MarkCommitted(const std::string& name) override { store_.Add("bt/ckpt/committed/" + NameSegment(name), 1); }
+  bool IsCommitted(const std::string& name) override { return store_.Add("bt/ckpt/committed/" + NameSegment(name), 0) > 0; }
   void CloseDeclarations() override { store_.Add("bt/ckpt/closed", 1); }
   bool DeclarationsClosed() override { return store_.Add("bt/ckpt/closed", 0) > 0; }
 
  private:
-  static std::string PartKey(const std::string& name, int rank) {
-    return "bt/ckpt/parts/" + name + "/rank-" + std::to_string(rank);
-  }
+  // A checkpoint's name as one key segment of bounded length: names hold '/' (a Trainer
+  // saving into a subdirectory) and may be long, and the store's key rules are by segment.
+  static std::string NameSegment(const std::string& name) { return storage::HashBytes(name.data(), name.size()); }
+  static std::string PartsKey(const std::string& name) { return "bt/ckpt/parts/" + NameSegment(name); }
+  static std::string PartKey(const std::string& name, int rank) { return PartsKey(name) + "/rank-" + std::to_string(rank); }
   rendezvous::Store& store_;
   int node_count_;
   int node_rank_;

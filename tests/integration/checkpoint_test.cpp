@@ -23,9 +23,10 @@ namespace fs = std::filesystem;
 
 constexpr const char* kJob = "ckpt-job";
 
-// A start command that saves checkpoint-N in the Hugging Face Trainer's order.
-std::string HfSave(int step, const std::string& weights_bytes = "200000") {
-  std::string dir = "$BT_CHECKPOINT_DIR/checkpoint-" + std::to_string(step);
+// A start command that saves checkpoint-N in the Hugging Face Trainer's order, in
+// `subdirectory` of BT_CHECKPOINT_DIR when one is given ("run1/").
+std::string HfSave(int step, const std::string& weights_bytes = "200000", const std::string& subdirectory = "") {
+  std::string dir = "$BT_CHECKPOINT_DIR/" + subdirectory + "checkpoint-" + std::to_string(step);
   return "mkdir -p " + dir + " && head -c " + weights_bytes + " /dev/urandom > " + dir + "/model.safetensors.bin && echo '{}' > " +
          dir + "/config.json && echo '{\"global_step\": " + std::to_string(step) + "}' > " + dir + "/trainer_state.json";
 }
@@ -57,6 +58,7 @@ class CheckpointJob : public ::testing::Test {
   }
 
   std::string Latest() const { return ReadFile(Remote() + "/" + kJob + "/latest"); }
+  void RunTwoNodesSavingOneCheckpoint(const std::string& subdirectory);
 
   ProcessResult Checkpoints(bool verify) {
     LaunchSpec spec{{"checkpoints", "--config", dir_.path() + "/job-1.json", "--root", dir_.path() + "/root", "--format", "json"}};
@@ -449,11 +451,14 @@ TEST_F(CheckpointJob, SigtermDuringAStuckLoadStopsAtOnceAndLeavesNothing) {
 
 // Two nodes on loopback with node-local checkpoint disks: node 0 writes the marker, node 1
 // only its shard, later. `latest` must wait for node 1's part.
-TEST_F(CheckpointJob, TwoNodesCommitLatestOnlyAfterEveryPartIsUploaded) {
-  const std::string node0 = HfSave(1) + " && echo r0 > $BT_CHECKPOINT_DIR/checkpoint-1/rng_state_0.pth && sleep 3";
-  const std::string node1 = "sleep 1.5 && mkdir -p $BT_CHECKPOINT_DIR/checkpoint-1 && head -c 150000 /dev/urandom > "
-                            "$BT_CHECKPOINT_DIR/checkpoint-1/rng_state_1.pth && mkdir -p $BT_CHECKPOINT_DIR/checkpoint-2 && "
-                            "echo x > $BT_CHECKPOINT_DIR/checkpoint-2/partial.bin && sleep 1.5";
+// Node 1 writes its part of checkpoint-1 (under `subdirectory`) after node 0's, and an
+// unmarked directory of its own: latest moves once both parts of checkpoint-1 are up.
+void CheckpointJob::RunTwoNodesSavingOneCheckpoint(const std::string& subdirectory) {
+  const std::string root = "$BT_CHECKPOINT_DIR/" + subdirectory;
+  const std::string node0 = HfSave(1, "200000", subdirectory) + " && echo r0 > " + root + "checkpoint-1/rng_state_0.pth && sleep 3";
+  const std::string node1 = "sleep 1.5 && mkdir -p " + root + "checkpoint-1 && head -c 150000 /dev/urandom > " + root +
+                            "checkpoint-1/rng_state_1.pth && mkdir -p " + root + "checkpoint-2 && echo x > " + root +
+                            "checkpoint-2/partial.bin && sleep 1.5";
   nlohmann::json config = nlohmann::json::parse(ReadFile(Config({"if [ $BT_NODE_RANK = 0 ]; then " + node0 + "; else " + node1 + "; fi"})));
   config["compute"] = {{"node_count", 2}};
   config["launcher"]["rendezvous"] = {{"port", FreePort()}, {"join_timeout_s", 20}, {"heartbeat_interval_s", 0.2},
@@ -468,16 +473,23 @@ TEST_F(CheckpointJob, TwoNodesCommitLatestOnlyAfterEveryPartIsUploaded) {
   }
   ProcessResult leader = nodes[0]->Finish();
   ProcessResult follower = nodes[1]->Finish();
+  const std::string name = subdirectory + "checkpoint-1";
   ASSERT_EQ(leader.exit_code, 0) << leader.err;
   ASSERT_EQ(follower.exit_code, 0) << follower.err;
-  EXPECT_EQ(Latest(), "checkpoint-1\n");
-  EXPECT_TRUE(fs::exists(RankDir(0) + "/checkpoint-1/trainer_state.json"));
-  EXPECT_EQ(fs::file_size(RankDir(1) + "/checkpoint-1/rng_state_1.pth"), 150000u);
-  EXPECT_FALSE(fs::exists(RankDir(1) + "/checkpoint-2")) << "node 1's own unmarked directory is not node 0's checkpoint";
+  EXPECT_EQ(Latest(), name + "\n");
+  EXPECT_TRUE(fs::exists(RankDir(0) + "/" + name + "/trainer_state.json"));
+  EXPECT_EQ(fs::file_size(RankDir(1) + "/" + name + "/rng_state_1.pth"), 150000u);
+  EXPECT_FALSE(fs::exists(RankDir(1) + "/" + subdirectory + "checkpoint-2")) << "node 1's own unmarked directory is not node 0's checkpoint";
   EXPECT_GE(fs::last_write_time(Remote() + "/" + kJob + "/latest"),
-            fs::last_write_time(RankDir(1) + "/checkpoint-1.bt-manifest.json"));
-  EXPECT_NE(follower.err.find("this node's part of checkpoint checkpoint-1 committed"), std::string::npos) << follower.err;
+            fs::last_write_time(RankDir(1) + "/" + name + ".bt-manifest.json"));
+  EXPECT_NE(follower.err.find("this node's part of checkpoint " + name + " committed"), std::string::npos) << follower.err;
 }
+
+TEST_F(CheckpointJob, TwoNodesCommitLatestOnlyAfterEveryPartIsUploaded) { RunTwoNodesSavingOneCheckpoint(""); }
+
+// A checkpoint's name may hold '/' (a Trainer writing to a subdirectory): its parts are
+// reported under keys of one segment, which the store lets a follower write.
+TEST_F(CheckpointJob, TwoNodesCommitACheckpointInASubdirectory) { RunTwoNodesSavingOneCheckpoint("run1/"); }
 
 }  // namespace
 }  // namespace bt::testing
