@@ -20,7 +20,9 @@ inline constexpr size_t kMaxKeyBytes = 1024;
 // count); the bound leaves the job's own keys room for a serialized object of some MiB.
 inline constexpr size_t kMaxValueBytes = 16u << 20;
 // What one connection's parked get/wait requests may hold on the leader (their keys and
-// bookkeeping): 4,096 waits on full-length keys fit; a connection that parks more is closed.
+// bookkeeping, about 2 x key + 170 bytes each): some 3,700 waits on full-length keys, while
+// short keys meet the count bound first (4,096, server.cpp); a connection that parks more is
+// closed.
 inline constexpr size_t kMaxParkedBytesPerConnection = 8u << 20;
 
 // One mget (Store::Peek) names at most this many keys, and its answer holds at most this
