@@ -80,7 +80,7 @@ class CheckpointAgent::Impl {
                    watcher_->polling_reason());
     }
     spdlog::info("checkpoints: watching {} ({}), uploading to {} as {}/rank-{}/", options_.checkpoint_dir,
-                 watcher_->polling() ? "polling" : "inotify", options_.destination.shown, options_.job_id,
+                 watcher_->polling() ? "polling" : "inotify", options_.destination.uri, options_.job_id,
                  options_.node_rank);
     thread_ = std::thread([this] { RunGuarded(); });
   }
@@ -472,7 +472,7 @@ class CheckpointAgent::Impl {
     if (event.attempt > 1 && Clock::now() - version.last_retry_log < kRetryLogEvery) return;
     version.last_retry_log = Clock::now();
     spdlog::warn("checkpoints: cannot upload {} to {} (attempt {}): {}; retrying in {:.0f} s", version.name,
-                 options_.destination.shown, event.attempt, event.message, event.retry_in_s);
+                 options_.destination.uri, event.attempt, event.message, event.retry_in_s);
   }
 
   // The training rewrote a file of a checkpoint it had finished: that version is not what
@@ -528,7 +528,7 @@ class CheckpointAgent::Impl {
       publishing_.erase(seq);
       published_seq_ = std::max(published_seq_, seq);
       MarkCommitted(version);
-      spdlog::info("checkpoints: committed {}: {}/{}/latest names it", name, options_.destination.shown, options_.job_id);
+      spdlog::info("checkpoints: committed {}: {}/{}/latest names it", name, options_.destination.uri, options_.job_id);
     }
   }
 
@@ -629,14 +629,14 @@ class CheckpointAgent::Impl {
     const Version& version = *newest;
     if (version.stage == Stage::kCommitted) {
       const std::string what = options_.board && !is_leader() ? "this node's part of checkpoint " : "checkpoint ";
-      return {true, what + version.name + " committed to " + options_.destination.shown};
+      return {true, what + version.name + " committed to " + options_.destination.uri};
     }
     std::string reason;
     if (version.stage == Stage::kQueued) {
       const std::string& error = version.last_error.empty() ? last_destination_error_ : version.last_error;
       reason = error.empty()
                    ? "upload not finished (" + storage::FormatBytes(version.bytes_done) + " of " + storage::FormatBytes(version.bytes_total) + ")"
-                   : options_.destination.shown + " unavailable: " + error;
+                   : options_.destination.uri + " unavailable: " + error;
     } else if (board_error_) {
       reason = "uploaded, but the cross-node commit failed: " + *board_error_;
     } else if (options_.board && is_leader()) {

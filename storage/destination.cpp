@@ -149,7 +149,7 @@ std::optional<std::string> ReadWholeFile(const std::string& path) {
 class FileDestination final : public Destination {
  public:
   explicit FileDestination(DestinationSpec spec) : spec_(std::move(spec)) {}
-  std::string Describe() const override { return spec_.shown; }
+  std::string Describe() const override { return spec_.uri; }
 
   Manifest Upload(const StagedFiles& staged, Manifest manifest, const std::string& rank_dir,
                   const Progress& progress) override {
@@ -225,7 +225,7 @@ std::string DescribeRcloneFailure(const ProcessResult& result, const std::string
 class RcloneDestination final : public Destination {
  public:
   explicit RcloneDestination(DestinationSpec spec) : spec_(std::move(spec)) {}
-  std::string Describe() const override { return spec_.shown; }
+  std::string Describe() const override { return spec_.uri; }
 
   Manifest Upload(const StagedFiles& staged, Manifest manifest, const std::string& rank_dir,
                   const Progress& progress) override {
@@ -366,7 +366,7 @@ class RcloneDestination final : public Destination {
 class SpoolDestination final : public Destination {
  public:
   explicit SpoolDestination(DestinationSpec spec) : spec_(std::move(spec)) {}
-  std::string Describe() const override { return spec_.shown; }
+  std::string Describe() const override { return spec_.uri; }
 
   Manifest Upload(const StagedFiles& staged, Manifest manifest, const std::string& rank_dir,
                   const Progress& progress) override {
@@ -399,7 +399,7 @@ class SpoolDestination final : public Destination {
 
  private:
   DestinationError WriteOnly() const {
-    return DestinationError(spec_.shown + " is a spool: bt-launch hands checkpoints to a sidecar there and cannot read "
+    return DestinationError(spec_.uri + " is a spool: bt-launch hands checkpoints to a sidecar there and cannot read "
                                         "them back; load from where the sidecar uploads them");
   }
 
@@ -464,7 +464,6 @@ DestinationSpec ParseDestination(const std::string& uri, const std::string& orig
   }
   DestinationSpec spec;
   spec.uri = uri;
-  spec.shown = shown;
   spec.scheme = uri.substr(0, separator);
   spec.location = uri.substr(separator + 3);
   while (spec.location.size() > 1 && spec.location.back() == '/') spec.location.pop_back();

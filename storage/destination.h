@@ -24,8 +24,7 @@ class DestinationError : public std::runtime_error {
 };
 
 struct DestinationSpec {
-  std::string uri;     // as configured: may hold credentials (s3://KEY:SECRET@bucket); never log it
-  std::string shown;   // the uri with any credentials masked: what logs, errors and Describe() show
+  std::string uri;     // as configured; ParseDestination refuses one with credentials, so it can be shown
   std::string scheme;  // file, s3, gs, r2, azure, spool
   std::string location;  // after "scheme://": a directory, or bucket[/prefix]
   std::vector<std::string> rclone_environ;  // the whole environment rclone runs with

@@ -201,7 +201,7 @@ void LoadCheckpoints(const env::JobConfig& config, const env::JobEnvironment& en
         auto latest = destination->ReadText(reference.job_id + "/latest");
         if (!latest) {
           throw LaunchFailure(kExitIo, where + "job " + reference.job_id + " has no committed checkpoint (no " +
-                                           destination_spec.shown + "/" + reference.job_id + "/latest)");
+                                           destination_spec.uri + "/" + reference.job_id + "/latest)");
         }
         name = Trim(*latest);
       }
@@ -212,9 +212,9 @@ void LoadCheckpoints(const env::JobConfig& config, const env::JobEnvironment& en
       if (!text) {
         throw LaunchFailure(kExitIo, where + "checkpoint " + name + " of job " + reference.job_id +
                                          " has no part for node " + std::to_string(node_rank) + " (no " +
-                                         destination_spec.shown + "/" + manifest_path + ")");
+                                         destination_spec.uri + "/" + manifest_path + ")");
       }
-      Manifest manifest = Manifest::FromJson(*text, destination_spec.shown + "/" + manifest_path);
+      Manifest manifest = Manifest::FromJson(*text, destination_spec.uri + "/" + manifest_path);
       const std::string incoming = rank_dir + "/.bt-loading-" + std::to_string(getpid());
       storage::RemoveTree(incoming);
       storage::MakeDirectories(incoming);
@@ -245,7 +245,7 @@ void LoadCheckpoints(const env::JobConfig& config, const env::JobEnvironment& en
       spdlog::info("loaded checkpoint {} of job {} ({} files, {} bytes, verified) into {}", name, reference.job_id,
                    manifest.files.size(), manifest.total_bytes, storage::JoinPath(rank_dir, manifest.name));
     } catch (const DestinationError& error) {
-      throw LaunchFailure(kExitIo, where + "cannot load from " + destination_spec.shown + ": " + error.what());
+      throw LaunchFailure(kExitIo, where + "cannot load from " + destination_spec.uri + ": " + error.what());
     } catch (const ManifestError& error) {
       throw LaunchFailure(kExitIo, where + error.what());
     } catch (const std::filesystem::filesystem_error& error) {
@@ -319,7 +319,7 @@ int ListCheckpoints(const env::JobConfig& config, const env::JobEnvironment& env
     for (const std::string& path : destination->List(job_id, storage::kManifestSuffix)) {
       auto text = destination->ReadText(job_id + "/" + path);
       if (!text) continue;
-      Manifest manifest = Manifest::FromJson(*text, spec.shown + "/" + job_id + "/" + path);
+      Manifest manifest = Manifest::FromJson(*text, spec.uri + "/" + job_id + "/" + path);
       nlohmann::json row = {{"rank", manifest.node_rank},        {"name", manifest.name},
                             {"layout", manifest.layout},         {"files", manifest.files.size()},
                             {"bytes", manifest.total_bytes},     {"committed_at", IsoTime(manifest.created_unix)},
@@ -343,17 +343,17 @@ int ListCheckpoints(const env::JobConfig& config, const env::JobEnvironment& env
       rows.push_back(row);
     }
   } catch (const DestinationError& error) {
-    throw LaunchFailure(kExitIo, "cannot read " + spec.shown + ": " + error.what());
+    throw LaunchFailure(kExitIo, "cannot read " + spec.uri + ": " + error.what());
   } catch (const ManifestError& error) {
     throw LaunchFailure(kExitIo, error.what());
   }
   if (cli.output_format == "json") {
-    nlohmann::json out = {{"job_id", job_id}, {"destination", spec.shown}, {"latest", latest ? nlohmann::json(*latest) : nlohmann::json()},
+    nlohmann::json out = {{"job_id", job_id}, {"destination", spec.uri}, {"latest", latest ? nlohmann::json(*latest) : nlohmann::json()},
                           {"checkpoints", rows}};
     // Display only: a name that is not UTF-8 is shown with U+FFFD rather than ending the listing.
     std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
-    std::printf("job %s at %s; latest: %s\n", job_id.c_str(), spec.shown.c_str(), latest ? latest->c_str() : "(none)");
+    std::printf("job %s at %s; latest: %s\n", job_id.c_str(), spec.uri.c_str(), latest ? latest->c_str() : "(none)");
     std::printf("%-5s %-40s %-13s %7s %14s  %-20s%s\n", "rank", "checkpoint", "layout", "files", "bytes", "committed at",
                 cli.verify ? "  verified" : "");
     for (const auto& row : rows) {

@@ -471,7 +471,7 @@ class Doctor {
       return;
     }
     if (spec.scheme == "file" || spec.scheme == "spool") {
-      CheckWritable("destination", spec.location, spec.shown + ": ");
+      CheckWritable("destination", spec.location, spec.uri + ": ");
       return;
     }
     const auto started = std::chrono::steady_clock::now();
@@ -481,10 +481,10 @@ class Doctor {
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       char took[32];
       std::snprintf(took, sizeof took, " in %.1f s", seconds);
-      Add("destination", Verdict::kOk, spec.shown + " reachable through rclone" + took +
+      Add("destination", Verdict::kOk, spec.uri + " reachable through rclone" + took +
                                            (latest ? ", this job's latest: " + *latest : ", no checkpoint of this job yet"));
     } catch (const std::exception& error) {
-      Add("destination", Verdict::kFail, spec.shown + ": " + error.what(),
+      Add("destination", Verdict::kFail, spec.uri + ": " + error.what(),
           "check the endpoint, the bucket and the credentials (launcher.checkpoint.auth_secret_name or AWS_* variables)");
     }
   }
