@@ -5,7 +5,9 @@
 # name and /etc/hosts. Then what a cluster user does: a job whose node 1 fails (the job's
 # code reaches srun and the controller), a step on nodes 3-4 of 4 (its own leader), two
 # tasks per node (65, named), two jobs of one config sharing nodes (never one rendezvous),
-# and scancel (nothing left). SKIPPED (77) where namespaces or the packages are missing;
+# scancel (nothing left), and examples/slurm/train.sbatch submitted with sbatch: real
+# torchrun and gloo workers, node-local /scratch checkpoints uploaded to a shared /shared.
+# sacct needs slurmdbd and a database, so the job's code is read from the controller. SKIPPED (77) where namespaces or the packages are missing;
 # every wait has a deadline; daemons, namespaces and files are removed on exit.
 set -euo pipefail
 BIN=$(realpath "$1")
@@ -24,6 +26,13 @@ bridge="${tag}br"
 work=$(mktemp -d /tmp/bt-slurm.XXXXXX)
 chmod 755 "$work"
 pids=()
+# examples/slurm/job.json's paths: /scratch is each node's own, /shared is every node's.
+# Each slurmd's mount namespace binds a folder of $work over them; the host only needs
+# the two mount points, removed again if this test made them.
+made_mount_points=()
+for dir in /scratch /shared; do
+  [ -e "$dir" ] || { mkdir "$dir"; made_mount_points+=("$dir"); }
+done
 
 cleanup() {
   scancel --quiet --full "--name=${tag}" 2>/dev/null || true
@@ -33,6 +42,7 @@ cleanup() {
     ip netns del "${tag}n$i" 2>/dev/null || true
   done
   ip link del "$bridge" 2>/dev/null || true
+  for dir in "${made_mount_points[@]}"; do rmdir "$dir" 2>/dev/null || true; done
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -63,8 +73,8 @@ for i in $(seq 1 $kNodes); do
   echo "10.78.0.1$i node0$i" >> "$work/hosts"
 done
 
-mkdir -p "$work/munge" "$work/state" "$work/out" "$work/root"
-for i in $(seq 1 $kNodes); do mkdir -p "$work/spool-node0$i"; done
+mkdir -p "$work/munge" "$work/state" "$work/out" "$work/root" "$work/shared"
+for i in $(seq 1 $kNodes); do mkdir -p "$work/spool-node0$i" "$work/scratch-node0$i"; done
 chmod 700 "$work/munge"
 head -c 1024 /dev/urandom > "$work/munge/key"
 chmod 400 "$work/munge/key"
@@ -103,9 +113,12 @@ CONF
 nice -n 19 slurmctld -D -f "$SLURM_CONF" >"$work/slurmctld.out" 2>&1 &
 pids+=($!); disown $!
 for i in $(seq 1 $kNodes); do
-  # A mount namespace of its own for the node's /etc/hosts; UTS for its host name.
+  # A mount namespace of its own for the node's /etc/hosts, /scratch and /shared; UTS for
+  # its host name.
   nsenter --net="/run/netns/${tag}n$i" unshare --mount --uts sh -c \
-    "mount --bind '$work/hosts' /etc/hosts && hostname node0$i && exec nice -n 19 slurmd -D -N node0$i -f '$SLURM_CONF'" \
+    "mount --bind '$work/hosts' /etc/hosts && mount --bind '$work/scratch-node0$i' /scratch &&
+     mount --bind '$work/shared' /shared && hostname node0$i &&
+     exec nice -n 19 slurmd -D -N node0$i -f '$SLURM_CONF'" \
     >"$work/slurmd-$i.out" 2>&1 &
   pids+=($!); disown $!
 done
@@ -128,6 +141,16 @@ cat > "$work/job.json" <<JSON
 JSON
 cd "$work"
 step() { timeout 120 srun --job-name="$tag" --time=2 "$@"; }
+job_state() { scontrol show job "$1" | grep -o 'JobState=[A-Z]*\|ExitCode=[0-9:]*' | tr '\n' ' '; }
+job_exit_code() { scontrol show job "$1" | grep -o 'ExitCode=[0-9:]*' | head -n 1 | cut -d= -f2; }
+# wait_job_end JOBID SECONDS: until the controller has the batch job's end, or fail.
+wait_job_end() {
+  local deadline=$((SECONDS + $2))
+  until scontrol show job "$1" | grep -qE "JobState=(FAILED|COMPLETED|CANCELLED|TIMEOUT)"; do
+    [ $SECONDS -lt $deadline ] || fail "batch job $1 did not end within $2 s: $(job_state "$1")"
+    sleep 0.5
+  done
+}
 
 # --- 1. the job's exit code reaches the scheduler --------------------------------------
 code=0
@@ -137,23 +160,15 @@ step -N2 --ntasks-per-node=1 "$BIN" run --config job.json --root "$work/root" --
 grep -q "exiting with node 1's exit code 3" "$work/out/exit.out" || fail "node 0 does not name node 1 as the source of its code"
 jobid=$(sbatch --parsable --job-name="$tag" -N2 -o "$work/out/batch-exit.out" --wrap \
   "srun --ntasks-per-node=1 --kill-on-bad-exit=1 $BIN run --config $work/job.json --root $work/root -- sh -c '[ \"\$BT_NODE_RANK\" = 1 ] && exit 3; exec sleep 60'")
-deadline=$((SECONDS + 90))
-until scontrol show job "$jobid" | grep -qE "JobState=(FAILED|COMPLETED|CANCELLED|TIMEOUT)"; do
-  [ $SECONDS -lt $deadline ] || fail "batch job $jobid did not end"
-  sleep 0.5
-done
-scontrol show job "$jobid" | grep -q "ExitCode=3:0" || fail "batch job: $(scontrol show job "$jobid" | grep -o 'JobState=[A-Z]* .*ExitCode=[0-9:]*')"
+wait_job_end "$jobid" 90
+[ "$(job_exit_code "$jobid")" = 3:0 ] || fail "batch job: $(job_state "$jobid")"
 echo "exit code: srun 3, batch job ExitCode=3:0"
 
 # --- 2. a step on nodes 3-4 of 4 finds its own leader ----------------------------------
 jobid=$(sbatch --parsable --job-name="$tag" -N4 -o "$work/out/step.out" --wrap \
   "srun -N2 --relative=2 $BIN rendezvous --config $work/job.json")
-deadline=$((SECONDS + 90))
-until scontrol show job "$jobid" | grep -qE "JobState=(FAILED|COMPLETED|CANCELLED|TIMEOUT)"; do
-  [ $SECONDS -lt $deadline ] || fail "step job $jobid did not end"
-  sleep 0.5
-done
-scontrol show job "$jobid" | grep -q "ExitCode=0:0" || fail "a step on nodes 3-4 failed: $(cat "$work/out/step.out")"
+wait_job_end "$jobid" 90
+[ "$(job_exit_code "$jobid")" = 0:0 ] || fail "a step on nodes 3-4 failed: $(cat "$work/out/step.out")"
 grep -q "leader node03 (from Slurm)" "$work/out/step.out" || fail "the step's leader is not node03"
 echo "step on nodes 3-4: leader node03, rendezvous ok"
 
@@ -204,4 +219,57 @@ while pgrep -f "sleep $cancel_seconds" >/dev/null || pgrep -f "$BIN run --config
   sleep 0.2
 done
 echo "scancel: nothing left"
+
+# --- 6. examples/slurm/train.sbatch, as its comment says to submit it -----------------
+# Adapted only where this machine differs from a GPU cluster: no GPU GRES (its
+# --gpus-per-node line is dropped), two CPU workers per node instead of one per GPU,
+# bt-launch on PATH. job.json is used as it is: real torchrun, gloo workers, checkpoints
+# in the node's /scratch uploaded to the shared /shared.
+if ! /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null || ! command -v torchrun >/dev/null; then
+  echo "SKIPPED part: examples/slurm/train.sbatch needs torchrun (Debian's python3-torch)"
+  echo "PASS"
+  exit 0
+fi
+mkdir -p "$work/bin" "$work/project"
+ln -s "$BIN" "$work/bin/bt-launch"
+grep -v -- '--gpus-per-node' "$SOURCE_DIR/examples/slurm/train.sbatch" > "$work/train.sbatch"
+# The user's train.py: every worker checks a gloo all_reduce across both nodes; each
+# node's first worker saves checkpoint-1 (trainer_state.json last, as the Trainer does).
+cat > "$work/project/train.py" <<'PY'
+import json, os
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+total = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(total)
+world = dist.get_world_size()
+assert total.item() == world * (world + 1) / 2, total
+print(f"all_reduce rank {dist.get_rank()}/{world}: {total.item()}", flush=True)
+if int(os.environ["LOCAL_RANK"]) == 0:
+    path = os.path.join(os.environ["BT_CHECKPOINT_DIR"], "checkpoint-1")
+    os.makedirs(path, exist_ok=True)
+    torch.save({"node": os.environ["BT_NODE_RANK"]}, os.path.join(path, "pytorch_model.bin"))
+    with open(os.path.join(path, "trainer_state.json"), "w") as state:
+        json.dump({"global_step": 1}, state)
+dist.barrier()
+dist.destroy_process_group()
+PY
+jobid=$(cd "$work/project" && PATH="$work/bin:$PATH" NPROC_PER_NODE=2 OMP_NUM_THREADS=1 \
+  BT_CONFIG="$SOURCE_DIR/examples/slurm/job.json" \
+  sbatch --parsable --job-name="$tag" --time=5 -o "$work/out/train-sbatch.out" "$work/train.sbatch")
+wait_job_end "$jobid" 180
+[ "$(job_exit_code "$jobid")" = 0:0 ] || fail "train.sbatch: $(job_state "$jobid")"
+reduced=$(grep -c "all_reduce rank [0-3]/4: 10.0" "$work/out/train-sbatch.out" || true)
+[ "$reduced" -eq 4 ] || fail "train.sbatch: $reduced of 4 workers completed the all_reduce"
+# What reached /shared, re-hashed against its manifests, both nodes' parts.
+timeout 60 "$BIN" checkpoints --destination "file://$work/shared/checkpoints" --job-id "slurm-$jobid" --verify \
+  --format json >"$work/out/train-listing.json" 2>"$work/out/train-listing.log" ||
+  fail "train.sbatch: checkpoints --verify: $(cat "$work/out/train-listing.log")"
+/usr/bin/python3 - "$work/out/train-listing.json" <<'PY' || fail "train.sbatch: $(cat "$work/out/train-listing.json")"
+import json, sys
+listing = json.load(open(sys.argv[1]))
+assert listing["latest"] == "checkpoint-1", listing
+assert {(c["name"], c["rank"]) for c in listing["checkpoints"] if c["verified"]} == {("checkpoint-1", 0), ("checkpoint-1", 1)}, listing
+PY
+echo "train.sbatch: 2 nodes x 2 gloo workers, checkpoint-1 committed to /shared, ExitCode=0:0"
 echo "PASS"
