@@ -192,7 +192,7 @@ int ConnectWithin(const addrinfo& address, std::chrono::milliseconds timeout, in
 
 // The server proves the token first by answering our nonce only after checking ours:
 // both sides learn that the other holds the token, and neither sends it.
-LeaderHandshake AuthenticateToLeader(int fd, const std::string& token) {
+LeaderHandshake AuthenticateToLeader(int fd, const std::string& token, const std::string& job_id) {
   FrameDecoder decoder(kMaxUnauthenticatedFrameBytes);
   auto deadline = Clock::now() + kHandshakeTimeout;
   Message hello = ReadFrameBlocking(fd, decoder, deadline);
@@ -201,7 +201,8 @@ LeaderHandshake AuthenticateToLeader(int fd, const std::string& token) {
   const auto sent = std::chrono::system_clock::now();
   WriteAll(fd, EncodeFrame({{"op", "auth"},
                             {"proof", BytesValue(ProveToken(token, BytesField(hello, "nonce"), "client"))},
-                            {"nonce", BytesValue(client_nonce)}}));
+                            {"nonce", BytesValue(client_nonce)},
+                            {"job_id", BytesValue(job_id)}}));
   Message answer = ReadFrameBlocking(fd, decoder, deadline);
   const auto received = std::chrono::system_clock::now();
   const std::string op = StringField(answer, "op");
@@ -224,7 +225,7 @@ std::unique_ptr<StoreClient> StoreClient::Connect(const ClientOptions& options) 
   for (int shed = 1;; ++shed) {
     int fd = ConnectWithBackoff(options, deadline);
     try {
-      AuthenticateToLeader(fd, options.token);
+      AuthenticateToLeader(fd, options.token, options.job_id);
       return std::unique_ptr<StoreClient>(new StoreClient(fd, options));
     } catch (const HandshakeClosed&) {
       close(fd);

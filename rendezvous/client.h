@@ -30,6 +30,9 @@ struct ClientOptions {
   std::chrono::milliseconds heartbeat_interval{1000};
   std::chrono::milliseconds heartbeat_timeout{10'000};
   int interrupt_fd = -1;  // readable (e.g. a signalfd) aborts the connect retries
+  // Sent with the proof: a leader serving another job's rendezvous refuses this node by
+  // name, even when both jobs hold one token (one Kubernetes Secret per namespace).
+  std::string job_id;
 };
 
 // What the leader pushes, or what the client concludes about the leader.
@@ -65,8 +68,9 @@ struct LeaderHandshake {
 };
 
 // The handshake a freshly connected socket goes through (docs/PROTOCOL.md): proves the
-// token to the leader and checks the leader's proof. Throws StoreError.
-LeaderHandshake AuthenticateToLeader(int fd, const std::string& token);
+// token to the leader and checks the leader's proof. Throws StoreError. An empty job id
+// is not checked: doctor, run as another Slurm step, measures any leader holding the token.
+LeaderHandshake AuthenticateToLeader(int fd, const std::string& token, const std::string& job_id = "");
 
 class StoreClient final : public Store {
  public:

@@ -401,12 +401,31 @@ class StoreServer::Loop {
     throw FrameError("unknown op \"" + op + "\"");
   }
 
+  // The job id a node proved the token for, when it is not this job's. Only a node that
+  // proved the token learns which job the leader serves.
+  std::optional<std::string> OtherJob(const Message& message) const {
+    if (options_.job_id.empty() || !message.contains("job_id")) return std::nullopt;
+    std::string job_id = BytesField(message, "job_id");
+    if (job_id.empty() || job_id == options_.job_id) return std::nullopt;
+    return job_id;
+  }
+
   // The first message must prove the token; anything else closes the connection.
   void Authenticate(Connection& connection, const std::string& op, const Message& message) {
     if (op != "auth") throw FrameError("expected auth, got \"" + op + "\"");
     if (!VerifyProof(options_.token, connection.nonce, "client", BytesField(message, "proof"))) {
       spdlog::warn("rendezvous: rejected {}: wrong job token", connection.peer);
       Send(connection, {{"op", "reject"}, {"message", "wrong job token (check BT_RENDEZVOUS_TOKEN on every node)"}});
+      FlushAndClose(connection);
+      return;
+    }
+    if (auto other_job = OtherJob(message)) {
+      spdlog::warn("rendezvous: rejected {}: a node of job {}, not of this job {}", connection.peer, *other_job,
+                   options_.job_id);
+      Send(connection, {{"op", "reject"},
+                        {"message", "this node is of job " + *other_job + ", but the leader serves job " +
+                                        options_.job_id + ": two jobs share the leader address and the token "
+                                        "(give each job its own BT_LEADER_ADDR, or its own BT_RENDEZVOUS_TOKEN)"}});
       FlushAndClose(connection);
       return;
     }

@@ -27,6 +27,9 @@ struct ServerOptions {
   std::chrono::milliseconds heartbeat_timeout{10'000};
   // After the verdict, how long to keep serving nodes that have not said goodbye.
   std::chrono::milliseconds exit_linger{10'000};
+  // A node that proves the token but says it is of another job is refused, naming both
+  // (empty: not checked).
+  std::string job_id;
 };
 
 // What the leader concluded, once it has.

@@ -151,7 +151,7 @@ std::unique_ptr<TcpPeers> TcpPeers::Join(const env::JobConfig& config, const env
     rendezvous::ServerOptions options{endpoint.port, endpoint.token, identity.count, join_timeout,
                                       Millis(settings.heartbeat_interval_s), Millis(settings.heartbeat_timeout_s),
                                       // after the verdict, serve every node still reachable until it has said goodbye
-                                      std::chrono::seconds(settings.exit_barrier_timeout_s)};
+                                      std::chrono::seconds(settings.exit_barrier_timeout_s), job_id};
     try {
       peers->server_ = std::make_unique<rendezvous::StoreServer>(options);
     } catch (const rendezvous::StoreError& error) {
@@ -171,7 +171,8 @@ std::unique_ptr<TcpPeers> TcpPeers::Join(const env::JobConfig& config, const env
                                     join_timeout,
                                     Millis(settings.heartbeat_interval_s),
                                     Millis(settings.heartbeat_timeout_s),
-                                    signals.fd()};
+                                    signals.fd(),
+                                    job_id};
   try {
     peers->client_ = rendezvous::StoreClient::Connect(options);
   } catch (const rendezvous::StoreError& error) {

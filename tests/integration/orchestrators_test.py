@@ -8,6 +8,9 @@ sets, and checks that the nodes agree on ranks, count and leader and complete a 
                            network namespace, the headless Service's names in its hosts file,
                            JOB_COMPLETION_INDEX and HOSTNAME as Kubernetes sets them, the
                            container's command and env (ConfigMap and Secret refs resolved)
+  kubernetes-two-indexed-jobs
+                           indexed-job.yaml and a copy with only the Job renamed, in one
+                           namespace (one token Secret): the copy's pods are refused by name
   kubernetes-lws           examples/kubernetes/leaderworkerset.yaml: LWS_LEADER_ADDRESS,
                            LWS_GROUP_SIZE, LWS_WORKER_INDEX as the LWS webhook sets them
   slurm                    examples/slurm/train.sbatch run as sbatch would (SLURM_JOB_* with a
@@ -303,6 +306,41 @@ def scenario_kubernetes_indexed_job(binary):
         workspace.remove()
 
 
+def scenario_kubernetes_two_indexed_jobs(binary):
+    """Two Indexed Jobs of one config in one namespace: indexed-job.yaml, and a copy whose Job
+    is renamed and nothing else (one ConfigMap, one token Secret, the copied BT_LEADER_ADDR).
+    The copy's pods reach the first job's leader holding its token: they are refused, naming
+    both jobs, and the first job trains undisturbed."""
+    require_namespaces()
+    config_maps = {"trainer-config": find(load_yaml("config.yaml"), "ConfigMap")}
+    job = find(load_yaml("indexed-job.yaml"), "Job")
+    name, count = job["metadata"]["name"], job["spec"]["completions"]
+    copy_name = name + "-b"
+    pod = job["spec"]["template"]["spec"]
+    subdomain = pod["subdomain"]
+    hostnames = [f"{job_name}-{i}" for job_name in (name, copy_name) for i in range(count)]
+    dns = [[f"{host}.{subdomain}", f"{host}.{subdomain}.default.svc.cluster.local", host] for host in hostnames]
+    workspace = Workspace(binary)
+    cluster = Cluster(hostnames, dns)
+    try:
+        codes = run_pods(workspace, cluster, pod["containers"][0], lambda i: {"JOB_COMPLETION_INDEX": str(i % count)},
+                         config_maps)
+        check(codes[:count] == [0] * count, f"the first job's pods exited {codes[:count]}:\n" +
+              output_of(workspace, "pod-1.log")[-3000:])
+        records = check_agreement(workspace, count, cluster.addresses[0], "Kubernetes Indexed Job",
+                                  [f"pod-{i}.log" for i in range(count)])
+        check({record["env"]["BT_TRAINING_JOB_ID"] for record in records.values()} == {f"k8s-{name}"},
+              f"the first job's id is not k8s-{name}")
+        refusal = f"this node is of job k8s-{copy_name}, but the leader serves job k8s-{name}"
+        for index in range(count, 2 * count):
+            log = output_of(workspace, f"pod-{index}.log")
+            check(codes[index] != 0, f"pod {hostnames[index]} of the copied job exited 0:\n{log[-3000:]}")
+            check(refusal in log, f"pod {hostnames[index]} is not refused naming both jobs:\n{log[-3000:]}")
+    finally:
+        cluster.remove()
+        workspace.remove()
+
+
 def scenario_kubernetes_lws(binary):
     require_namespaces()
     config_maps = {"trainer-config": find(load_yaml("config.yaml"), "ConfigMap")}
@@ -574,6 +612,7 @@ def scenario_manifests(binary):
 
 SCENARIOS = {
     "kubernetes-indexed-job": scenario_kubernetes_indexed_job,
+    "kubernetes-two-indexed-jobs": scenario_kubernetes_two_indexed_jobs,
     "kubernetes-lws": scenario_kubernetes_lws,
     "slurm": scenario_slurm,
     "mpirun": scenario_mpirun,

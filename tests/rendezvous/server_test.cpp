@@ -131,6 +131,28 @@ TEST(Server, WrongTokenIsRejectedByName) {
   }
 }
 
+
+// Two jobs holding one token (one Kubernetes Secret per namespace) whose nodes reach the
+// same leader: a node of the other job is refused, naming both jobs; its own job's nodes,
+// and a client that names no job (doctor), are let in.
+TEST(Server, ANodeOfAnotherJobIsRejectedNamingBothJobs) {
+  ServerOptions options = Options(2);
+  options.job_id = "k8s-trainer";
+  StoreServer server(options);
+  auto client_of = [&](const std::string& job_id) {
+    return StoreClient::Connect(ClientOptions{"127.0.0.1", server.port(), kToken, 5s, 100ms, 5s, -1, job_id});
+  };
+  try {
+    client_of("k8s-trainer-b");
+    FAIL() << "a node of job k8s-trainer-b was let into job k8s-trainer's rendezvous";
+  } catch (const StoreError& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("job k8s-trainer-b"), std::string::npos) << message;
+    EXPECT_NE(message.find("serves job k8s-trainer:"), std::string::npos) << message;
+  }
+  EXPECT_NO_THROW(client_of("k8s-trainer"));
+  EXPECT_NO_THROW(client_of(""));
+}
 TEST(Server, NothingIsAcceptedBeforeAuthentication) {
   StoreServer server(Options(1));
   RawPeer peer(server.port());
