@@ -295,8 +295,16 @@ class Doctor {
   }
 
   // This node's devices and interfaces, read once: the leader check needs the interfaces.
+  // A malformed NCCL_IB_ADDR_* (which stops `run` with 65) is the fabric check's failure,
+  // not the end of the report: the rest goes on with no devices.
   const FabricResult& Fabric() {
-    if (!fabric_) fabric_ = InspectFabric(config_, identity_, rendezvous::fabric::SysfsRoot(cli_.sysfs_root), environment_);
+    if (fabric_) return *fabric_;
+    try {
+      fabric_ = InspectFabric(config_, identity_, rendezvous::fabric::SysfsRoot(cli_.sysfs_root), environment_);
+    } catch (const LaunchFailure& failure) {
+      fabric_failure_ = failure.what();
+      fabric_ = FabricResult{};
+    }
     return *fabric_;
   }
 
@@ -313,6 +321,10 @@ class Doctor {
 
   void CheckFabric() {
     const FabricResult& fabric = Fabric();
+    if (fabric_failure_) {
+      Add("fabric", Verdict::kFail, *fabric_failure_, "correct or unset the variable the message names (docs/FABRIC.md)");
+      return;
+    }
     rdma_ = !fabric.inventory.devices.empty();
     const std::string summary = fabric.plan.nodes.empty() ? "no RDMA" : fabric.plan.nodes.front().summary;
     const std::vector<std::string> faulty = FaultyPorts(fabric);
@@ -496,6 +508,7 @@ class Doctor {
   env::JobEnvironment environment_;
   std::optional<RendezvousEndpoint> endpoint_;
   std::optional<FabricResult> fabric_;
+  std::optional<std::string> fabric_failure_;
   bool token_checked_ = false;
   bool rdma_ = false;
 };

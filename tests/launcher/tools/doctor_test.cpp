@@ -192,6 +192,17 @@ TEST_F(DoctorTest, TheFabricCheckNamesPortsThatAreDownOrInit) {
             std::string::npos) << no_sm["fabric"].dump();
 }
 
+// `run` stops with 65 on a malformed NCCL_IB_ADDR_*; doctor names it as the fabric's
+// failure and still reports every other check.
+TEST_F(DoctorTest, AMalformedNcclAddressRangeFailsTheFabricCheckAndTheReportGoesOn) {
+  Doctor doctor = Run({}, {{"NCCL_IB_ADDR_RANGE", "10.0.0.0/99"}});
+  EXPECT_EQ(doctor.exit_code, 1) << doctor.err;
+  EXPECT_EQ(doctor["fabric"]["verdict"], "FAIL") << doctor["fabric"].dump();
+  EXPECT_NE(doctor["fabric"]["detail"].get<std::string>().find("NCCL_IB_ADDR_RANGE"), std::string::npos)
+      << doctor["fabric"].dump();
+  EXPECT_EQ(doctor["scratch"]["verdict"], "ok") << doctor.findings.dump(1);
+}
+
 TEST_F(DoctorTest, CredentialsInTheDestinationUriAreNeverPrinted) {
   const std::string config = dir_.Write("job.json", R"({"runtime": {"checkpointing_config": {"enabled": true}},
       "launcher": {"checkpoint": {"destination": "s3://AKIAEXAMPLE:wJalrXUtnFEMI@bucket/prefix"}}})");
