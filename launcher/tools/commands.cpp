@@ -16,6 +16,7 @@
 #include "launcher/supervision/peers.h"
 #include "launcher/supervision/signals.h"
 #include "launcher/timeline.h"
+#include "storage/destination.h"
 
 namespace bt::launcher {
 namespace {
@@ -115,6 +116,12 @@ int UploadWorkerSubcommand(const CliOptions& cli) {
 int EnvSubcommand(const CliOptions& cli) {
   Timeline timeline;
   PreparedJob job = PrepareJob(cli, false, timeline);
+  // The user's own BT_CHECKPOINT_DESTINATION may hold credentials, which `run` refuses
+  // (65); shown here, they would reach a terminal or a CI log.
+  if (auto destination = job.environment.variables.find("BT_CHECKPOINT_DESTINATION");
+      destination != job.environment.variables.end()) {
+    destination->second = storage::MaskCredentials(destination->second);
+  }
   const std::string text = cli.output_format == "json" ? job.environment.RenderJson() : job.environment.RenderShell();
   std::fwrite(text.data(), 1, text.size(), stdout);
   return 0;

@@ -152,6 +152,20 @@ TEST(Cli, EnvPrintsShellExports) {
   EXPECT_NE(result.out.find("export BT_NODE_RANK='0'\n"), std::string::npos);
 }
 
+// `run` refuses a destination with credentials in it (65); `env`, which shows what `run`
+// would export, masks them in both formats and still prints the rest.
+TEST(Cli, EnvMasksCredentialsInTheDestinationUri) {
+  TempDir dir;
+  for (const char* format : {"shell", "json"}) {
+    ProcessResult result = RunLauncher({{"env", "--root", dir.path(), "--format", format},
+                                        {{"BT_CHECKPOINT_DESTINATION", "s3://AKIAEXAMPLE:wJalrXUtnFEMI/K7MDENG@bucket/x"}}});
+    ASSERT_EQ(result.exit_code, 0) << result.err;
+    EXPECT_EQ(result.out.find("wJalrXUtnFEMI"), std::string::npos) << result.out;
+    EXPECT_EQ(result.out.find("AKIAEXAMPLE"), std::string::npos) << result.out;
+    EXPECT_NE(result.out.find("s3://***@bucket/x"), std::string::npos) << result.out;
+  }
+}
+
 // The benchmark runs its real leader and simulated nodes; the figures themselves are for
 // docs/PERFORMANCE.md, the test checks the shape: one row per run, the JSON line last.
 TEST(Cli, BenchRendezvousPrintsATableAndTheMedianAsTheLastLine) {
