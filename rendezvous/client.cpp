@@ -102,10 +102,14 @@ int ConnectWithBackoff(const ClientOptions& options, Clock::time_point deadline)
         int error = 0;
         auto attempt_timeout = std::min<std::chrono::milliseconds>(ConnectSchedule::AttemptTimeout(attempts),
                                                                    std::chrono::milliseconds(MillisLeft(deadline) + 1));
-        int fd = ConnectWithin(*address, attempt_timeout, error);
+        int fd = ConnectWithin(*address, attempt_timeout, error, options.interrupt_fd);
         if (fd >= 0) {
           freeaddrinfo(addresses);
           return fd;
+        }
+        if (error == EINTR) {
+          freeaddrinfo(addresses);
+          throw StoreError("interrupted while connecting to the leader");
         }
         last_error = error == ETIMEDOUT ? "connect timed out" : std::strerror(error);
       }
@@ -165,7 +169,7 @@ void WriteAll(int fd, const std::string& bytes) {
 
 }  // namespace
 
-int ConnectWithin(const addrinfo& address, std::chrono::milliseconds timeout, int& error) {
+int ConnectWithin(const addrinfo& address, std::chrono::milliseconds timeout, int& error, int interrupt_fd) {
   int fd = socket(address.ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     error = errno;
@@ -176,10 +180,18 @@ int ConnectWithin(const addrinfo& address, std::chrono::milliseconds timeout, in
     close(fd);
     return -1;
   }
-  pollfd writable = {fd, POLLOUT, 0};
+  // A SYN that is dropped keeps the attempt open for its whole timeout: a pending signal
+  // (interrupt_fd readable) must not wait for it.
+  pollfd ready[2] = {{fd, POLLOUT, 0}, {interrupt_fd, POLLIN, 0}};
   int status = ETIMEDOUT;
   socklen_t length = sizeof status;
-  if (poll(&writable, 1, int(timeout.count())) == 1) getsockopt(fd, SOL_SOCKET, SO_ERROR, &status, &length);
+  if (poll(ready, interrupt_fd >= 0 ? 2 : 1, int(timeout.count())) > 0) {
+    if (ready[1].revents != 0) {
+      status = EINTR;
+    } else {
+      getsockopt(fd, SOL_SOCKET, SO_ERROR, &status, &length);
+    }
+  }
   if (status != 0) {
     error = status;
     close(fd);

@@ -56,8 +56,9 @@ struct ConnectSchedule {
 };
 
 // One non-blocking connect bounded by `timeout`: the socket (still non-blocking), or -1
-// with `error` set to the errno, ETIMEDOUT when nothing answered (packets dropped).
-int ConnectWithin(const addrinfo& address, std::chrono::milliseconds timeout, int& error);
+// with `error` set to the errno, ETIMEDOUT when nothing answered (packets dropped), EINTR
+// when `interrupt_fd` (a signalfd) became readable first.
+int ConnectWithin(const addrinfo& address, std::chrono::milliseconds timeout, int& error, int interrupt_fd = -1);
 
 // What the handshake learnt about the leader besides its proof.
 struct LeaderHandshake {
