@@ -351,9 +351,11 @@ void Supervisor::ForwardRequest(int signal_number, pid_t group) {
 
 void Supervisor::BeginShutdown(pid_t group, std::chrono::milliseconds grace) {
   shutting_down_ = true;
+  // The stop's one grace also covers what left the group, even when the group's clean-up
+  // after its command exited is already under way (on its own, earlier, deadline).
+  if (!stop_grace_ends_) stop_grace_ends_ = Clock::now() + grace;
   if (kill_deadline_) return;
-  kill_deadline_ = Clock::now() + grace;
-  stop_grace_ends_ = kill_deadline_;
+  kill_deadline_ = stop_grace_ends_;
   active_grace_ = grace;
   spdlog::info("process group {} has {} ms to exit before SIGKILL", group, grace.count());
 }
@@ -424,7 +426,13 @@ void Supervisor::StopEscapedDescendants() {
     pollfd fds[1] = {{signals_.fd(), POLLIN, 0}};
     poll(fds, 1, int(kGroupPollInterval.count()));
     while (auto signal_number = signals_.Take()) {
-      if (*signal_number == SIGCHLD) ReapChildren(-1, unused);
+      if (*signal_number == SIGCHLD) {
+        ReapChildren(-1, unused);
+      } else if (StartsShutdown(*signal_number)) {
+        // Already stopping them: the deadline stands, within one grace of the first stop.
+        spdlog::info("received {} while stopping processes that outlived the job; they are already being stopped",
+                     strsignal(*signal_number));
+      }
     }
   }
   for (pid_t pid : EscapedDescendants(0, inherited_children_)) {

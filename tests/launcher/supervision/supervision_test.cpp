@@ -302,6 +302,26 @@ TEST(Supervision, AStopGivesOneGraceToTheGroupAndToWhatLeftIt) {
   if (Alive(escaped)) kill(escaped, SIGKILL);
 }
 
+// The command has exited and the launcher is already cleaning up what it left in its
+// group when the stop comes: the stop's one grace still covers what left the group too.
+TEST(Supervision, AStopDuringTheGroupsCleanUpGivesOneGrace) {
+  TempDir dir;
+  std::string config = ConfigWithCommands(
+      dir, R"(["trap '' TERM; setsid sh -c 'echo $$ > )" + dir.path() + R"(/escaped.pid; exec sleep 300' & (trap '' TERM; exec sleep 300) & echo started; exit 0"])",
+      R"(, "launcher": {"grace_period_s": 3})");
+  LauncherProcess launcher({{"run", "--config", config, "--root", dir.path() + "/root"}});
+  ASSERT_TRUE(launcher.WaitForLog("processes remain in its group", 20s));
+  std::this_thread::sleep_for(1s);
+  const auto stopped_at = std::chrono::steady_clock::now();
+  launcher.Signal(SIGTERM);
+  ProcessResult result = launcher.Finish();
+  const auto took = std::chrono::steady_clock::now() - stopped_at;
+  pid_t escaped = std::atoi(ReadFile(dir.path() + "/escaped.pid").c_str());
+  EXPECT_LT(took, 3800ms) << "the escaped process got a second grace:\n" << result.err;
+  EXPECT_FALSE(Alive(escaped)) << "pid " << escaped << " outlived the launcher";
+  if (Alive(escaped)) kill(escaped, SIGKILL);
+}
+
 TEST(Supervision, ALogReaderTheLauncherInheritedIsNotTreatedAsAnEscapedProcess) {
   TempDir dir;
   // bash forks the process substitution before it execs bt-launch: sed is the launcher's
