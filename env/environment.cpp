@@ -148,8 +148,10 @@ std::string ResolveJobId(const JobConfig& config, const std::map<std::string, st
   }
   if (config.launcher.job_id) return *config.launcher.job_id;
   if (auto orchestrator_id = OrchestratorJobId(inherited)) return *orchestrator_id;
-  return "local-" + config.source_digest.substr(0, 8);
+  return ConfigDerivedJobId(config);
 }
+
+std::string ConfigDerivedJobId(const JobConfig& config) { return "local-" + config.source_digest.substr(0, 8); }
 
 JobEnvironment BuildJobEnvironment(const JobConfig& config, const NodeIdentity& identity, const PathLayout& paths,
                                    const std::vector<std::string>& inherited) {

@@ -66,6 +66,9 @@ void CreateDirectories(const JobEnvironment& environment);
 // id). Throws ConfigError when the inherited BT_TRAINING_JOB_ID is not a path component
 // (ValidateJobId).
 std::string ResolveJobId(const JobConfig& config, const std::map<std::string, std::string>& inherited);
+// The last of those: "local-" and the config text's digest. It names no job on its own
+// (two nodes of one local test may be given different config files).
+std::string ConfigDerivedJobId(const JobConfig& config);
 
 // The secret `secret_name` from `secrets_dir` (one trailing newline dropped, at most 1 MiB).
 // Throws SecretError naming `used_by` (the config field), the secret and the path.

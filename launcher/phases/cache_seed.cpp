@@ -214,7 +214,7 @@ void SeedOnLeader(const env::JobConfig& config, const env::JobEnvironment& envir
                            ? "cache seed command " + std::to_string(*outcome.failed_command + 1) + " exited with code " +
                                  std::to_string(outcome.exit_code) + ": " + settings.seed_commands[*outcome.failed_command]
                            : "cache seed stopped (exit code " + std::to_string(outcome.exit_code) + ")";
-    Announce(peers, "failed: " + what);
+    Announce(peers, "failed " + std::to_string(outcome.exit_code) + ": " + what);
     throw LaunchFailure(outcome.exit_code, what);
   }
   nlohmann::json marker = {{"key", key}, {"commands", settings.seed_commands}, {"job_id", environment.variables.at("BT_TRAINING_JOB_ID")},
@@ -225,6 +225,21 @@ void SeedOnLeader(const env::JobConfig& config, const env::JobEnvironment& envir
   Announce(peers, "done");
 }
 
+// Node 0 announced "failed <code>: <what>": this node exits with the seed command's code
+// too, so the scheduler sees the job's one result, not 69 from every other node.
+LaunchFailure SeedFailedOnLeader(const std::string& announced) {
+  const size_t colon = announced.find(": ");
+  int code = kExitUnavailable;
+  try {
+    code = std::stoi(announced.substr(7, colon - 7));
+  } catch (const std::exception&) {  // not a number: the job still fails, with 69
+  }
+  if (code < 1 || code > 255) code = kExitUnavailable;
+  const std::string what = colon == std::string::npos ? announced : announced.substr(colon + 2);
+  spdlog::info("exiting with node 0's exit code {}: the job's result", code);
+  return LaunchFailure(code, "node 0's cache seed failed: " + what);
+}
+
 void WaitForLeader(Peers& peers, SignalRouter& signals) {
   spdlog::info("cache seed: waiting for node 0 to seed the project cache");
   auto last_log = Clock::now();
@@ -232,9 +247,7 @@ void WaitForLeader(Peers& peers, SignalRouter& signals) {
     CheckStop(&peers, signals);
     try {
       std::string value = peers.store()->Get(kSeedStoreKey, kSeedPoll);
-      if (value.rfind("failed: ", 0) == 0) {
-        throw LaunchFailure(kExitUnavailable, "node 0's cache seed failed: " + value.substr(8));
-      }
+      if (value.rfind("failed ", 0) == 0) throw SeedFailedOnLeader(value);
       spdlog::info("cache seed: node 0 has seeded the project cache");
       return;
     } catch (const rendezvous::StoreTimeout&) {  // a lost leader is PreRunPeers' to name

@@ -206,7 +206,7 @@ void CheckStop(Peers* peers, SignalRouter& signals) {
     }
   }
   if (peers == nullptr) return;
-  if (auto reason = peers->TakeStop()) throw LaunchFailure(kExitUnavailable, "stopping: " + *reason);
+  if (auto reason = peers->TakeStop()) throw LaunchFailure(peers->StopExitCode(), "stopping: " + *reason);
 }
 
 void WaitUntilAllReady(Peers& peers, const env::NodeIdentity& identity, Clock::time_point deadline, SignalRouter& signals) {

@@ -49,6 +49,7 @@ class PreRunPeers final : public Peers {
   std::string LocalAddress() override { return peers_.LocalAddress(); }
   int fd() const override { return peers_.fd(); }
   std::optional<std::string> TakeStop() override { return peers_.TakeStop(); }
+  int StopExitCode() override { return peers_.StopExitCode(); }
 
  private:
   Peers& peers_;

@@ -147,11 +147,14 @@ std::unique_ptr<TcpPeers> TcpPeers::Join(const env::JobConfig& config, const env
   }
   std::unique_ptr<TcpPeers> peers(new TcpPeers(config, identity));
   const auto join_timeout = std::chrono::seconds(settings.join_timeout_s);
+  // Only a job id that names a job (the platform's, the config's, the orchestrator's) keeps
+  // another job's nodes out; one derived from the config text differs with any edit of it.
+  const std::string checked_job_id = job_id == env::ConfigDerivedJobId(config) ? "" : job_id;
   if (identity.rank == 0) {
     rendezvous::ServerOptions options{endpoint.port, endpoint.token, identity.count, join_timeout,
                                       Millis(settings.heartbeat_interval_s), Millis(settings.heartbeat_timeout_s),
                                       // after the verdict, serve every node still reachable until it has said goodbye
-                                      std::chrono::seconds(settings.exit_barrier_timeout_s), job_id};
+                                      std::chrono::seconds(settings.exit_barrier_timeout_s), checked_job_id};
     try {
       peers->server_ = std::make_unique<rendezvous::StoreServer>(options);
     } catch (const rendezvous::StoreError& error) {
@@ -172,7 +175,7 @@ std::unique_ptr<TcpPeers> TcpPeers::Join(const env::JobConfig& config, const env
                                     Millis(settings.heartbeat_interval_s),
                                     Millis(settings.heartbeat_timeout_s),
                                     signals.fd(),
-                                    job_id};
+                                    checked_job_id};
   try {
     peers->client_ = rendezvous::StoreClient::Connect(options);
   } catch (const rendezvous::StoreError& error) {
@@ -245,6 +248,11 @@ std::optional<std::string> TcpPeers::TakeStop() {
   return verdict_->message;
 }
 
+int TcpPeers::StopExitCode() {
+  DrainEvents();
+  return verdict_ ? SurvivorExitCode(*verdict_) : kExitUnavailable;
+}
+
 void TcpPeers::Report(const JobOutcome& outcome) {
   if (reported_) return;
   reported_ = true;
@@ -262,6 +270,13 @@ int TcpPeers::Finish(const JobOutcome& outcome, SignalRouter& signals) {
   if (outcome.shutdown_signal) {
     // The platform is stopping this node (preemption, a user's stop): no exit barrier.
     spdlog::info("stopped by {}: not waiting for the other nodes", strsignal(*outcome.shutdown_signal));
+    // A signal that came while another node's failure was already stopping this job is
+    // that failure's consequence (srun --kill-on-bad-exit SIGTERMs every task): the job's
+    // result is still the failed node's code, or the scheduler sees 143.
+    if (outcome.stop_reason && verdict_ && verdict_->kind == PeerEvent::Kind::kAbort && verdict_->rank != identity_.rank) {
+      spdlog::error("job failed: {}", verdict_->message);
+      code = SurvivorExitCode(*verdict_);
+    }
   } else {
     auto deadline = Clock::now() + std::chrono::seconds(config_.launcher.rendezvous.exit_barrier_timeout_s);
     if (!verdict_) spdlog::info("waiting for the other nodes to finish (exit barrier)");

@@ -11,6 +11,7 @@
 
 #include "env/identity.h"
 #include "env/job_config.h"
+#include "launcher/exit_codes.h"
 #include "launcher/supervision/signals.h"
 #include "launcher/supervision/supervisor.h"
 #include "rendezvous/client.h"
@@ -50,6 +51,9 @@ class Peers : public StopRequests {
   virtual rendezvous::Store* store() { return nullptr; }
   // This node's address on its connection to the leader ("" when there is none).
   virtual std::string LocalAddress() { return ""; }
+  // What a node that another node's failure stopped exits with, once TakeStop said so:
+  // that node's code, so the scheduler sees one result for the job; 69 when it was lost.
+  virtual int StopExitCode() { return kExitUnavailable; }
 };
 
 // Joins with the configured backend and returns once every node has joined. Throws
@@ -71,6 +75,7 @@ class TcpPeers final : public Peers {
   std::vector<rendezvous::NodeInfo> Roster() override;
   rendezvous::Store* store() override { return client_.get(); }
   std::string LocalAddress() override { return client_->LocalAddress(); }
+  int StopExitCode() override;
 
  private:
   TcpPeers(const env::JobConfig& config, const env::NodeIdentity& identity);

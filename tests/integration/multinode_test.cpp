@@ -162,6 +162,20 @@ TEST(MultiNode, FailedNodeStopsEveryoneWhoExitWithItsCodeAndNameIt) {
   }
 }
 
+// srun --kill-on-bad-exit SIGTERMs every task once one fails: a survivor whose training
+// is still stopping (it saves on SIGTERM) when that SIGTERM comes still exits with the
+// failed node's code, which is what the scheduler then shows.
+TEST(MultiNode, ASigtermWhileAPeerFailureStopsTheJobKeepsTheFailedNodesCode) {
+  Job job(2, R"(["if [ $BT_NODE_RANK = 1 ]; then sleep 0.5; exit 3; fi; trap 'sleep 1; exit 143' TERM; sleep 60 & wait"])");
+  auto processes = job.StartAll();
+  ASSERT_TRUE(processes[0]->WaitForLog("stopping the job: node 1", 20s));
+  processes[0]->Signal(SIGTERM);
+  auto results = Job::FinishAll(processes);
+  EXPECT_EQ(results[1].exit_code, 3) << results[1].err;
+  EXPECT_EQ(results[0].exit_code, 3) << results[0].err;
+  EXPECT_NE(results[0].err.find("exiting with node 1's exit code 3"), std::string::npos) << results[0].err;
+}
+
 TEST(MultiNode, TrainingKilledBySigkillStopsTheWholeJobWithin15Seconds) {
   Job job(3, R"(["if [ $BT_NODE_RANK = 2 ]; then sleep 0.5; kill -KILL $$; fi; exec sleep 120"])");
   auto started = std::chrono::steady_clock::now();
