@@ -2,7 +2,7 @@
 
 #include <array>
 #include <charconv>
-#include <vector>
+#include <algorithm>
 
 namespace bt::rendezvous {
 namespace {
@@ -37,15 +37,25 @@ constexpr std::array kRules = {
     KeyRule{"bt/ckpt/parts/*/rank-{rank}", Writer::kOwner},
 };
 
-std::vector<std::string_view> Segments(std::string_view text) {
-  std::vector<std::string_view> segments;
-  while (true) {
-    const size_t slash = text.find('/');
-    segments.push_back(text.substr(0, slash));
-    if (slash == std::string_view::npos) return segments;
-    text.remove_prefix(slash + 1);
+// The '/'-separated segments of a key or pattern, one at a time ("a/" has two, the second
+// empty): the server matches every set and add against the rules on its loop, so nothing
+// here allocates.
+class Segments {
+ public:
+  explicit Segments(std::string_view text) : rest_(text) {}
+  bool Next(std::string_view& segment) {
+    if (done_) return false;
+    const size_t slash = rest_.find('/');
+    segment = rest_.substr(0, slash);
+    done_ = slash == std::string_view::npos;
+    rest_.remove_prefix(done_ ? rest_.size() : slash + 1);
+    return true;
   }
-}
+
+ private:
+  std::string_view rest_;
+  bool done_ = false;
+};
 
 std::optional<int> ParseRank(std::string_view text) {
   int rank = -1;
@@ -57,20 +67,20 @@ std::optional<int> ParseRank(std::string_view text) {
 
 // Whether `key` has the shape of `pattern`; `owner` gets the rank a {rank} segment names.
 bool Matches(std::string_view pattern, std::string_view key, std::optional<int>& owner) {
-  const auto want = Segments(pattern);
-  const auto have = Segments(key);
-  if (want.size() != have.size()) return false;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const size_t placeholder = want[i].find("{rank}");
+  Segments wanted(pattern), had(key);
+  std::string_view want, have;
+  while (wanted.Next(want)) {
+    if (!had.Next(have)) return false;
+    const size_t placeholder = want.find("{rank}");
     if (placeholder != std::string_view::npos) {
-      if (have[i].substr(0, placeholder) != want[i].substr(0, placeholder)) return false;
-      owner = ParseRank(have[i].substr(std::min(placeholder, have[i].size())));
+      if (have.substr(0, placeholder) != want.substr(0, placeholder)) return false;
+      owner = ParseRank(have.substr(std::min(placeholder, have.size())));
       if (!owner) return false;
-    } else if (want[i] != "*" && want[i] != have[i]) {
+    } else if (want != "*" && want != have) {
       return false;
     }
   }
-  return true;
+  return !had.Next(have);
 }
 
 std::string Quoted(std::string_view key) { return "\"" + std::string(key) + "\""; }

@@ -5,6 +5,7 @@
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -45,6 +46,13 @@ constexpr int kMaxListeners = 16;  // accept queues sharing the port: 65,536 nod
 // Descriptors the leader's process keeps for itself (its own node's client, files, the
 // uploader's pipes): connections beyond the rest are closed at accept.
 constexpr size_t kReservedDescriptors = 32;
+
+// Bytes the node sent that this loop has not read yet: a leader that fell behind (its
+// thread descheduled, a batch of events ahead of this one) must not call such a node silent.
+bool HasUnreadBytes(int fd) {
+  int bytes = 0;
+  return ioctl(fd, FIONREAD, &bytes) == 0 && bytes > 0;
+}
 
 std::string PeerAddress(int fd) {
   sockaddr_storage address{};
@@ -162,8 +170,18 @@ struct Waiter {
   int fd;
   int64_t id;
   bool wants_value;
-  Clock::time_point deadline;
   size_t bytes;  // charged to its connection's parked_bytes while parked
+};
+
+// The requests parked on one key, by arrival: nodes re-issue their blocking reads in slices,
+// so at 16,384 nodes thousands on one key expire every second, and each must be found
+// without a pass over the others (that pass, once per expiry, starved the leader's loop).
+using ParkedOnKey = std::map<uint64_t, Waiter>;
+
+// Where the expiry index finds a parked request.
+struct ParkedRequest {
+  std::string key;
+  uint64_t arrival;
 };
 
 // What a parked request on `key` holds: the key twice (the waiter table and the expiry
@@ -478,32 +496,30 @@ class StoreServer::Loop {
       return Refuse(connection, message, "parked requests would hold more than " +
                                              std::to_string(kMaxParkedBytesPerConnection) + " bytes on the leader");
     }
-    auto deadline = Clock::time_point::max();
+    const uint64_t arrival = next_arrival_++;
     if (auto timeout = message.find("timeout_ms"); timeout != message.end() && timeout->is_number_unsigned()) {
-      deadline = Clock::now() + std::chrono::milliseconds(std::min<uint64_t>(timeout->get<uint64_t>(), 1ull << 40));
-      wait_deadlines_.emplace(deadline, key);
+      const auto deadline = Clock::now() + std::chrono::milliseconds(std::min<uint64_t>(timeout->get<uint64_t>(), 1ull << 40));
+      wait_deadlines_.emplace(deadline, ParkedRequest{key, arrival});
     }
     ++connection.pending_waits;
     connection.parked_bytes += bytes;
-    waiters_[key].push_back(Waiter{connection.fd, id, wants_value, deadline, bytes});
+    waiters_[key].emplace(arrival, Waiter{connection.fd, id, wants_value, bytes});
   }
 
   // Drops parked requests whose client has given up on them.
   void ExpireWaits() {
     const auto now = Clock::now();
     while (!wait_deadlines_.empty() && wait_deadlines_.begin()->first <= now) {
-      const std::string key = wait_deadlines_.begin()->second;
-      wait_deadlines_.erase(wait_deadlines_.begin());
-      auto it = waiters_.find(key);
-      if (it == waiters_.end()) continue;
-      std::erase_if(it->second, [&](const Waiter& waiter) {
-        if (waiter.deadline > now) return false;
-        if (auto connection = connections_.find(waiter.fd); connection != connections_.end()) {
-          Unpark(*connection->second, waiter);
-        }
-        return true;
-      });
-      if (it->second.empty()) waiters_.erase(it);
+      const auto expired = wait_deadlines_.extract(wait_deadlines_.begin());
+      auto parked = waiters_.find(expired.mapped().key);
+      if (parked == waiters_.end()) continue;
+      auto waiter = parked->second.find(expired.mapped().arrival);
+      if (waiter == parked->second.end()) continue;  // answered, or gone with its connection
+      if (auto connection = connections_.find(waiter->second.fd); connection != connections_.end()) {
+        Unpark(*connection->second, waiter->second);
+      }
+      parked->second.erase(waiter);
+      if (parked->second.empty()) waiters_.erase(parked);
     }
   }
 
@@ -561,9 +577,10 @@ class StoreServer::Loop {
   void WakeWaiters(const std::string& key) {
     auto it = waiters_.find(key);
     if (it == waiters_.end()) return;
-    std::vector<Waiter> waiters = std::move(it->second);
+    const ParkedOnKey waiters = std::move(it->second);
     waiters_.erase(it);
-    for (const Waiter& waiter : waiters) {
+    for (const auto& parked : waiters) {
+      const Waiter& waiter = parked.second;
       auto connection = connections_.find(waiter.fd);
       if (connection == connections_.end()) continue;
       Unpark(*connection->second, waiter);
@@ -704,7 +721,7 @@ class StoreServer::Loop {
       if (joined_[rank] < 0 || reported_[rank]) continue;
       auto& connection = *connections_.at(joined_[rank]);
       auto silent = now - connection.last_seen;
-      if (silent > options_.heartbeat_timeout) {
+      if (silent > options_.heartbeat_timeout && !HasUnreadBytes(connection.fd)) {
         Abort(int(rank), infos_[rank].Label() + " lost: no heartbeat for " +
                              std::to_string(std::chrono::duration_cast<std::chrono::seconds>(silent).count()) + " s");
         return;
@@ -764,7 +781,7 @@ class StoreServer::Loop {
   // must not be answered, or charged, for them.
   void DropWaitersOf(int fd) {
     for (auto it = waiters_.begin(); it != waiters_.end();) {
-      std::erase_if(it->second, [fd](const Waiter& waiter) { return waiter.fd == fd; });
+      std::erase_if(it->second, [fd](const auto& parked) { return parked.second.fd == fd; });
       it = it->second.empty() ? waiters_.erase(it) : std::next(it);
     }
   }
@@ -872,8 +889,9 @@ class StoreServer::Loop {
   std::unordered_map<int, std::unique_ptr<Connection>> connections_;
   std::vector<int> dead_;
   std::unordered_map<std::string, std::string> values_;
-  std::unordered_map<std::string, std::vector<Waiter>> waiters_;
-  std::multimap<Clock::time_point, std::string> wait_deadlines_;  // when parked requests on a key expire
+  std::unordered_map<std::string, ParkedOnKey> waiters_;
+  std::multimap<Clock::time_point, ParkedRequest> wait_deadlines_;  // when parked requests expire
+  uint64_t next_arrival_ = 0;
   std::vector<int> joined_;  // rank -> fd, -1 when not joined
   std::vector<NodeInfo> infos_;
   std::vector<bool> reported_;

@@ -81,6 +81,7 @@ struct SimulatedNode {
   Phase phase = Phase::kConnecting;
   rendezvous::FrameDecoder decoder{rendezvous::kMaxFrameBytes};
   std::string pending;  // bytes not yet written
+  bool watching_writable = false;  // EPOLLOUT is in its epoll mask
   std::string nonce;
   size_t step = 0;                     // the next of Swarm::steps_ (run shape)
   Clock::time_point resend_at = Clock::time_point::max();  // a sliced request's next slice
@@ -285,6 +286,7 @@ class Swarm {
     node.connect_deadline = Clock::now() + rendezvous::ConnectSchedule::AttemptTimeout(node.attempts + 1);
     node.decoder = rendezvous::FrameDecoder(rendezvous::kMaxFrameBytes);
     node.pending.clear();
+    node.watching_writable = true;  // EPOLLOUT says how the connect went
     connect(node.fd, reinterpret_cast<sockaddr*>(&address), sizeof address);  // EINPROGRESS: EPOLLOUT says how it went
     epoll_event event{};
     event.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP;
@@ -436,7 +438,11 @@ class Swarm {
     SetWriteInterest(node, false);
   }
 
+  // One epoll_ctl only when the interest changes, as the leader does: the simulated nodes
+  // share the leader's cores, and a syscall per message was a fair part of their time.
   void SetWriteInterest(SimulatedNode& node, bool on) {
+    if (node.watching_writable == on) return;
+    node.watching_writable = on;
     epoll_event event{};
     event.events = EPOLLIN | EPOLLRDHUP | (on ? EPOLLOUT : 0u);
     event.data.u32 = uint32_t(node.rank);

@@ -6,9 +6,13 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <functional>
 #include <random>
 #include <thread>
@@ -457,6 +461,136 @@ TEST(Server, SilentNodeIsLostAfterTheHeartbeatTimeout) {
   auto abort = NextEvent(*zero, PeerEvent::Kind::kAbort, 5s);
   ASSERT_TRUE(abort);
   EXPECT_NE(abort->message.find("node 1 (host1, 127.0.0.1) lost: no heartbeat for"), std::string::npos) << abort->message;
+}
+
+// A leader in a process of its own, so that a test can stop and resume it as a starved or
+// descheduled leader is; on a port below the ephemeral range. Killed when it goes out of scope.
+class LeaderProcess {
+ public:
+  explicit LeaderProcess(ServerOptions options) {
+    int ports[2];
+    EXPECT_EQ(pipe(ports), 0);
+    pid_ = fork();
+    if (pid_ == 0) {
+      close(ports[0]);
+      ServeUntilKilled(options, ports[1]);
+    }
+    close(ports[1]);
+    pollfd readable = {ports[0], POLLIN, 0};
+    if (poll(&readable, 1, 10000) == 1 && read(ports[0], &port_, sizeof port_) != sizeof port_) port_ = 0;
+    close(ports[0]);
+  }
+  ~LeaderProcess() {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  uint16_t port() const { return port_; }
+  // The CPU time the leader's process has used so far (user + system), from /proc.
+  std::chrono::milliseconds CpuTime() const {
+    std::ifstream stat("/proc/" + std::to_string(pid_) + "/stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), {});
+    std::istringstream fields(text.substr(text.rfind(')') + 2));
+    std::string field;
+    long ticks = 0;
+    for (int index = 3; fields >> field && index <= 15; ++index) {
+      if (index >= 14) ticks += std::stol(field);  // utime, stime
+    }
+    return std::chrono::milliseconds(ticks * 1000 / sysconf(_SC_CLK_TCK));
+  }
+  void Pause() { kill(pid_, SIGSTOP); }
+  void Resume() { kill(pid_, SIGCONT); }
+
+ private:
+  [[noreturn]] static void ServeUntilKilled(ServerOptions options, int port_pipe) {
+    std::mt19937 pick{uint32_t(getpid())};
+    for (int attempt = 0; attempt < 50; ++attempt) {
+      options.port = uint16_t(20000 + pick() % 12000);
+      try {
+        StoreServer server(options);
+        const uint16_t port = server.port();
+        [[maybe_unused]] ssize_t written = write(port_pipe, &port, sizeof port);
+        while (true) pause();
+      } catch (const StoreError&) {  // that port is taken: another
+      }
+    }
+    _exit(1);
+  }
+
+  pid_t pid_ = -1;
+  uint16_t port_ = 0;
+};
+
+// Every node kept sending heartbeats while the leader could not run (a descheduled or starved
+// leader): when it resumes, their heartbeats wait unread in the sockets, more of them than
+// one turn of its loop handles (512). None of those nodes is silent, and none may be lost.
+TEST(Server, NodesWhoseHeartbeatsWaitUnreadAreNotLostWhenTheLeaderFellBehind) {
+  constexpr int kNodes = 700;
+  LeaderProcess leader(ServerOptions{0, kToken, kNodes, 30s, 100ms, 2s, 2s});
+  ASSERT_NE(leader.port(), 0) << "the leader process did not start";
+  const std::string heartbeat = EncodeFrame({{"op", "hb"}});
+  std::vector<std::unique_ptr<RawPeer>> nodes;
+  for (int rank = 0; rank < kNodes; ++rank) {
+    nodes.push_back(std::make_unique<RawPeer>(leader.port()));
+    ASSERT_TRUE(nodes.back()->Authenticate()) << rank;
+    nodes.back()->Send(EncodeFrame({{"op", "join"}, {"id", 1}, {"count", kNodes}, {"info", Node(rank).ToJson()}}));
+    if (rank % 50 == 0) {  // the nodes that joined keep beating while the others join
+      for (auto& node : nodes) node->Send(heartbeat);
+    }
+  }
+  auto beat_for = [&](std::chrono::milliseconds duration) {
+    for (auto end = std::chrono::steady_clock::now() + duration; std::chrono::steady_clock::now() < end;) {
+      for (auto& node : nodes) node->Send(heartbeat);
+      std::this_thread::sleep_for(100ms);
+    }
+  };
+  beat_for(500ms);
+  leader.Pause();
+  beat_for(3500ms);  // past the 2 s heartbeat timeout
+  leader.Resume();
+  beat_for(1000ms);
+  // What the leader sent node 0 since it joined: its answers, heartbeats, "complete", and an
+  // abort had it judged any node lost.
+  int messages = 0;
+  for (auto end = std::chrono::steady_clock::now() + 1s; std::chrono::steady_clock::now() < end;) {
+    auto message = nodes[0]->ReadMessage(200ms);
+    if (!message) break;
+    ++messages;
+    EXPECT_NE(StringField(*message, "op"), "abort") << message->dump();
+  }
+  EXPECT_GT(messages, 0) << "node 0 heard nothing from the leader";
+}
+
+// Nodes re-issue their blocking reads in slices (1 s for the plan, 0.5 s for the ready
+// barrier), so at scale thousands of parked requests on one key expire every second.
+// Expiring one must cost the leader O(1), not a pass over every request parked on that
+// key: that was quadratic, and at 16,384 nodes it kept the leader's loop from reading the
+// nodes' heartbeats for 10 s.
+TEST(Server, ExpiringRequestsParkedOnOneKeyCostsLittleEach) {
+  constexpr int kConnections = 8, kWaitsEach = 4000;
+  LeaderProcess leader(ServerOptions{0, kToken, 1, 30s, 100ms, 30s, 2s});
+  ASSERT_NE(leader.port(), 0) << "the leader process did not start";
+  std::vector<std::unique_ptr<RawPeer>> peers;
+  for (int i = 0; i < kConnections; ++i) {
+    peers.push_back(std::make_unique<RawPeer>(leader.port()));
+    ASSERT_TRUE(peers.back()->Authenticate());
+    std::string frames;
+    for (int wait = 0; wait < kWaitsEach; ++wait) {  // expiring over 0.3 to 1.3 s
+      const uint64_t timeout_ms = 300 + uint64_t(wait) * 1000 / kWaitsEach;
+      frames += EncodeFrame({{"op", "wait"}, {"id", wait}, {"key", "never/set"}, {"timeout_ms", timeout_ms}});
+    }
+    frames += EncodeFrame({{"op", "add"}, {"id", kWaitsEach}, {"key", "parked"}, {"delta", 1}});
+    peers.back()->Send(frames);
+  }
+  for (auto& peer : peers) {  // each add answered: every wait before it is parked
+    auto answer = peer->ReadMessage(10s);
+    while (answer && StringField(*answer, "op") == "hb") answer = peer->ReadMessage(10s);
+    ASSERT_TRUE(answer && answer->value("id", -1) == kWaitsEach) << (answer ? answer->dump() : "no answer");
+  }
+  const auto parked = leader.CpuTime();
+  std::this_thread::sleep_for(2s);  // every wait expires
+  const auto expiring = leader.CpuTime() - parked;
+  EXPECT_LT(expiring, 150ms) << kConnections * kWaitsEach << " parked requests cost the leader " << expiring.count()
+                             << " ms of CPU to expire";
 }
 
 TEST(Server, FollowerNoticesALeaderThatStops) {

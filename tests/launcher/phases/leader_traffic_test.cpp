@@ -2,6 +2,7 @@
 // asks of node 0 and what node 0 sends back, as `run` does it (the fabric plan, the ready
 // barrier's progress).
 #include <atomic>
+#include <functional>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -117,6 +118,43 @@ TEST(FabricPhase, WhatNodeZeroSendsEachNodeDoesNotGrowWithTheNodes) {
   // entry in the plan is about 150 bytes.
   EXPECT_LT(large_plan.size(), small_plan.size() + 64) << "the plan every follower reads grows with the node count:\n"
                                                        << large_plan;
+}
+
+// Node 0 alone, with every other node's inventory already published as `inventory_of` says.
+FabricResult PlanOnNodeZero(rendezvous::Store& store, int count, const std::function<std::string(int)>& inventory_of) {
+  for (int rank = 1; rank < count; ++rank) {
+    store.Set("bt/fabric/inventory/" + std::to_string(rank), inventory_of(rank));
+    store.Add("bt/fabric/published", 1);
+  }
+  CountingPeers peers(store, count);
+  env::JobEnvironment environment;
+  return PlanFabricPhase(env::JobConfig{}, env::NodeIdentity{0, count, "127.0.0.1"}, &peers, EthernetOnly(0), environment);
+}
+
+std::string PublishedInventory(int rank) {
+  auto inventory = EthernetOnly(rank);
+  inventory.bootstrap_interface = "lo";
+  return inventory.ToJson().dump();
+}
+
+// Node 0 parses the inventories on several threads: the plan still has every node, in rank order.
+TEST(FabricPhase, NodeZeroPlansEveryNodeInRankOrder) {
+  auto store = rendezvous::MakeMemoryStore();
+  const FabricResult result = PlanOnNodeZero(*store, 300, PublishedInventory);
+  ASSERT_EQ(result.plan.nodes.size(), 300u);
+  for (int rank = 0; rank < 300; ++rank) EXPECT_EQ(result.plan.nodes[size_t(rank)].rank, rank);
+}
+
+// Of several malformed inventories, parsed on different threads, the first by rank is named.
+TEST(FabricPhase, NodeZeroNamesTheFirstNodeWhoseInventoryIsMalformed) {
+  auto store = rendezvous::MakeMemoryStore();
+  try {
+    PlanOnNodeZero(*store, 300, [](int rank) { return rank == 150 || rank == 290 ? "{\"devices\": 7}" : PublishedInventory(rank); });
+    FAIL() << "node 0 planned with malformed inventories";
+  } catch (const LaunchFailure& failure) {
+    EXPECT_EQ(failure.code(), 69);
+    EXPECT_NE(std::string(failure.what()).find("the inventory of node 150 (host-150"), std::string::npos) << failure.what();
+  }
 }
 
 // Five nodes wait in the ready barrier through one progress line (every 10 s); the sixth

@@ -1,0 +1,65 @@
+// Who may write which key of the launcher's namespace, and what checking it costs the
+// leader's loop, which checks every set and add.
+#include "rendezvous/key_policy.h"
+
+#include <cstdlib>
+#include <new>
+
+#include <gtest/gtest.h>
+
+namespace {
+
+// Allocations made by this thread while counting is on: the check runs on the server's loop
+// for every write, so an allocation there is paid once per request at every node count.
+thread_local bool counting_allocations = false;
+thread_local int allocations = 0;
+
+}  // namespace
+
+void* operator new(std::size_t size) {
+  if (counting_allocations) ++allocations;
+  if (void* memory = std::malloc(size == 0 ? 1 : size)) return memory;
+  throw std::bad_alloc();
+}
+void operator delete(void* memory) noexcept { std::free(memory); }
+void operator delete(void* memory, std::size_t) noexcept { std::free(memory); }
+
+namespace bt::rendezvous {
+namespace {
+
+int AllocationsOf(std::string_view key, KeyWrite write, int rank) {
+  allocations = 0;
+  counting_allocations = true;
+  const bool refused = WriteRefusal(key, write, rank).has_value();
+  counting_allocations = false;
+  EXPECT_FALSE(refused) << key;
+  return allocations;
+}
+
+TEST(KeyPolicy, AWriteThatIsAllowedIsCheckedWithoutAllocating) {
+  EXPECT_EQ(AllocationsOf("bt/fabric/inventory/7", KeyWrite::kSet, 7), 0);
+  EXPECT_EQ(AllocationsOf("bt/ready", KeyWrite::kAdd, 3), 0);
+  EXPECT_EQ(AllocationsOf("bt/ckpt/parts/3f2a/rank-12", KeyWrite::kSet, 12), 0);
+  EXPECT_EQ(AllocationsOf("bt/fabric/plan", KeyWrite::kSet, 0), 0);
+  EXPECT_EQ(AllocationsOf("job/anything/at/all", KeyWrite::kSet, 5), 0);
+}
+
+TEST(KeyPolicy, EachSegmentOfTheKeyMatchesOneOfThePattern) {
+  EXPECT_FALSE(WriteRefusal("bt/phase/3", KeyWrite::kSet, 3));
+  const auto other = WriteRefusal("bt/phase/4", KeyWrite::kSet, 3);
+  ASSERT_TRUE(other);
+  EXPECT_NE(other->find("belongs to node 4"), std::string::npos) << *other;
+  // One segment more or fewer than the pattern is not that rule's key: the leader's.
+  for (const char* key : {"bt/phase/3/x", "bt/phase", "bt/phase/"}) {
+    const auto why = WriteRefusal(key, KeyWrite::kSet, 3);
+    ASSERT_TRUE(why) << key;
+    EXPECT_NE(why->find("only the leader (node 0) writes"), std::string::npos) << *why;
+  }
+  // "*" matches any one segment, the empty one too.
+  EXPECT_FALSE(WriteRefusal("bt/ckpt/parts/", KeyWrite::kAdd, 3));
+  EXPECT_FALSE(WriteRefusal("bt/fabric/probe/qp//1/3", KeyWrite::kSet, 3));
+  EXPECT_TRUE(WriteRefusal("bt/fabric/probe/qp//1/4", KeyWrite::kSet, 3));
+}
+
+}  // namespace
+}  // namespace bt::rendezvous
