@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "storage/commit_record.h"
 #include "storage/durable_file.h"
 #include "storage/file_copy.h"
 #include "storage/hash.h"
@@ -167,8 +168,9 @@ class FileDestination final : public Destination {
     return manifest;
   }
 
-  void PublishLatest(const std::string& job_id, const std::string& name) override {
-    WriteDurably(Root(job_id) + "/latest", name + "\n");
+  void Commit(const CommitRecord& commit, bool move_latest) override {
+    WriteDurably(Root(CommitRecordPath(commit.job_id, commit.name)), commit.ToText());
+    if (move_latest) WriteDurably(Root(commit.job_id) + "/latest", commit.name + "\n");
   }
 
   std::optional<std::string> ReadText(const std::string& path) override { return ReadWholeFile(Root(path)); }
@@ -252,8 +254,9 @@ class RcloneDestination final : public Destination {
     return manifest;
   }
 
-  void PublishLatest(const std::string& job_id, const std::string& name) override {
-    PutText(job_id + "/latest", name + "\n");
+  void Commit(const CommitRecord& commit, bool move_latest) override {
+    PutText(CommitRecordPath(commit.job_id, commit.name), commit.ToText());
+    if (move_latest) PutText(commit.job_id + "/latest", commit.name + "\n");
   }
 
   // `rclone cat` and `copyto` of a missing object both exit 0 (an empty "directory"), so
@@ -386,9 +389,17 @@ class SpoolDestination final : public Destination {
     return manifest;
   }
 
-  void PublishLatest(const std::string& job_id, const std::string& name) override {
-    HandOff(job_id + "--latest--" + std::to_string(++latest_count_),
-            {{"type", "latest"}, {"job_id", job_id}, {"name", BytesToJson(name)}, {"remote_path", job_id + "/latest"}});
+  // The sidecar writes `commit_path` (its content given whole), then, when `move_latest`,
+  // `remote_path`, each as one atomic write.
+  void Commit(const CommitRecord& commit, bool move_latest) override {
+    HandOff(commit.job_id + "--latest--" + std::to_string(++latest_count_),
+            {{"type", "latest"},
+             {"job_id", commit.job_id},
+             {"name", BytesToJson(commit.name)},
+             {"commit_path", CommitRecordPath(commit.job_id, commit.name)},
+             {"commit", commit.ToText()},
+             {"move_latest", move_latest},
+             {"remote_path", commit.job_id + "/latest"}});
   }
 
   std::optional<std::string> ReadText(const std::string&) override { throw WriteOnly(); }

@@ -18,6 +18,8 @@
 
 namespace bt::storage {
 
+struct CommitRecord;
+
 class DestinationError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -61,8 +63,10 @@ class Destination {
   // `rank_dir` is "<job_id>/rank-<r>". Throws DestinationError.
   virtual Manifest Upload(const StagedFiles& staged, Manifest manifest, const std::string& rank_dir,
                           const Progress& progress) = 0;
-  // <job_id>/latest := name, after every node's part of it is uploaded.
-  virtual void PublishLatest(const std::string& job_id, const std::string& name) = 0;
+  // Makes the versions `commit` names current, after every node's part of them is uploaded:
+  // its commit record, then (with `move_latest`) <job_id>/latest := its name. Each is one
+  // atomic write; what a version's upload wrote is never written again.
+  virtual void Commit(const CommitRecord& commit, bool move_latest) = 0;
 
   // Reading back (loading a checkpoint, `bt-launch checkpoints`). nullopt when absent.
   virtual std::optional<std::string> ReadText(const std::string& path) = 0;
