@@ -332,8 +332,15 @@ TEST_F(CheckpointJob, SpoolDestinationWaitsForTheSidecarsAck) {
   ASSERT_EQ(result.exit_code, 0) << result.err;
   auto record = nlohmann::json::parse(ReadFile(spool + "/" + kJob + "--rank-0--1.json"));
   EXPECT_EQ(record["name"], "checkpoint-1");
-  EXPECT_EQ(record["remote_dir"], std::string(kJob) + "/rank-0/checkpoint-1");
-  EXPECT_EQ(nlohmann::json::parse(ReadFile(spool + "/" + kJob + "--latest--1.json"))["name"], "checkpoint-1");
+  const std::string version_root = std::string(kJob) + "/rank-0/.bt-versions/";
+  const std::string remote_dir = record["remote_dir"].get<std::string>();
+  EXPECT_TRUE(remote_dir.starts_with(version_root) && remote_dir.ends_with("/checkpoint-1")) << remote_dir;
+  auto commit = nlohmann::json::parse(ReadFile(spool + "/" + kJob + "--latest--1.json"));
+  EXPECT_EQ(commit["name"], "checkpoint-1");
+  EXPECT_EQ(commit["commit_path"], storage::CommitRecordPath(kJob, "checkpoint-1"));
+  EXPECT_TRUE(commit["move_latest"].get<bool>());
+  auto parts = storage::CommitRecord::FromText(commit["commit"].get<std::string>(), "the spool record").parts;
+  EXPECT_EQ(version_root + parts.at(0) + "/checkpoint-1", remote_dir) << "the commit names the version the record uploaded";
 }
 
 // The uploader SIGKILLed while it publishes `latest` (held there by a sidecar that has not
