@@ -127,7 +127,22 @@ class CheckpointAgent::Impl {
 
   void StartUploader() {
     UploaderConfig config{options_.destination.uri, options_.job_id, options_.node_rank};
-    uploader_ = std::make_unique<UploaderProcess>(options_.uploader_binary, config, options_.uploader_environ);
+    uploader_ = std::make_unique<UploaderProcess>(options_.uploader_binary, config, UploaderEnvironment());
+  }
+
+  // rclone's environment with TMPDIR in the job's state directory: the temporaries of an
+  // uploader (or rclone) killed mid-write stay inside the job, and are removed here before
+  // each start, instead of accumulating in /tmp.
+  std::vector<std::string> UploaderEnvironment() {
+    const std::string scratch = state_dir_ + "/tmp";
+    storage::RemoveTree(scratch);
+    storage::MakeDirectories(scratch);
+    std::vector<std::string> environ;
+    for (const std::string& entry : options_.uploader_environ) {
+      if (!entry.starts_with("TMPDIR=")) environ.push_back(entry);
+    }
+    environ.push_back("TMPDIR=" + scratch);
+    return environ;
   }
 
   // What a killed launcher left: snapshots still to upload, uploads still to commit, and
@@ -307,7 +322,7 @@ class CheckpointAgent::Impl {
                      *owner, options_.job_id);
         continue;
       }
-      context.declared_by_leader = declared_.contains(candidate.name);
+      context.declared_by_leader = AwaitsPart(candidate.name);
       if (!candidate.marked && !context.declared_by_leader && candidate.layout != Layout::kQuiet) {
         if (draining) NoteIncomplete(candidate.name, "waiting for " + candidate.waiting_for);
         continue;
@@ -324,7 +339,7 @@ class CheckpointAgent::Impl {
     }
     std::vector<uint64_t> without_part;
     for (const auto& [number, name] : unanswered_) {
-      if (present.contains(name) || PairableVersion(name) != nullptr) {
+      if (present.contains(name) || BoundVersion(number) != nullptr || PairableVersion(name) != nullptr) {
         absent_since_.erase(number);
         continue;
       }
@@ -524,18 +539,44 @@ class CheckpointAgent::Impl {
     return newest;
   }
 
-  // Each declaration in order: answered with a version once it is uploaded (never with an
-  // older one to save time), or with none by Evaluate when the name has no part here.
+  // Each declaration in order is bound to a version as soon as one can answer it (the
+  // newest there is when the declaration is seen: a save that comes later belongs to a later
+  // declaration), and answered once that version is uploaded; with none by Evaluate when
+  // the name has no part here.
   void AnswerDeclarations() {
     for (auto it = unanswered_.begin(); it != unanswered_.end();) {
       const auto [number, name] = *it++;
-      Version* version = PairableVersion(name);
+      Version* version = BoundVersion(number);
+      if (version == nullptr) version = Bind(number, name);
       if (version == nullptr || version->stage == Stage::kQueued) continue;
-      version->declaration = number;
-      DropSuperseded(name, last_paired_seq_[name], version->seq);
-      last_paired_seq_[name] = version->seq;
       Answer(number, version->version_id);
     }
+  }
+
+  Version* BoundVersion(uint64_t declaration) {
+    for (auto& [seq, version] : versions_) {
+      if (version.declaration == declaration) return &version;
+    }
+    return nullptr;
+  }
+
+  Version* Bind(uint64_t declaration, const std::string& name) {
+    Version* version = PairableVersion(name);
+    if (version == nullptr) return nullptr;
+    version->declaration = declaration;
+    DropSuperseded(name, last_paired_seq_[name], version->seq);
+    last_paired_seq_[name] = version->seq;
+    return version;
+  }
+
+  // A follower judges its part of `name` by node 0's word only while a declaration of it
+  // waits for a version: a part being written again for a later save is not complete
+  // because an earlier save of that name was.
+  bool AwaitsPart(const std::string& name) {
+    for (const auto& [number, declared] : unanswered_) {
+      if (declared == name && BoundVersion(number) == nullptr) return true;
+    }
+    return false;
   }
 
   // Versions of `name` between two that answered declarations answer none: a later save
