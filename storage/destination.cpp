@@ -147,6 +147,14 @@ std::optional<std::string> ReadWholeFile(const std::string& path) {
   return buffer.str();
 }
 
+// A mkstemp template in $TMPDIR (else /tmp). The uploader runs with TMPDIR inside the job's
+// state directory: what a SIGKILLed uploader leaves there is the job's, removed when the
+// launcher starts it again, never litter in /tmp.
+std::string TemporaryTemplate(const char* stem) {
+  const char* directory = getenv("TMPDIR");
+  return std::string(directory != nullptr && *directory != '\0' ? directory : "/tmp") + "/" + stem + ".XXXXXX";
+}
+
 class FileDestination final : public Destination {
  public:
   explicit FileDestination(DestinationSpec spec) : spec_(std::move(spec)) {}
@@ -262,9 +270,10 @@ class RcloneDestination final : public Destination {
   // `rclone cat` and `copyto` of a missing object both exit 0 (an empty "directory"), so
   // the object is copied to a local file and its absence is the answer.
   std::optional<std::string> ReadText(const std::string& path) override {
-    char temporary[] = "/tmp/bt-launch-get.XXXXXX";
+    std::string path_template = TemporaryTemplate("bt-launch-get");
+    char* temporary = path_template.data();
     int fd = mkstemp(temporary);
-    if (fd < 0) Fail("cannot create a temporary file in /tmp");
+    if (fd < 0) Fail("cannot create a temporary file " + path_template);
     close(fd);
     unlink(temporary);
     std::string last_error;
@@ -277,9 +286,10 @@ class RcloneDestination final : public Destination {
 
   void Download(const std::string& remote_dir, const std::vector<std::string>& files, const std::string& local_dir,
                 const BytesDone& on_bytes) override {
-    char list_path[] = "/tmp/bt-launch-files.XXXXXX";
+    std::string path_template = TemporaryTemplate("bt-launch-files");
+    char* list_path = path_template.data();
     int fd = mkstemp(list_path);
-    if (fd < 0) Fail("cannot create a file list in /tmp");
+    if (fd < 0) Fail("cannot create a file list " + path_template);
     close(fd);
     std::string list;
     for (const auto& file : files) list += file + "\n";
@@ -330,9 +340,10 @@ class RcloneDestination final : public Destination {
   }
 
   void PutText(const std::string& path, const std::string& text) {
-    char temporary[] = "/tmp/bt-launch-put.XXXXXX";
+    std::string path_template = TemporaryTemplate("bt-launch-put");
+    char* temporary = path_template.data();
     int fd = mkstemp(temporary);
-    if (fd < 0) Fail("cannot create a temporary file in /tmp");
+    if (fd < 0) Fail("cannot create a temporary file " + path_template);
     close(fd);
     WriteDurably(temporary, text);
     std::string last_error;
