@@ -21,6 +21,14 @@ const nlohmann::json& Field(const nlohmann::json& value, const char* key, const 
 
 }  // namespace
 
+CommitRecord CommitRecord::Unversioned(const std::string& job_id, const std::string& name) {
+  CommitRecord record;
+  record.job_id = job_id;
+  record.name = name;
+  record.unversioned = true;
+  return record;
+}
+
 std::string CommitRecord::ToText() const {
   nlohmann::json versions = nlohmann::json::object();
   for (const auto& [rank, version] : parts) versions[std::to_string(rank)] = version;
@@ -89,11 +97,7 @@ std::optional<CommitRecord> ReadLatestCommit(Destination& destination, const std
   const std::string name = FirstLine(*latest);
   ValidateCheckpointName(name, destination.Describe() + "/" + job_id + "/latest");
   if (auto record = ReadCommit(destination, job_id, name)) return record;
-  CommitRecord unversioned;
-  unversioned.job_id = job_id;
-  unversioned.name = name;
-  unversioned.unversioned = true;
-  return unversioned;
+  return CommitRecord::Unversioned(job_id, name);
 }
 
 }  // namespace bt::storage

@@ -23,6 +23,7 @@ struct CommitRecord {
   // is at rank-<r>/ itself.
   bool unversioned = false;
 
+  static CommitRecord Unversioned(const std::string& job_id, const std::string& name);
   std::string ToText() const;
   // Throws ManifestError naming `origin` and the field.
   static CommitRecord FromText(const std::string& text, const std::string& origin);

@@ -150,11 +150,7 @@ storage::CommitRecord FindCommitted(storage::Destination& destination, const env
   }
   storage::ValidateCheckpointName(*reference.checkpoint_name, where + "checkpoint name");
   if (auto commit = storage::ReadCommit(destination, reference.job_id, *reference.checkpoint_name)) return *commit;
-  storage::CommitRecord unversioned;
-  unversioned.job_id = reference.job_id;
-  unversioned.name = *reference.checkpoint_name;
-  unversioned.unversioned = true;
-  return unversioned;
+  return storage::CommitRecord::Unversioned(reference.job_id, *reference.checkpoint_name);
 }
 
 struct CommittedManifest {
