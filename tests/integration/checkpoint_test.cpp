@@ -563,11 +563,16 @@ TEST_F(CheckpointJob, TwoNodesNeverCommitASecondSaveWithTheOtherNodesFirstPart) 
   EXPECT_EQ(fs::file_size(Part("checkpoint-1", 1) + "/checkpoint-1/rng_state_1.pth"), 150000u);
 }
 
-// Both nodes save checkpoint-1 again: the commit names both second versions.
+// Both nodes save checkpoint-1 again: the commit names both second versions. Node 0 saves
+// again as the Trainer does, into tmp-checkpoint-1 renamed into place: written in place, its
+// old trainer_state.json would mark a half-written save complete.
 TEST_F(CheckpointJob, TwoNodesCommitACheckpointSavedAgainByBoth) {
   const std::string wait_commit = "while [ ! -s " + Remote() + "/" + kJob + "/latest ]; do sleep 0.1; done";
   const std::string shard = "head -c $size /dev/urandom > $BT_CHECKPOINT_DIR/checkpoint-1/rng_state_1.pth";
-  const std::string node0 = HfSave(1) + " && " + wait_commit + " && sleep 0.5 && " + HfSave(1, "300000") + " && sleep 3";
+  const std::string save_again = "cd $BT_CHECKPOINT_DIR && mkdir tmp-checkpoint-1 && head -c 300000 /dev/urandom > "
+                                 "tmp-checkpoint-1/model.safetensors.bin && echo {} > tmp-checkpoint-1/trainer_state.json && "
+                                 "rm -r checkpoint-1 && mv tmp-checkpoint-1 checkpoint-1";
+  const std::string node0 = HfSave(1) + " && " + wait_commit + " && sleep 0.5 && " + save_again + " && sleep 3";
   const std::string node1 = "mkdir -p $BT_CHECKPOINT_DIR/checkpoint-1 && size=150000 && " + shard + " && " + wait_commit +
                             " && sleep 0.5 && size=160000 && " + shard + " && sleep 3";
   auto [leader, follower] = RunTwoNodes(node0, node1);
