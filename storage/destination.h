@@ -2,8 +2,9 @@
 //   file://DIR   written by bt-launch itself (hashing copy under a temporary name, fsync, rename);
 //   s3:// gs:// r2:// azure://   through rclone, with credentials in its environment only;
 //   spool://DIR  a handoff record per checkpoint for an external uploader, which acks it.
-// Layout under the destination: <job_id>/rank-<r>/<checkpoint>/<files>, the manifest beside
-// the checkpoint (<job_id>/rank-<r>/<checkpoint>.bt-manifest.json), and <job_id>/latest.
+// Layout under the destination: each upload into the directory it is given (a version's own,
+// <job_id>/rank-<r>/.bt-versions/<version>/: <checkpoint>/<files> and the manifest beside
+// the checkpoint), a commit record per checkpoint and <job_id>/latest (storage/commit_record.h).
 #pragma once
 
 #include <functional>
