@@ -108,6 +108,9 @@ class CheckpointAgent::Impl {
   struct Version {
     uint64_t seq = 0;
     std::string name;
+    std::string version_id;  // Snapshot::VersionId: where it is uploaded
+    // The declaration it answers: node 0's own, or (a follower) the one it was reported for.
+    std::optional<uint64_t> declaration;
     std::string snapshot_path;
     std::string staging_dir;
     Stage stage = Stage::kQueued;
@@ -117,13 +120,29 @@ class CheckpointAgent::Impl {
     Clock::time_point queued_at;
     Clock::time_point last_progress_log;
     Clock::time_point last_retry_log;
+    storage::CommitRecord commit;  // what Commit sends (again, to a restarted uploader)
   };
 
   bool is_leader() const { return options_.node_rank == 0; }
 
   void StartUploader() {
     UploaderConfig config{options_.destination.uri, options_.job_id, options_.node_rank};
-    uploader_ = std::make_unique<UploaderProcess>(options_.uploader_binary, config, options_.uploader_environ);
+    uploader_ = std::make_unique<UploaderProcess>(options_.uploader_binary, config, UploaderEnvironment());
+  }
+
+  // rclone's environment with TMPDIR in the job's state directory: the temporaries of an
+  // uploader (or rclone) killed mid-write stay inside the job, and are removed here before
+  // each start, instead of accumulating in /tmp.
+  std::vector<std::string> UploaderEnvironment() {
+    const std::string scratch = state_dir_ + "/tmp";
+    storage::RemoveTree(scratch);
+    storage::MakeDirectories(scratch);
+    std::vector<std::string> environ;
+    for (const std::string& entry : options_.uploader_environ) {
+      if (!entry.starts_with("TMPDIR=")) environ.push_back(entry);
+    }
+    environ.push_back("TMPDIR=" + scratch);
+    return environ;
   }
 
   // What a killed launcher left: snapshots still to upload, uploads still to commit, and
@@ -139,6 +158,7 @@ class CheckpointAgent::Impl {
       Version version;
       version.seq = entry.seq;
       version.name = entry.name;
+      version.version_id = snapshot.VersionId();
       version.staging_dir = snapshot.staging_dir;
       version.snapshot_path = snapshot.staging_dir + ".snapshot.json";
       version.bytes_total = snapshot.total_bytes;
@@ -302,7 +322,7 @@ class CheckpointAgent::Impl {
                      *owner, options_.job_id);
         continue;
       }
-      context.declared_by_leader = declared_.contains(candidate.name);
+      context.declared_by_leader = AwaitsPart(candidate.name);
       if (!candidate.marked && !context.declared_by_leader && candidate.layout != Layout::kQuiet) {
         if (draining) NoteIncomplete(candidate.name, "waiting for " + candidate.waiting_for);
         continue;
@@ -317,17 +337,19 @@ class CheckpointAgent::Impl {
       Handoff(candidate, verdict, fingerprint);
       handing_off += Clock::now() - handoff_started;
     }
-    for (const std::string& name : declared_) {
-      if (present.contains(name) || reported_.contains(name)) {
-        absent_since_.erase(name);
+    std::vector<uint64_t> without_part;
+    for (const auto& [number, name] : unanswered_) {
+      if (present.contains(name) || BoundVersion(number) != nullptr || PairableVersion(name) != nullptr) {
+        absent_since_.erase(number);
         continue;
       }
-      auto [it, inserted] = absent_since_.emplace(name, Clock::now());
+      auto [it, inserted] = absent_since_.emplace(number, Clock::now());
       if (Clock::now() - it->second >= kAbsentPartGrace || draining) {
         spdlog::info("checkpoints: node 0 committed {}; this node holds no part of it", name);
-        ReportPart(name);
+        without_part.push_back(number);
       }
     }
+    for (uint64_t number : without_part) Answer(number, "");
     return Clock::now() - started - handing_off;
   }
 
@@ -387,6 +409,7 @@ class CheckpointAgent::Impl {
     Version version;
     version.seq = seq;
     version.name = candidate.name;
+    version.version_id = snapshot.VersionId();
     version.staging_dir = staging;
     version.snapshot_path = staging + ".snapshot.json";
     version.bytes_total = snapshot.total_bytes;
@@ -403,7 +426,12 @@ class CheckpointAgent::Impl {
                  candidate.name, LayoutName(candidate.layout), verdict.reason, snapshot.files.size(),
                  storage::FormatBytes(snapshot.total_bytes), MethodSummary(snapshot),
                  std::chrono::duration<double, std::milli>(queued_in).count());
-    if (options_.board && is_leader()) BoardCall([&] { options_.board->Declare(candidate.name); });
+    if (options_.board && is_leader()) Declare(versions_[seq]);
+  }
+
+  // Node 0: every version it hands off (or resumed from the journal) is declared, each time.
+  void Declare(Version& version) {
+    BoardCall([&] { version.declaration = options_.board->Declare(version.name); });
   }
 
   static void WriteSnapshotFile(const Snapshot& snapshot, const std::string& path) {
@@ -434,7 +462,7 @@ class CheckpointAgent::Impl {
     // for versions whose publication it never answered (it may have died mid-write).
     for (auto& [seq, version] : versions_) {
       if (version.stage == Stage::kQueued) uploader_->Upload(version.snapshot_path);
-      if (publishing_.contains(seq)) uploader_->PublishLatest(version.name);
+      if (publishing_.contains(seq)) SendCommit(version);
     }
   }
 
@@ -445,7 +473,6 @@ class CheckpointAgent::Impl {
 
   void OnEvent(const UploaderEvent& event) {
     using Kind = UploaderEvent::Kind;
-    if (event.kind == Kind::kLatestPublished) return OnLatestPublished(event.name);
     Version* version = Find(event.seq);
     if (version == nullptr) return;
     switch (event.kind) {
@@ -453,7 +480,7 @@ class CheckpointAgent::Impl {
       case Kind::kRetrying: return OnRetrying(*version, event);
       case Kind::kModified: return OnModified(*version, event);
       case Kind::kUploaded: return OnUploaded(*version);
-      case Kind::kLatestPublished: return;
+      case Kind::kLatestPublished: return OnCommitWritten(*version);
     }
   }
 
@@ -493,7 +520,6 @@ class CheckpointAgent::Impl {
     double seconds = std::chrono::duration<double>(Clock::now() - version.queued_at).count();
     spdlog::info("checkpoints: uploaded {} ({} in {:.1f} s)", version.name, storage::FormatBytes(version.bytes_total), seconds);
     RemoveStaging(version);
-    if (options_.board) ReportPart(version.name);
   }
 
   void RemoveStaging(const Version& version) {
@@ -501,67 +527,173 @@ class CheckpointAgent::Impl {
     unlink(version.snapshot_path.c_str());
   }
 
-  void ReportPart(const std::string& name) {
-    if (!reported_.insert(name).second) return;
-    BoardCall([&] { options_.board->ReportPart(name); });
+  // A follower's version of `name` that can answer node 0's next declaration of it: the
+  // newest snapshotted after the one that answered the previous declaration, so a second
+  // save is never answered with the first.
+  Version* PairableVersion(const std::string& name) {
+    Version* newest = nullptr;
+    const uint64_t after = last_paired_seq_[name];
+    for (auto& [seq, version] : versions_) {
+      if (version.name == name && seq > after && !version.declaration) newest = &version;
+    }
+    return newest;
+  }
+
+  // Each declaration in order is bound to a version as soon as one can answer it (the
+  // newest there is when the declaration is seen: a save that comes later belongs to a later
+  // declaration), and answered once that version is uploaded; with none by Evaluate when
+  // the name has no part here.
+  void AnswerDeclarations() {
+    for (auto it = unanswered_.begin(); it != unanswered_.end();) {
+      const auto [number, name] = *it++;
+      Version* version = BoundVersion(number);
+      if (version == nullptr) version = Bind(number, name);
+      if (version == nullptr || version->stage == Stage::kQueued) continue;
+      Answer(number, version->version_id);
+    }
+  }
+
+  Version* BoundVersion(uint64_t declaration) {
+    for (auto& [seq, version] : versions_) {
+      if (version.declaration == declaration) return &version;
+    }
+    return nullptr;
+  }
+
+  Version* Bind(uint64_t declaration, const std::string& name) {
+    Version* version = PairableVersion(name);
+    if (version == nullptr) return nullptr;
+    version->declaration = declaration;
+    DropSuperseded(name, last_paired_seq_[name], version->seq);
+    last_paired_seq_[name] = version->seq;
+    return version;
+  }
+
+  // A follower judges its part of `name` by node 0's word only while a declaration of it
+  // waits for a version: a part being written again for a later save is not complete
+  // because an earlier save of that name was.
+  bool AwaitsPart(const std::string& name) {
+    for (const auto& [number, declared] : unanswered_) {
+      if (declared == name && BoundVersion(number) == nullptr) return true;
+    }
+    return false;
+  }
+
+  // Versions of `name` between two that answered declarations answer none: a later save
+  // replaced them before node 0 declared one, so nothing will ever commit them.
+  void DropSuperseded(const std::string& name, uint64_t after, uint64_t before) {
+    for (auto it = versions_.begin(); it != versions_.end();) {
+      Version& version = it->second;
+      const bool superseded = version.name == name && version.seq > after && version.seq < before &&
+                              !version.declaration && version.stage != Stage::kCommitted;
+      if (!superseded) {
+        ++it;
+        continue;
+      }
+      journal_.Record(version.seq, version.name, HandoffState::kAbandoned, "superseded by a later save of " + name);
+      it = versions_.erase(it);
+    }
+  }
+
+  void Answer(uint64_t declaration, const std::string& version_id) {
+    if (!unanswered_.erase(declaration)) return;
+    answered_[declaration] = version_id;
+    BoardCall([&] { options_.board->ReportPart(declaration, version_id); });
   }
 
   // Single node: uploaded is committed once `latest` names it (or a newer one).
   void CommitLocally() {
     for (auto& [seq, version] : versions_) {
-      if (version.stage == Stage::kUploaded && !publishing_.contains(seq)) Commit(version);
+      if (version.stage == Stage::kUploaded && !publishing_.contains(seq)) Commit(version, {});
     }
   }
 
-  void Commit(Version& version) {
-    if (version.seq < published_seq_ || (!options_.board && !options_.publish_latest)) {  // a newer checkpoint is already `latest`
+  // `parts`: every node's version of this checkpoint (node 0's, or this node's alone).
+  void Commit(Version& version, std::map<int, std::string> parts) {
+    if (!options_.board && !options_.publish_latest) {  // the mpi backend's followers: node 0 commits
       MarkCommitted(version);
       return;
     }
+    parts[options_.node_rank] = version.version_id;
+    version.commit.job_id = options_.job_id;
+    version.commit.name = version.name;
+    version.commit.parts = std::move(parts);
     publishing_.insert(version.seq);
-    if (uploader_) uploader_->PublishLatest(version.name);
+    SendCommit(version);
   }
 
-  void OnLatestPublished(const std::string& name) {
-    for (auto& [seq, version] : versions_) {
-      if (version.name != name || !publishing_.contains(seq)) continue;
-      publishing_.erase(seq);
-      published_seq_ = std::max(published_seq_, seq);
-      MarkCommitted(version);
-      spdlog::info("checkpoints: committed {}: {}/{}/latest names it", name, options_.destination.uri, options_.job_id);
-    }
+  // `latest` only moves forward: a version handed off before one whose commit was already
+  // asked for is made current under its own name only (the uploader writes in order).
+  void SendCommit(const Version& version) {
+    const bool move_latest = version.seq >= latest_requested_seq_;
+    latest_requested_seq_ = std::max(latest_requested_seq_, version.seq);
+    if (uploader_) uploader_->Commit(version.seq, version.commit, move_latest);
+  }
+
+  void OnCommitWritten(Version& version) {
+    if (!publishing_.erase(version.seq)) return;
+    const bool moved_latest = version.seq > published_seq_;
+    published_seq_ = std::max(published_seq_, version.seq);
+    MarkCommitted(version);
+    const std::string where = moved_latest ? options_.destination.uri + "/" + options_.job_id + "/latest names it"
+                                           : "a newer checkpoint stays `latest`";
+    spdlog::info("checkpoints: committed {}: {} (version {})", version.name, where, version.version_id);
   }
 
   void MarkCommitted(Version& version) {
     if (version.stage == Stage::kCommitted) return;
     version.stage = Stage::kCommitted;
     journal_.Record(version.seq, version.name, HandoffState::kCommitted);
-    if (options_.board && is_leader()) BoardCall([&] { options_.board->MarkCommitted(version.name); });
+    if (options_.board && is_leader() && version.declaration) {
+      BoardCall([&] { options_.board->MarkCommitted(*version.declaration); });
+    }
   }
 
   // Returns whether new names were declared (a follower then judges them).
   bool SyncBoard() {
     bool new_names = false;
     BoardCall([&] {
-      if (!is_leader()) {
-        for (const std::string& name : options_.board->DeclaredSince(declarations_seen_)) {
-          ++declarations_seen_;
-          declared_.insert(name);
-          declared_order_.push_back(name);
-          new_names = true;
-        }
+      if (is_leader()) return CommitAnsweredVersions();
+      for (const auto& declaration : options_.board->DeclaredSince(declarations_seen_)) {
+        declarations_seen_ = declaration.number + 1;
+        declared_.insert(declaration.name);
+        declared_order_.push_back(declaration);
+        unanswered_[declaration.number] = declaration.name;
+        new_names = true;
       }
-      for (auto& [seq, version] : versions_) {
-        if (version.stage != Stage::kUploaded) continue;
-        if (is_leader()) {
-          if (!publishing_.contains(seq) && options_.board->MissingParts(version.name).empty()) Commit(version);
-        } else if (!declared_.contains(version.name) || options_.board->IsCommitted(version.name)) {
-          version.stage = Stage::kCommitted;  // node 0 publishes; a name it never declared is this node's own
-          journal_.Record(version.seq, version.name, HandoffState::kCommitted);
-        }
-      }
+      AnswerDeclarations();
+      CommitFollowerVersions();
     });
     return new_names;
+  }
+
+  // Node 0: a version every node has answered its declaration for is committed with the
+  // versions they answered.
+  void CommitAnsweredVersions() {
+    for (auto& [seq, version] : versions_) {
+      if (version.stage == Stage::kCommitted) continue;
+      if (!version.declaration) Declare(version);
+      if (version.stage != Stage::kUploaded || publishing_.contains(seq) || !version.declaration) continue;
+      const uint64_t declaration = *version.declaration;
+      if (answered_.emplace(declaration, version.version_id).second) {  // node 0's own part is one of them
+        options_.board->ReportPart(declaration, version.version_id);
+      }
+      if (!options_.board->MissingParts(declaration).empty()) continue;
+      Commit(version, options_.board->PartVersions(declaration));
+    }
+  }
+
+  // A follower's version is committed when node 0 committed the declaration it answered; a
+  // version of a name node 0 never declared is this node's own.
+  void CommitFollowerVersions() {
+    for (auto& [seq, version] : versions_) {
+      if (version.stage != Stage::kUploaded) continue;
+      const bool own = !declared_.contains(version.name);
+      if (own || (version.declaration && options_.board->IsCommitted(*version.declaration))) {
+        version.stage = Stage::kCommitted;
+        journal_.Record(version.seq, version.name, HandoffState::kCommitted);
+      }
+    }
   }
 
   template <typename Call>
@@ -587,7 +719,7 @@ class CheckpointAgent::Impl {
     BoardCall([&] { closed = options_.board->DeclarationsClosed(); });
     if (board_error_) return true;
     if (!closed) return false;
-    return std::all_of(declared_.begin(), declared_.end(), [&](const std::string& name) { return reported_.contains(name); });
+    return unanswered_.empty();
   }
 
   void LogDrainProgress() {
@@ -607,8 +739,10 @@ class CheckpointAgent::Impl {
   // follower, node 0's newest declaration; else this node's newest handoff.
   DrainResult Summarize() {
     std::string target;
+    std::optional<uint64_t> target_declaration;
     if (options_.board && !is_leader() && !declared_order_.empty()) {
-      target = declared_order_.back();
+      target = declared_order_.back().name;
+      target_declaration = declared_order_.back().number;
     } else if (!versions_.empty()) {
       target = versions_.rbegin()->second.name;
     }
@@ -621,8 +755,11 @@ class CheckpointAgent::Impl {
     for (const auto& [seq, version] : versions_) {
       if (version.name == target) newest = &version;
     }
+    if (target_declaration) {
+      auto answer = answered_.find(*target_declaration);
+      if (answer != answered_.end() && answer->second.empty()) return {true, "this node holds no part of checkpoint " + target};
+    }
     if (newest == nullptr) {
-      if (reported_.contains(target)) return {true, "this node holds no part of checkpoint " + target};
       return {false, "checkpoint " + target + " (complete on node 0) was not uploaded from this node: its part here "
                      "never became complete"};
     }
@@ -641,7 +778,7 @@ class CheckpointAgent::Impl {
       reason = "uploaded, but the cross-node commit failed: " + *board_error_;
     } else if (options_.board && is_leader()) {
       std::vector<int> missing;
-      BoardCall([&] { missing = options_.board->MissingParts(version.name); });
+      if (version.declaration) BoardCall([&] { missing = options_.board->MissingParts(*version.declaration); });
       std::string ranks;
       for (int rank : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(rank);
       reason = missing.empty() ? "`latest` could not be written" : "node(s) " + ranks + " did not upload their parts";
@@ -662,11 +799,14 @@ class CheckpointAgent::Impl {
   std::map<uint64_t, Version> versions_;
   std::set<uint64_t> publishing_;
   uint64_t published_seq_ = 0;
-  std::set<std::string> declared_;
-  std::vector<std::string> declared_order_;
-  size_t declarations_seen_ = 0;
-  std::map<std::string, Clock::time_point> absent_since_;
-  std::set<std::string> reported_;
+  uint64_t latest_requested_seq_ = 0;
+  std::set<std::string> declared_;  // names node 0 declared (a follower)
+  std::vector<CommitBoard::Declaration> declared_order_;
+  uint64_t declarations_seen_ = 0;
+  std::map<uint64_t, std::string> unanswered_;    // declaration → name
+  std::map<uint64_t, std::string> answered_;      // declaration → the version answered ("" none)
+  std::map<std::string, uint64_t> last_paired_seq_;  // name → the version that answered last
+  std::map<uint64_t, Clock::time_point> absent_since_;
   std::set<std::string> incomplete_noted_;
   std::set<std::string> warned_symlinks_;
   std::optional<std::string> board_error_;

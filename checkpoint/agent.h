@@ -6,7 +6,9 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,18 +20,26 @@
 namespace bt::checkpoint {
 
 // The cross-node part of a commit, over the rendezvous store (launcher/). Markers are rank-0
-// files on node-local disks: node 0 declares a name complete; every node then uploads its
-// part of that name (or says it has none); node 0 publishes `latest` once all have.
+// files on node-local disks: node 0 declares each version it hands off (a number per
+// declaration, so a name saved again is declared again); every node answers each
+// declaration with its own version of that name (or none); node 0 commits the versions
+// reported for that one declaration once all have answered, never an answer to an earlier one.
 class CommitBoard {
  public:
+  struct Declaration {
+    uint64_t number = 0;
+    std::string name;
+  };
   virtual ~CommitBoard() = default;
-  virtual void Declare(const std::string& name) = 0;                          // node 0
-  virtual std::vector<std::string> DeclaredSince(size_t first) = 0;           // names declared[first...]
-  virtual void ReportPart(const std::string& name) = 0;                       // every node, once per name
-  virtual std::vector<int> MissingParts(const std::string& name) = 0;         // ranks not reported yet
-  virtual void MarkCommitted(const std::string& name) = 0;                    // node 0, after `latest`
-  virtual bool IsCommitted(const std::string& name) = 0;
-  virtual void CloseDeclarations() = 0;                                       // node 0's drain
+  virtual uint64_t Declare(const std::string& name) = 0;                         // node 0
+  virtual std::vector<Declaration> DeclaredSince(uint64_t first) = 0;            // numbers first...
+  // Every node, once per declaration: the version of its part, "" for none.
+  virtual void ReportPart(uint64_t declaration, const std::string& version) = 0;
+  virtual std::vector<int> MissingParts(uint64_t declaration) = 0;               // ranks not answered yet
+  virtual std::map<int, std::string> PartVersions(uint64_t declaration) = 0;     // ranks with a part
+  virtual void MarkCommitted(uint64_t declaration) = 0;                          // node 0, after the commit
+  virtual bool IsCommitted(uint64_t declaration) = 0;
+  virtual void CloseDeclarations() = 0;                                          // node 0's drain
   virtual bool DeclarationsClosed() = 0;
 };
 

@@ -68,6 +68,8 @@ storage::StagedFiles Snapshot::Staged() const {
   return staged;
 }
 
+std::string Snapshot::VersionId() const { return storage::HashBytes(fingerprint.data(), fingerprint.size()); }
+
 nlohmann::json Snapshot::ToJson() const {
   nlohmann::json files_json = nlohmann::json::array();
   for (const auto& file : files) {

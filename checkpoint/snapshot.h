@@ -45,6 +45,10 @@ struct Snapshot {
 
   // What a destination uploads: the staged files, this version's number.
   storage::StagedFiles Staged() const;
+  // Where this version goes at the destination (storage::VersionRoot): the XXH3-128 of its
+  // fingerprint, so an upload resumed after a crash goes where it started, and a checkpoint
+  // saved again (new mtimes and inodes) goes somewhere new.
+  std::string VersionId() const;
   nlohmann::json ToJson() const;
   static Snapshot FromJson(const nlohmann::json& value);  // throws nlohmann::json::exception
 };

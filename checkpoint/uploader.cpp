@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/snapshot.h"
+#include "storage/commit_record.h"
 #include "storage/destination.h"
 #include "storage/json_bytes.h"
 #include "storage/manifest.h"
@@ -119,19 +120,20 @@ class Worker {
     if (op == "upload") {
       std::ifstream file(storage::BytesFromJson(request.at("snapshot")));
       Upload(Snapshot::FromJson(nlohmann::json::parse(file)));
-    } else if (op == "latest") {
-      PublishLatest(storage::BytesFromJson(request.at("name")));
+    } else if (op == "commit") {
+      Commit(request.at("seq").get<uint64_t>(),
+             storage::CommitRecord::FromText(storage::BytesFromJson(request.at("record")), "the commit request"),
+             request.at("move_latest").get<bool>());
     }
   }
 
  private:
-  std::string RankDir() const { return config_.job_id + "/rank-" + std::to_string(config_.node_rank); }
-
   void Upload(const Snapshot& snapshot) {
     RetryUntilDone(snapshot.seq, snapshot.name, [&] {
       if (auto changed = ChangedFile(snapshot)) return Modified(snapshot, *changed);
       auto last_progress = Clock::now();
-      destination_->Upload(snapshot.Staged(), ManifestHeader(snapshot, config_), RankDir(), [&](uint64_t done, uint64_t total) {
+      const std::string root = storage::VersionRoot(config_.job_id, config_.node_rank, snapshot.VersionId());
+      destination_->Upload(snapshot.Staged(), ManifestHeader(snapshot, config_), root, [&](uint64_t done, uint64_t total) {
         if (Clock::now() - last_progress < kProgressEvery && done < total) return;
         last_progress = Clock::now();
         Emit({UploaderEvent::Kind::kProgress, snapshot.seq, snapshot.name, "", done, total});
@@ -147,10 +149,11 @@ class Worker {
     Emit({UploaderEvent::Kind::kModified, snapshot.seq, snapshot.name, path});
   }
 
-  void PublishLatest(const std::string& name) {
-    RetryUntilDone(0, name, [&] {
-      destination_->PublishLatest(config_.job_id, name);
-      Emit({UploaderEvent::Kind::kLatestPublished, 0, name, ""});
+  void Commit(uint64_t seq, storage::CommitRecord record, bool move_latest) {
+    record.job_id = config_.job_id;
+    RetryUntilDone(seq, record.name, [&] {
+      destination_->Commit(record, move_latest);
+      Emit({UploaderEvent::Kind::kLatestPublished, seq, record.name, ""});
     });
   }
 
@@ -263,7 +266,9 @@ void UploaderProcess::Upload(const std::string& snapshot_path) {
   Send(nlohmann::json{{"op", "upload"}, {"snapshot", storage::BytesToJson(snapshot_path)}}.dump());
 }
 
-void UploaderProcess::PublishLatest(const std::string& name) { Send(nlohmann::json{{"op", "latest"}, {"name", storage::BytesToJson(name)}}.dump()); }
+void UploaderProcess::Commit(uint64_t seq, const storage::CommitRecord& record, bool move_latest) {
+  Send(nlohmann::json{{"op", "commit"}, {"seq", seq}, {"record", storage::BytesToJson(record.ToText())}, {"move_latest", move_latest}}.dump());
+}
 
 std::vector<UploaderEvent> UploaderProcess::ReadEvents(bool& exited) {
   exited = false;

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "storage/commit_record.h"
+
 namespace bt::checkpoint {
 
 struct UploaderConfig {
@@ -23,7 +25,7 @@ struct UploaderConfig {
 
 struct UploaderEvent {
   enum class Kind { kProgress, kUploaded, kRetrying, kModified, kLatestPublished } kind;
-  uint64_t seq = 0;         // the snapshot's journal number (kLatestPublished: 0)
+  uint64_t seq = 0;         // the snapshot's journal number
   std::string name;         // the checkpoint
   std::string message;      // kRetrying: the error; kModified: the file that changed
   uint64_t bytes_done = 0;  // kProgress
@@ -46,7 +48,9 @@ class UploaderProcess {
   pid_t pid() const { return pid_; }
   // Queues the snapshot described by the file `snapshot_path` (Snapshot::ToJson).
   void Upload(const std::string& snapshot_path);
-  void PublishLatest(const std::string& name);
+  // Makes `record`'s versions current (storage::Destination::Commit); answered by
+  // kLatestPublished with `seq`, the journal number of this node's version.
+  void Commit(uint64_t seq, const storage::CommitRecord& record, bool move_latest);
   // Every complete event line read so far; sets `exited` when the worker has gone away.
   std::vector<UploaderEvent> ReadEvents(bool& exited);
   // Closes its input and waits for it to exit, SIGKILL after `wait_ms`.

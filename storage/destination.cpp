@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "storage/commit_record.h"
 #include "storage/durable_file.h"
 #include "storage/file_copy.h"
 #include "storage/hash.h"
@@ -146,6 +147,14 @@ std::optional<std::string> ReadWholeFile(const std::string& path) {
   return buffer.str();
 }
 
+// A mkstemp template in $TMPDIR (else /tmp). The uploader runs with TMPDIR inside the job's
+// state directory: what a SIGKILLed uploader leaves there is the job's, removed when the
+// launcher starts it again, never litter in /tmp.
+std::string TemporaryTemplate(const char* stem) {
+  const char* directory = getenv("TMPDIR");
+  return std::string(directory != nullptr && *directory != '\0' ? directory : "/tmp") + "/" + stem + ".XXXXXX";
+}
+
 class FileDestination final : public Destination {
  public:
   explicit FileDestination(DestinationSpec spec) : spec_(std::move(spec)) {}
@@ -167,8 +176,9 @@ class FileDestination final : public Destination {
     return manifest;
   }
 
-  void PublishLatest(const std::string& job_id, const std::string& name) override {
-    WriteDurably(Root(job_id) + "/latest", name + "\n");
+  void Commit(const CommitRecord& commit, bool move_latest) override {
+    WriteDurably(Root(CommitRecordPath(commit.job_id, commit.name)), commit.ToText());
+    if (move_latest) WriteDurably(Root(commit.job_id) + "/latest", commit.name + "\n");
   }
 
   std::optional<std::string> ReadText(const std::string& path) override { return ReadWholeFile(Root(path)); }
@@ -252,16 +262,18 @@ class RcloneDestination final : public Destination {
     return manifest;
   }
 
-  void PublishLatest(const std::string& job_id, const std::string& name) override {
-    PutText(job_id + "/latest", name + "\n");
+  void Commit(const CommitRecord& commit, bool move_latest) override {
+    PutText(CommitRecordPath(commit.job_id, commit.name), commit.ToText());
+    if (move_latest) PutText(commit.job_id + "/latest", commit.name + "\n");
   }
 
   // `rclone cat` and `copyto` of a missing object both exit 0 (an empty "directory"), so
   // the object is copied to a local file and its absence is the answer.
   std::optional<std::string> ReadText(const std::string& path) override {
-    char temporary[] = "/tmp/bt-launch-get.XXXXXX";
+    std::string path_template = TemporaryTemplate("bt-launch-get");
+    char* temporary = path_template.data();
     int fd = mkstemp(temporary);
-    if (fd < 0) Fail("cannot create a temporary file in /tmp");
+    if (fd < 0) Fail("cannot create a temporary file " + path_template);
     close(fd);
     unlink(temporary);
     std::string last_error;
@@ -274,9 +286,10 @@ class RcloneDestination final : public Destination {
 
   void Download(const std::string& remote_dir, const std::vector<std::string>& files, const std::string& local_dir,
                 const BytesDone& on_bytes) override {
-    char list_path[] = "/tmp/bt-launch-files.XXXXXX";
+    std::string path_template = TemporaryTemplate("bt-launch-files");
+    char* list_path = path_template.data();
     int fd = mkstemp(list_path);
-    if (fd < 0) Fail("cannot create a file list in /tmp");
+    if (fd < 0) Fail("cannot create a file list " + path_template);
     close(fd);
     std::string list;
     for (const auto& file : files) list += file + "\n";
@@ -327,9 +340,10 @@ class RcloneDestination final : public Destination {
   }
 
   void PutText(const std::string& path, const std::string& text) {
-    char temporary[] = "/tmp/bt-launch-put.XXXXXX";
+    std::string path_template = TemporaryTemplate("bt-launch-put");
+    char* temporary = path_template.data();
     int fd = mkstemp(temporary);
-    if (fd < 0) Fail("cannot create a temporary file in /tmp");
+    if (fd < 0) Fail("cannot create a temporary file " + path_template);
     close(fd);
     WriteDurably(temporary, text);
     std::string last_error;
@@ -386,9 +400,17 @@ class SpoolDestination final : public Destination {
     return manifest;
   }
 
-  void PublishLatest(const std::string& job_id, const std::string& name) override {
-    HandOff(job_id + "--latest--" + std::to_string(++latest_count_),
-            {{"type", "latest"}, {"job_id", job_id}, {"name", BytesToJson(name)}, {"remote_path", job_id + "/latest"}});
+  // The sidecar writes `commit_path` (its content given whole), then, when `move_latest`,
+  // `remote_path`, each as one atomic write.
+  void Commit(const CommitRecord& commit, bool move_latest) override {
+    HandOff(commit.job_id + "--latest--" + std::to_string(++latest_count_),
+            {{"type", "latest"},
+             {"job_id", commit.job_id},
+             {"name", BytesToJson(commit.name)},
+             {"commit_path", CommitRecordPath(commit.job_id, commit.name)},
+             {"commit", commit.ToText()},
+             {"move_latest", move_latest},
+             {"remote_path", commit.job_id + "/latest"}});
   }
 
   std::optional<std::string> ReadText(const std::string&) override { throw WriteOnly(); }

@@ -2,8 +2,9 @@
 //   file://DIR   written by bt-launch itself (hashing copy under a temporary name, fsync, rename);
 //   s3:// gs:// r2:// azure://   through rclone, with credentials in its environment only;
 //   spool://DIR  a handoff record per checkpoint for an external uploader, which acks it.
-// Layout under the destination: <job_id>/rank-<r>/<checkpoint>/<files>, the manifest beside
-// the checkpoint (<job_id>/rank-<r>/<checkpoint>.bt-manifest.json), and <job_id>/latest.
+// Layout under the destination: each upload into the directory it is given (a version's own,
+// <job_id>/rank-<r>/.bt-versions/<version>/: <checkpoint>/<files> and the manifest beside
+// the checkpoint), a commit record per checkpoint and <job_id>/latest (storage/commit_record.h).
 #pragma once
 
 #include <functional>
@@ -17,6 +18,8 @@
 #include "storage/manifest.h"
 
 namespace bt::storage {
+
+struct CommitRecord;
 
 class DestinationError : public std::runtime_error {
  public:
@@ -61,8 +64,10 @@ class Destination {
   // `rank_dir` is "<job_id>/rank-<r>". Throws DestinationError.
   virtual Manifest Upload(const StagedFiles& staged, Manifest manifest, const std::string& rank_dir,
                           const Progress& progress) = 0;
-  // <job_id>/latest := name, after every node's part of it is uploaded.
-  virtual void PublishLatest(const std::string& job_id, const std::string& name) = 0;
+  // Makes the versions `commit` names current, after every node's part of them is uploaded:
+  // its commit record, then (with `move_latest`) <job_id>/latest := its name. Each is one
+  // atomic write; what a version's upload wrote is never written again.
+  virtual void Commit(const CommitRecord& commit, bool move_latest) = 0;
 
   // Reading back (loading a checkpoint, `bt-launch checkpoints`). nullopt when absent.
   virtual std::optional<std::string> ReadText(const std::string& path) = 0;

@@ -45,7 +45,7 @@ struct Manifest {
   static Manifest FromJson(const std::string& text, const std::string& origin);
 };
 
-// "<name>.bt-manifest.json", relative to rank-N/.
+// "<name>.bt-manifest.json", relative to the root of the version it describes.
 std::string ManifestName(const std::string& checkpoint_name);
 
 // A checkpoint name from a destination or a config must stay inside rank-N/: relative,

@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "launcher/exit_codes.h"
+#include "storage/commit_record.h"
 #include "storage/durable_file.h"
 #include "storage/hash.h"
 #include "storage/manifest.h"
@@ -27,11 +28,6 @@ using storage::ManifestError;
 constexpr const char* kDefaultDestinationDir = "/var/lib/bt-launch/checkpoints";
 constexpr std::chrono::seconds kStoreGetTimeout{10};
 constexpr std::chrono::seconds kLoadLogEvery{10};
-
-std::string Trim(std::string text) {
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
-  return text;
-}
 
 std::string RankDir(const std::string& job_id, int rank) { return job_id + "/rank-" + std::to_string(rank); }
 
@@ -75,50 +71,115 @@ class StoreCommitBoard final : public checkpoint::CommitBoard {
   StoreCommitBoard(rendezvous::Store& store, int node_count, int node_rank)
       : store_(store), node_count_(node_count), node_rank_(node_rank) {}
 
-  void Declare(const std::string& name) override {
-    int64_t index = store_.Add("bt/ckpt/declared", 0);
-    store_.Set("bt/ckpt/declared/" + std::to_string(index), name);
+  uint64_t Declare(const std::string& name) override {
+    const int64_t number = store_.Add("bt/ckpt/declared", 0);
+    store_.Set(DeclarationKey(uint64_t(number)), name);
     store_.Add("bt/ckpt/declared", 1);  // after the name: a reader never finds a gap
+    return uint64_t(number);
   }
 
-  std::vector<std::string> DeclaredSince(size_t first) override {
-    std::vector<std::string> names;
+  std::vector<Declaration> DeclaredSince(uint64_t first) override {
+    std::vector<Declaration> declarations;
     const int64_t count = store_.Add("bt/ckpt/declared", 0);
-    for (int64_t index = int64_t(first); index < count; ++index) {
-      names.push_back(store_.Get("bt/ckpt/declared/" + std::to_string(index), kStoreGetTimeout));
+    for (int64_t number = int64_t(first); number < count; ++number) {
+      declarations.push_back({uint64_t(number), store_.Get(DeclarationKey(uint64_t(number)), kStoreGetTimeout)});
     }
-    return names;
+    return declarations;
   }
 
-  void ReportPart(const std::string& name) override {
-    store_.Add(PartKey(name, node_rank_), 1);
-    store_.Add(PartsKey(name), 1);
+  void ReportPart(uint64_t declaration, const std::string& version) override {
+    store_.Set(PartKey(declaration, node_rank_), version);
+    store_.Add(PartsKey(declaration), 1);
   }
 
-  std::vector<int> MissingParts(const std::string& name) override {
-    if (store_.Add(PartsKey(name), 0) >= node_count_) return {};
+  std::vector<int> MissingParts(uint64_t declaration) override {
+    if (store_.Add(PartsKey(declaration), 0) >= node_count_) return {};
     std::vector<int> missing;
+    const auto answers = Answers(declaration);
     for (int rank = 0; rank < node_count_; ++rank) {
-      if (store_.Add(PartKey(name, rank), 0) == 0) missing.push_back(rank);
+      if (!answers[size_t(rank)]) missing.push_back(rank);
     }
     return missing;
   }
 
-  void MarkCommitted(const std::string& name) override { store_.Add("bt/ckpt/committed/" + NameSegment(name), 1); }
-  bool IsCommitted(const std::string& name) override { return store_.Add("bt/ckpt/committed/" + NameSegment(name), 0) > 0; }
+  std::map<int, std::string> PartVersions(uint64_t declaration) override {
+    std::map<int, std::string> versions;
+    const auto answers = Answers(declaration);
+    for (int rank = 0; rank < node_count_; ++rank) {
+      if (answers[size_t(rank)] && !answers[size_t(rank)]->empty()) versions[rank] = *answers[size_t(rank)];
+    }
+    return versions;
+  }
+
+  void MarkCommitted(uint64_t declaration) override { store_.Add(CommittedKey(declaration), 1); }
+  bool IsCommitted(uint64_t declaration) override { return store_.Add(CommittedKey(declaration), 0) > 0; }
   void CloseDeclarations() override { store_.Add("bt/ckpt/closed", 1); }
   bool DeclarationsClosed() override { return store_.Add("bt/ckpt/closed", 0) > 0; }
 
  private:
-  // A checkpoint's name as one key segment of bounded length: names hold '/' (a Trainer
-  // saving into a subdirectory) and may be long, and the store's key rules are by segment.
-  static std::string NameSegment(const std::string& name) { return storage::HashBytes(name.data(), name.size()); }
-  static std::string PartsKey(const std::string& name) { return "bt/ckpt/parts/" + NameSegment(name); }
-  static std::string PartKey(const std::string& name, int rank) { return PartsKey(name) + "/rank-" + std::to_string(rank); }
+  // Keyed by the declaration's number, not the checkpoint's name: a name saved again is a
+  // new declaration, and an answer to the first can never complete the second.
+  static std::string DeclarationKey(uint64_t number) { return "bt/ckpt/declared/" + std::to_string(number); }
+  static std::string PartsKey(uint64_t declaration) { return "bt/ckpt/parts/" + std::to_string(declaration); }
+  static std::string PartKey(uint64_t declaration, int rank) {
+    return PartsKey(declaration) + "/rank-" + std::to_string(rank);
+  }
+  static std::string CommittedKey(uint64_t declaration) { return "bt/ckpt/committed/" + std::to_string(declaration); }
+
+  std::vector<std::optional<std::string>> Answers(uint64_t declaration) {
+    std::vector<std::string> keys;
+    for (int rank = 0; rank < node_count_; ++rank) keys.push_back(PartKey(declaration, rank));
+    return store_.Peek(keys);
+  }
+
   rendezvous::Store& store_;
   int node_count_;
   int node_rank_;
 };
+
+// The committed version `reference` names: the job's latest, or the named checkpoint's
+// newest commit. A name committed before versions existed is read where it was then
+// (rank-<r>/<name>). Throws LaunchFailure(74) when there is none.
+storage::CommitRecord FindCommitted(storage::Destination& destination, const env::CheckpointReference& reference,
+                                    const std::string& where) {
+  const std::string job = destination.Describe() + "/" + reference.job_id;
+  if (!reference.checkpoint_name) {
+    auto latest = storage::ReadLatestCommit(destination, reference.job_id);
+    if (!latest) throw LaunchFailure(kExitIo, where + "job " + reference.job_id + " has no committed checkpoint (no " + job + "/latest)");
+    return *latest;
+  }
+  storage::ValidateCheckpointName(*reference.checkpoint_name, where + "checkpoint name");
+  if (auto commit = storage::ReadCommit(destination, reference.job_id, *reference.checkpoint_name)) return *commit;
+  return storage::CommitRecord::Unversioned(reference.job_id, *reference.checkpoint_name);
+}
+
+struct CommittedManifest {
+  std::string path;       // of the manifest, under the destination
+  std::string rank_root;  // what the manifest's paths are relative to
+};
+
+// Every committed part of every checkpoint of `job_id`: the versions the commit records
+// name, and the manifests of checkpoints committed before versions existed. Uploaded
+// versions no record names (a save not committed, or replaced by a later one) are not listed.
+std::vector<CommittedManifest> CommittedManifests(storage::Destination& destination, const std::string& job_id) {
+  std::vector<CommittedManifest> found;
+  const std::string commits_dir = job_id + "/.bt-commits";
+  for (const std::string& path : destination.List(commits_dir, ".json")) {
+    auto text = destination.ReadText(commits_dir + "/" + path);
+    if (!text) continue;
+    storage::CommitRecord commit = storage::CommitRecord::FromText(*text, destination.Describe() + "/" + commits_dir + "/" + path);
+    commit.job_id = job_id;
+    for (const auto& [rank, version] : commit.parts) {
+      const std::string root = *storage::PartRoot(commit, rank);
+      found.push_back({root + "/" + storage::ManifestName(commit.name), root});
+    }
+  }
+  for (const std::string& path : destination.List(job_id, storage::kManifestSuffix)) {
+    if (path.find("/.bt-versions/") != std::string::npos) continue;
+    found.push_back({job_id + "/" + path, job_id + "/" + path.substr(0, path.find('/'))});
+  }
+  return found;
+}
 
 // A download with a line every kLoadLogEvery: how much of what, and at what rate.
 void DownloadLogged(storage::Destination& destination, const std::string& remote_dir, const Manifest& manifest,
@@ -194,21 +255,12 @@ void LoadCheckpoints(const env::JobConfig& config, const env::JobEnvironment& en
   for (const env::CheckpointReference& reference : loading.checkpoints) {
     const std::string where = reference.config_path + ": ";
     try {
-      std::string name;
-      if (reference.checkpoint_name) {
-        name = *reference.checkpoint_name;
-      } else {
-        auto latest = destination->ReadText(reference.job_id + "/latest");
-        if (!latest) {
-          throw LaunchFailure(kExitIo, where + "job " + reference.job_id + " has no committed checkpoint (no " +
-                                           destination_spec.uri + "/" + reference.job_id + "/latest)");
-        }
-        name = Trim(*latest);
-      }
-      storage::ValidateCheckpointName(name, where + "checkpoint name");
-      const std::string remote_rank = RankDir(reference.job_id, node_rank);
+      const storage::CommitRecord commit = FindCommitted(*destination, reference, where);
+      const std::string& name = commit.name;
+      const std::optional<std::string> part_root = storage::PartRoot(commit, node_rank);
+      const std::string remote_rank = part_root.value_or(RankDir(reference.job_id, node_rank));
       const std::string manifest_path = remote_rank + "/" + storage::ManifestName(name);
-      auto text = destination->ReadText(manifest_path);
+      auto text = part_root ? destination->ReadText(manifest_path) : std::nullopt;
       if (!text) {
         throw LaunchFailure(kExitIo, where + "checkpoint " + name + " of job " + reference.job_id +
                                          " has no part for node " + std::to_string(node_rank) + " (no " +
@@ -315,11 +367,11 @@ int ListCheckpoints(const env::JobConfig& config, const env::JobEnvironment& env
   std::optional<std::string> latest;
   bool all_verified = true;
   try {
-    if (auto text = destination->ReadText(job_id + "/latest")) latest = Trim(*text);
-    for (const std::string& path : destination->List(job_id, storage::kManifestSuffix)) {
-      auto text = destination->ReadText(job_id + "/" + path);
+    if (auto commit = storage::ReadLatestCommit(*destination, job_id)) latest = commit->name;
+    for (const CommittedManifest& committed : CommittedManifests(*destination, job_id)) {
+      auto text = destination->ReadText(committed.path);
       if (!text) continue;
-      Manifest manifest = Manifest::FromJson(*text, spec.uri + "/" + job_id + "/" + path);
+      Manifest manifest = Manifest::FromJson(*text, spec.uri + "/" + committed.path);
       nlohmann::json row = {{"rank", manifest.node_rank},        {"name", manifest.name},
                             {"layout", manifest.layout},         {"files", manifest.files.size()},
                             {"bytes", manifest.total_bytes},     {"committed_at", IsoTime(manifest.created_unix)},
@@ -327,7 +379,7 @@ int ListCheckpoints(const env::JobConfig& config, const env::JobEnvironment& env
       if (cli.verify) {
         char temporary[] = "/tmp/bt-launch-verify.XXXXXX";
         if (mkdtemp(temporary) == nullptr) throw std::runtime_error("cannot create a directory in /tmp");
-        const std::string remote = storage::JoinPath(RankDir(job_id, manifest.node_rank), manifest.base());
+        const std::string remote = storage::JoinPath(committed.rank_root, manifest.base());
         std::vector<std::string> problems;
         try {
           destination->Download(remote, FilePaths(manifest), temporary, [](uint64_t) {});

@@ -1,14 +1,15 @@
 // libFuzzer target for what bt-launch reads back from a destination or a volume, and for
-// names of arbitrary bytes: any input given as a manifest is a manifest or a ManifestError
-// (never another exception, never a read outside a buffer), and any byte string carried
-// through the JSON records comes back byte for byte, alone, as a map key or as a manifest's
-// file path.
+// names of arbitrary bytes: any input given as a manifest or a commit record is one or a
+// ManifestError (never another exception, never a read outside a buffer), and any byte
+// string carried through the JSON records comes back byte for byte, alone, as a map key, as
+// a manifest's file path or as a commit record's checkpoint name.
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "storage/commit_record.h"
 #include "storage/json_bytes.h"
 #include "storage/manifest.h"
 
@@ -19,6 +20,25 @@ void ReadAsManifest(const std::string& text) {
     bt::storage::Manifest::FromJson(text, "fuzz");
   } catch (const bt::storage::ManifestError&) {
   }
+}
+
+void ReadAsCommitRecord(const std::string& text) {
+  try {
+    bt::storage::CommitRecord::FromText(text, "fuzz");
+  } catch (const bt::storage::ManifestError&) {
+  }
+}
+
+void CommitRecordRoundTrip(const std::string& bytes) {
+  using namespace bt::storage;
+  const CommitRecord record{"job", bytes, {{0, "aa"}, {7, "bb"}}};
+  CommitRecord read;
+  try {
+    read = CommitRecord::FromText(record.ToText(), "fuzz");
+  } catch (const ManifestError&) {
+    return;  // a name that is no relative path: refused
+  }
+  if (read.name != bytes || read.parts != record.parts) std::abort();
 }
 
 void RoundTrip(const std::string& bytes) {
@@ -50,5 +70,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ReadAsManifest(bytes);
   RoundTrip(bytes);
   ManifestRoundTrip(bytes);
+  ReadAsCommitRecord(bytes);
+  CommitRecordRoundTrip(bytes);
   return 0;
 }

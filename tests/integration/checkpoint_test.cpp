@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "storage/commit_record.h"
 #include "tests/support/launcher_process.h"
 
 namespace bt::testing {
@@ -34,7 +35,16 @@ std::string HfSave(int step, const std::string& weights_bytes = "200000", const 
 class CheckpointJob : public ::testing::Test {
  protected:
   std::string Remote() const { return dir_.path() + "/remote"; }
-  std::string RankDir(int rank = 0) const { return Remote() + "/" + kJob + "/rank-" + std::to_string(rank); }
+  // Where node `rank`'s committed part of checkpoint `name` is under `remote`: the version
+  // its commit record names (rank-<r>/ itself for a checkpoint committed without one).
+  std::string Part(const std::string& name, int rank = 0, const std::string& remote = "") const {
+    const std::string base = remote.empty() ? Remote() : remote;
+    const std::string record = base + "/" + storage::CommitRecordPath(kJob, name);
+    if (!fs::exists(record)) return base + "/" + kJob + "/rank-" + std::to_string(rank);
+    storage::CommitRecord commit = storage::CommitRecord::FromText(ReadFile(record), record);
+    auto root = storage::PartRoot(commit, rank);
+    return root ? base + "/" + *root : base + "/no-part-for-rank-" + std::to_string(rank);
+  }
   std::string CheckpointDir(int rank = 0) const { return dir_.path() + "/root/node-" + std::to_string(rank) + "/mnt/ckpts"; }
 
   std::string Config(const std::vector<std::string>& commands, const std::string& destination = "",
@@ -59,6 +69,8 @@ class CheckpointJob : public ::testing::Test {
 
   std::string Latest() const { return ReadFile(Remote() + "/" + kJob + "/latest"); }
   void RunTwoNodesSavingOneCheckpoint(const std::string& subdirectory);
+  std::pair<ProcessResult, ProcessResult> RunTwoNodes(const std::string& node0, const std::string& node1,
+                                                      double drain_timeout_s = 30);
 
   ProcessResult Checkpoints(bool verify) {
     LaunchSpec spec{{"checkpoints", "--config", dir_.path() + "/job-1.json", "--root", dir_.path() + "/root", "--format", "json"}};
@@ -80,8 +92,8 @@ TEST_F(CheckpointJob, CommitsEveryCheckpointEvenWhenRotationDeletesItRightAway) 
   EXPECT_EQ(Latest(), "checkpoint-3\n");
   for (int step = 1; step <= 3; ++step) {
     const std::string name = "checkpoint-" + std::to_string(step);
-    EXPECT_EQ(fs::file_size(RankDir() + "/" + name + "/model.safetensors.bin"), 200000u) << name;
-    EXPECT_TRUE(fs::exists(RankDir() + "/" + name + ".bt-manifest.json")) << name;
+    EXPECT_EQ(fs::file_size(Part(name) + "/" + name + "/model.safetensors.bin"), 200000u) << name;
+    EXPECT_TRUE(fs::exists(Part(name) + "/" + name + ".bt-manifest.json")) << name;
   }
   ProcessResult listing = Checkpoints(true);
   ASSERT_EQ(listing.exit_code, 0) << listing.err;
@@ -101,7 +113,7 @@ TEST_F(CheckpointJob, ANameThatIsNotUtf8IsCommittedByteForByte) {
   ProcessResult result = RunLauncher(Run(config));
   ASSERT_EQ(result.exit_code, 0) << result.err;
   EXPECT_EQ(Latest(), "checkpoint-1\n");
-  EXPECT_EQ(ReadFile(RankDir() + "/checkpoint-1/" + odd), "odd");
+  EXPECT_EQ(ReadFile(Part("checkpoint-1") + "/checkpoint-1/" + odd), "odd");
   const std::string journal = ReadFile(CheckpointDir() + "/.bt-checkpoint/journal.jsonl");
   EXPECT_EQ(journal.find("\xef\xbf\xbd"), std::string::npos) << "the journal replaced a byte with U+FFFD";
 }
@@ -134,8 +146,8 @@ TEST_F(CheckpointJob, ACheckpointDeletedFileByFileIsNotUploadedAgain) {
                                dir + "/config.json && sleep 1.2 && rm -r " + dir + " && sleep 1"});
   ProcessResult result = RunLauncher(Run(config));
   ASSERT_EQ(result.exit_code, 0) << result.err;
-  EXPECT_EQ(fs::file_size(RankDir() + "/checkpoint-1/model.safetensors.bin"), 200000u) << "the upload was replaced";
-  const std::string manifest = ReadFile(RankDir() + "/checkpoint-1.bt-manifest.json");
+  EXPECT_EQ(fs::file_size(Part("checkpoint-1") + "/checkpoint-1/model.safetensors.bin"), 200000u) << "the upload was replaced";
+  const std::string manifest = ReadFile(Part("checkpoint-1") + "/checkpoint-1.bt-manifest.json");
   EXPECT_NE(manifest.find("model.safetensors.bin"), std::string::npos) << manifest;
   size_t handoffs = 0;
   for (size_t at = result.err.find("checkpoint-1 is complete"); at != std::string::npos; at = result.err.find("checkpoint-1 is complete", at + 1)) {
@@ -152,7 +164,7 @@ TEST_F(CheckpointJob, PollingFindsCheckpointsWithoutInotify) {
   ProcessResult result = RunLauncher(Run(dir_.Write("poll.json", config.dump())));
   ASSERT_EQ(result.exit_code, 0) << result.err;
   EXPECT_NE(result.err.find("(polling)"), std::string::npos) << result.err;
-  EXPECT_TRUE(fs::exists(RankDir() + "/checkpoint-1.bt-manifest.json"));
+  EXPECT_TRUE(fs::exists(Part("checkpoint-1") + "/checkpoint-1.bt-manifest.json"));
   EXPECT_EQ(Latest(), "checkpoint-2\n");
 }
 
@@ -166,7 +178,7 @@ TEST_F(CheckpointJob, CheckpointSavedOnSigtermIsCommitted) {
   ProcessResult result = launcher.Finish();
   EXPECT_EQ(result.exit_code, 0) << result.err;
   EXPECT_EQ(Latest(), "checkpoint-2\n");
-  EXPECT_TRUE(fs::exists(RankDir() + "/checkpoint-2/trainer_state.json"));
+  EXPECT_TRUE(fs::exists(Part("checkpoint-2") + "/checkpoint-2/trainer_state.json"));
 }
 
 TEST_F(CheckpointJob, TrainingKilledMidSaveLeavesThePreviousCheckpointCommitted) {
@@ -178,9 +190,10 @@ TEST_F(CheckpointJob, TrainingKilledMidSaveLeavesThePreviousCheckpointCommitted)
   ProcessResult result = RunLauncher(Run(config));
   EXPECT_EQ(result.exit_code, 137) << result.err;
   EXPECT_EQ(Latest(), "checkpoint-1\n");
-  EXPECT_FALSE(fs::exists(RankDir() + "/checkpoint-2")) << "a checkpoint without trainer_state.json was uploaded";
-  EXPECT_FALSE(fs::exists(RankDir() + "/export")) << "a directory written as the training died was uploaded";
-  EXPECT_FALSE(fs::exists(RankDir() + "/model.pt"));
+  for (const std::string name : {"checkpoint-2", "export", "model.pt"}) {
+    EXPECT_FALSE(fs::exists(Remote() + "/" + storage::CommitRecordPath(kJob, name))) << name << " was committed";
+  }
+  EXPECT_TRUE(fs::exists(Part("checkpoint-1") + "/checkpoint-1/trainer_state.json"));
   EXPECT_NE(result.err.find("checkpoint-2 is not complete and will not be uploaded"), std::string::npos) << result.err;
   EXPECT_NE(result.err.find("checkpoint checkpoint-1 committed"), std::string::npos) << result.err;
 }
@@ -231,7 +244,7 @@ TEST_F(CheckpointJob, LauncherKilledAndRestartedResumesFromTheJournal) {
     const std::string training = ReadFile(dir_.path() + "/training.pid");
     if (!training.empty()) kill(-std::stoi(training), SIGKILL);
   }
-  const auto first_upload = fs::last_write_time(parked + "/" + kJob + "/rank-0/checkpoint-1.bt-manifest.json");
+  const auto first_upload = fs::last_write_time(Part("checkpoint-1", 0, parked) + "/checkpoint-1.bt-manifest.json");
   fs::remove(Remote());
   fs::rename(parked, Remote());
   std::string restart = Config({"true"});
@@ -239,9 +252,9 @@ TEST_F(CheckpointJob, LauncherKilledAndRestartedResumesFromTheJournal) {
   ASSERT_EQ(result.exit_code, 0) << result.err;
   EXPECT_NE(result.err.find("resuming checkpoint-2 from the journal (snapshotted)"), std::string::npos) << result.err;
   EXPECT_EQ(Latest(), "checkpoint-2\n");
-  EXPECT_EQ(fs::file_size(RankDir() + "/checkpoint-2/model.safetensors.bin"), 200000u);
+  EXPECT_EQ(fs::file_size(Part("checkpoint-2") + "/checkpoint-2/model.safetensors.bin"), 200000u);
   EXPECT_EQ(result.err.find("checkpoint-1 is complete"), std::string::npos) << "checkpoint-1 was handed off again";
-  EXPECT_EQ(fs::last_write_time(RankDir() + "/checkpoint-1.bt-manifest.json"), first_upload) << "checkpoint-1 re-uploaded";
+  EXPECT_EQ(fs::last_write_time(Part("checkpoint-1") + "/checkpoint-1.bt-manifest.json"), first_upload) << "checkpoint-1 re-uploaded";
 }
 
 TEST_F(CheckpointJob, FileModifiedAfterCompletionIsNotUploadedAsTheCommittedVersion) {
@@ -256,7 +269,7 @@ TEST_F(CheckpointJob, FileModifiedAfterCompletionIsNotUploadedAsTheCommittedVers
   ProcessResult result = RunLauncher(Run(config));
   ASSERT_EQ(result.exit_code, 0) << result.err;
   EXPECT_NE(result.err.find("checkpoint-1 was modified after it was declared complete"), std::string::npos) << result.err;
-  const std::string remote = blocker + "/remote/" + kJob + "/rank-0";
+  const std::string remote = Part("checkpoint-1", 0, blocker + "/remote");
   EXPECT_EQ(fs::file_size(remote + "/checkpoint-1/model.safetensors.bin"), 201000u) << "the committed version is the final one";
   auto manifest = nlohmann::json::parse(ReadFile(remote + "/checkpoint-1.bt-manifest.json"));
   for (const auto& entry : manifest["files"]) {
@@ -276,7 +289,7 @@ TEST_F(CheckpointJob, SigtermDuringAOneGibUploadDrainsItWithinTheDeadline) {
   EXPECT_EQ(result.exit_code, 143) << result.err;
   EXPECT_LT(std::chrono::steady_clock::now() - stopped, 65s);
   EXPECT_EQ(Latest(), "checkpoint-1\n");
-  EXPECT_EQ(fs::file_size(RankDir() + "/checkpoint-1/model.bin"), 1024u << 20);
+  EXPECT_EQ(fs::file_size(Part("checkpoint-1") + "/checkpoint-1/model.bin"), 1024u << 20);
 }
 
 TEST_F(CheckpointJob, TenThousandSmallFilesInOneCheckpoint) {
@@ -285,9 +298,9 @@ TEST_F(CheckpointJob, TenThousandSmallFilesInOneCheckpoint) {
                      "echo '{}' > ../trainer_state.json";
   ProcessResult result = RunLauncher(Run(Config({save}), 120s));
   ASSERT_EQ(result.exit_code, 0) << result.err;
-  auto manifest = nlohmann::json::parse(ReadFile(RankDir() + "/checkpoint-1.bt-manifest.json"));
+  auto manifest = nlohmann::json::parse(ReadFile(Part("checkpoint-1") + "/checkpoint-1.bt-manifest.json"));
   EXPECT_EQ(manifest["files"].size(), 10001u);
-  EXPECT_EQ(ReadFile(RankDir() + "/checkpoint-1/shards/part-9999"), "9999\n");
+  EXPECT_EQ(ReadFile(Part("checkpoint-1") + "/checkpoint-1/shards/part-9999"), "9999\n");
   EXPECT_EQ(Latest(), "checkpoint-1\n");
 }
 
@@ -295,9 +308,9 @@ TEST_F(CheckpointJob, SymlinksAreNotFollowedOutOfTheVolume) {
   std::string links = "ln -s /etc/passwd $BT_CHECKPOINT_DIR/checkpoint-1/passwd && ln -s /etc $BT_CHECKPOINT_DIR/checkpoint-9";
   ProcessResult result = RunLauncher(Run(Config({HfSave(1) + " && " + links})));
   ASSERT_EQ(result.exit_code, 0) << result.err;
-  EXPECT_TRUE(fs::exists(RankDir() + "/checkpoint-1/config.json"));
-  EXPECT_FALSE(fs::exists(RankDir() + "/checkpoint-1/passwd"));
-  EXPECT_FALSE(fs::exists(RankDir() + "/checkpoint-9"));
+  EXPECT_TRUE(fs::exists(Part("checkpoint-1") + "/checkpoint-1/config.json"));
+  EXPECT_FALSE(fs::exists(Part("checkpoint-1") + "/checkpoint-1/passwd"));
+  EXPECT_FALSE(fs::exists(Remote() + "/" + storage::CommitRecordPath(kJob, "checkpoint-9")));
   EXPECT_NE(result.err.find("checkpoint-1/passwd is a symbolic link; links are not followed"), std::string::npos) << result.err;
 }
 
@@ -319,8 +332,15 @@ TEST_F(CheckpointJob, SpoolDestinationWaitsForTheSidecarsAck) {
   ASSERT_EQ(result.exit_code, 0) << result.err;
   auto record = nlohmann::json::parse(ReadFile(spool + "/" + kJob + "--rank-0--1.json"));
   EXPECT_EQ(record["name"], "checkpoint-1");
-  EXPECT_EQ(record["remote_dir"], std::string(kJob) + "/rank-0/checkpoint-1");
-  EXPECT_EQ(nlohmann::json::parse(ReadFile(spool + "/" + kJob + "--latest--1.json"))["name"], "checkpoint-1");
+  const std::string version_root = std::string(kJob) + "/rank-0/.bt-versions/";
+  const std::string remote_dir = record["remote_dir"].get<std::string>();
+  EXPECT_TRUE(remote_dir.starts_with(version_root) && remote_dir.ends_with("/checkpoint-1")) << remote_dir;
+  auto commit = nlohmann::json::parse(ReadFile(spool + "/" + kJob + "--latest--1.json"));
+  EXPECT_EQ(commit["name"], "checkpoint-1");
+  EXPECT_EQ(commit["commit_path"], storage::CommitRecordPath(kJob, "checkpoint-1"));
+  EXPECT_TRUE(commit["move_latest"].get<bool>());
+  auto parts = storage::CommitRecord::FromText(commit["commit"].get<std::string>(), "the spool record").parts;
+  EXPECT_EQ(version_root + parts.at(0) + "/checkpoint-1", remote_dir) << "the commit names the version the record uploaded";
 }
 
 // The uploader SIGKILLed while it publishes `latest` (held there by a sidecar that has not
@@ -382,7 +402,7 @@ TEST_F(CheckpointJob, ALaterJobLoadsTheLatestCheckpointByteIdentical) {
   EXPECT_FALSE(fs::exists(Remote() + "/second-job/rank-0/global_step7")) << "another job's checkpoint uploaded as this job's";
 
   // The same load from a corrupted upload fails the node, naming the file.
-  const std::string remote_file = RankDir() + "/global_step7/mp_rank_00_model_states.bin";
+  const std::string remote_file = Part("global_step7") + "/global_step7/mp_rank_00_model_states.bin";
   std::string bytes = ReadFile(remote_file);
   bytes[1000] ^= 1;
   WriteFile(remote_file, bytes);
@@ -449,6 +469,34 @@ TEST_F(CheckpointJob, SigtermDuringAStuckLoadStopsAtOnceAndLeavesNothing) {
   }
 }
 
+// Saving a checkpoint again under its name: the new version is uploaded to a location of
+// its own and made current by its commit record; the committed one is never written again
+// (at an rclone destination it was copied over, files first, so a node lost mid-upload left
+// `latest` naming files that no longer matched their manifest).
+TEST_F(CheckpointJob, ACheckpointSavedAgainNeverModifiesTheCommittedVersion) {
+  const std::string trigger = dir_.path() + "/save-again";
+  LauncherProcess launcher(Run(Config({HfSave(1) + " && while [ ! -e " + trigger + " ]; do sleep 0.1; done && " +
+                                       HfSave(1, "300000") + " && sleep 1"})));
+  ASSERT_TRUE(launcher.WaitForLog("committed checkpoint-1", 30s));
+  const std::string first = Part("checkpoint-1");
+  const std::string first_bytes = ReadFile(first + "/checkpoint-1/model.safetensors.bin");
+  const std::string first_manifest = ReadFile(first + "/checkpoint-1.bt-manifest.json");
+  WriteFile(trigger);
+  ProcessResult result = launcher.Finish();
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const std::string second = Part("checkpoint-1");
+  EXPECT_NE(second, first) << "the second save was uploaded where the committed one is";
+  EXPECT_EQ(ReadFile(first + "/checkpoint-1/model.safetensors.bin"), first_bytes) << "the committed version was modified";
+  EXPECT_EQ(ReadFile(first + "/checkpoint-1.bt-manifest.json"), first_manifest);
+  EXPECT_EQ(fs::file_size(second + "/checkpoint-1/model.safetensors.bin"), 300000u);
+  ProcessResult listing = Checkpoints(true);
+  ASSERT_EQ(listing.exit_code, 0) << listing.err;
+  auto json = nlohmann::json::parse(listing.out);
+  ASSERT_EQ(json["checkpoints"].size(), 1u) << "only the committed version is listed";
+  EXPECT_GT(json["checkpoints"][0]["bytes"].get<uint64_t>(), 300000u) << "the listed version is the second save: " << json.dump();
+  EXPECT_TRUE(json["checkpoints"][0]["verified"].get<bool>()) << json.dump();
+}
+
 // Two nodes on loopback with node-local checkpoint disks: node 0 writes the marker, node 1
 // only its shard, later. `latest` must wait for node 1's part.
 // Node 1 writes its part of checkpoint-1 (under `subdirectory`) after node 0's, and an
@@ -459,11 +507,29 @@ void CheckpointJob::RunTwoNodesSavingOneCheckpoint(const std::string& subdirecto
   const std::string node1 = "sleep 1.5 && mkdir -p " + root + "checkpoint-1 && head -c 150000 /dev/urandom > " + root +
                             "checkpoint-1/rng_state_1.pth && mkdir -p " + root + "checkpoint-2 && echo x > " + root +
                             "checkpoint-2/partial.bin && sleep 1.5";
-  nlohmann::json config = nlohmann::json::parse(ReadFile(Config({"if [ $BT_NODE_RANK = 0 ]; then " + node0 + "; else " + node1 + "; fi"})));
+  auto [leader, follower] = RunTwoNodes(node0, node1);
+  const std::string name = subdirectory + "checkpoint-1";
+  ASSERT_EQ(leader.exit_code, 0) << leader.err;
+  ASSERT_EQ(follower.exit_code, 0) << follower.err;
+  EXPECT_EQ(Latest(), name + "\n");
+  EXPECT_TRUE(fs::exists(Part(name, 0) + "/" + name + "/trainer_state.json"));
+  EXPECT_EQ(fs::file_size(Part(name, 1) + "/" + name + "/rng_state_1.pth"), 150000u);
+  EXPECT_FALSE(fs::exists(Remote() + "/" + storage::CommitRecordPath(kJob, subdirectory + "checkpoint-2")))
+      << "node 1's own unmarked directory is not node 0's checkpoint";
+  EXPECT_GE(fs::last_write_time(Remote() + "/" + kJob + "/latest"),
+            fs::last_write_time(Part(name, 1) + "/" + name + ".bt-manifest.json"));
+  EXPECT_NE(follower.err.find("this node's part of checkpoint " + name + " committed"), std::string::npos) << follower.err;
+}
+
+// Each node runs its own command: node 0 `node0`, node 1 `node1`.
+std::pair<ProcessResult, ProcessResult> CheckpointJob::RunTwoNodes(const std::string& node0, const std::string& node1,
+                                                                   double drain_timeout_s) {
+  nlohmann::json config = nlohmann::json::parse(
+      ReadFile(Config({"if [ $BT_NODE_RANK = 0 ]; then " + node0 + "; else " + node1 + "; fi"}, "", drain_timeout_s)));
   config["compute"] = {{"node_count", 2}};
   config["launcher"]["rendezvous"] = {{"port", FreePort()}, {"join_timeout_s", 20}, {"heartbeat_interval_s", 0.2},
                                       {"heartbeat_timeout_s", 3}};
-  const std::string path = dir_.Write("two-nodes.json", config.dump());
+  const std::string path = dir_.Write("two-nodes-" + std::to_string(configs_) + ".json", config.dump());
   std::vector<std::unique_ptr<LauncherProcess>> nodes;
   for (int rank = 0; rank < 2; ++rank) {
     LaunchSpec spec = Run(path);
@@ -472,17 +538,7 @@ void CheckpointJob::RunTwoNodesSavingOneCheckpoint(const std::string& subdirecto
     nodes.push_back(std::make_unique<LauncherProcess>(spec));
   }
   ProcessResult leader = nodes[0]->Finish();
-  ProcessResult follower = nodes[1]->Finish();
-  const std::string name = subdirectory + "checkpoint-1";
-  ASSERT_EQ(leader.exit_code, 0) << leader.err;
-  ASSERT_EQ(follower.exit_code, 0) << follower.err;
-  EXPECT_EQ(Latest(), name + "\n");
-  EXPECT_TRUE(fs::exists(RankDir(0) + "/" + name + "/trainer_state.json"));
-  EXPECT_EQ(fs::file_size(RankDir(1) + "/" + name + "/rng_state_1.pth"), 150000u);
-  EXPECT_FALSE(fs::exists(RankDir(1) + "/" + subdirectory + "checkpoint-2")) << "node 1's own unmarked directory is not node 0's checkpoint";
-  EXPECT_GE(fs::last_write_time(Remote() + "/" + kJob + "/latest"),
-            fs::last_write_time(RankDir(1) + "/" + name + ".bt-manifest.json"));
-  EXPECT_NE(follower.err.find("this node's part of checkpoint " + name + " committed"), std::string::npos) << follower.err;
+  return {leader, nodes[1]->Finish()};
 }
 
 TEST_F(CheckpointJob, TwoNodesCommitLatestOnlyAfterEveryPartIsUploaded) { RunTwoNodesSavingOneCheckpoint(""); }
@@ -490,6 +546,41 @@ TEST_F(CheckpointJob, TwoNodesCommitLatestOnlyAfterEveryPartIsUploaded) { RunTwo
 // A checkpoint's name may hold '/' (a Trainer writing to a subdirectory): its parts are
 // reported under keys of one segment, which the store lets a follower write.
 TEST_F(CheckpointJob, TwoNodesCommitACheckpointInASubdirectory) { RunTwoNodesSavingOneCheckpoint("run1/"); }
+
+// Node 0 saves checkpoint-1 again; node 1 does not. Node 1's answer to the first save must
+// not complete the second: node 0's second version stays uncommitted (74, naming node 1),
+// and the commit still names both nodes' first versions.
+TEST_F(CheckpointJob, TwoNodesNeverCommitASecondSaveWithTheOtherNodesFirstPart) {
+  const std::string wait_commit = "while [ ! -s " + Remote() + "/" + kJob + "/latest ]; do sleep 0.1; done";
+  const std::string node0 = HfSave(1) + " && " + wait_commit + " && sleep 0.5 && " + HfSave(1, "300000") + " && sleep 2";
+  const std::string node1 = "mkdir -p $BT_CHECKPOINT_DIR/checkpoint-1 && head -c 150000 /dev/urandom > "
+                            "$BT_CHECKPOINT_DIR/checkpoint-1/rng_state_1.pth && " + wait_commit + " && sleep 3";
+  auto [leader, follower] = RunTwoNodes(node0, node1, 6);
+  EXPECT_EQ(leader.exit_code, 74) << leader.err;
+  EXPECT_NE(leader.err.find("node(s) 1 did not upload their parts"), std::string::npos) << leader.err;
+  EXPECT_EQ(fs::file_size(Part("checkpoint-1", 0) + "/checkpoint-1/model.safetensors.bin"), 200000u)
+      << "node 0's second save was committed with node 1's first";
+  EXPECT_EQ(fs::file_size(Part("checkpoint-1", 1) + "/checkpoint-1/rng_state_1.pth"), 150000u);
+}
+
+// Both nodes save checkpoint-1 again: the commit names both second versions. Node 0 saves
+// again as the Trainer does, into tmp-checkpoint-1 renamed into place: written in place, its
+// old trainer_state.json would mark a half-written save complete.
+TEST_F(CheckpointJob, TwoNodesCommitACheckpointSavedAgainByBoth) {
+  const std::string wait_commit = "while [ ! -s " + Remote() + "/" + kJob + "/latest ]; do sleep 0.1; done";
+  const std::string shard = "head -c $size /dev/urandom > $BT_CHECKPOINT_DIR/checkpoint-1/rng_state_1.pth";
+  const std::string save_again = "cd $BT_CHECKPOINT_DIR && mkdir tmp-checkpoint-1 && head -c 300000 /dev/urandom > "
+                                 "tmp-checkpoint-1/model.safetensors.bin && echo {} > tmp-checkpoint-1/trainer_state.json && "
+                                 "rm -r checkpoint-1 && mv tmp-checkpoint-1 checkpoint-1";
+  const std::string node0 = HfSave(1) + " && " + wait_commit + " && sleep 0.5 && " + save_again + " && sleep 3";
+  const std::string node1 = "mkdir -p $BT_CHECKPOINT_DIR/checkpoint-1 && size=150000 && " + shard + " && " + wait_commit +
+                            " && sleep 0.5 && size=160000 && " + shard + " && sleep 3";
+  auto [leader, follower] = RunTwoNodes(node0, node1);
+  ASSERT_EQ(leader.exit_code, 0) << leader.err;
+  ASSERT_EQ(follower.exit_code, 0) << follower.err;
+  EXPECT_EQ(fs::file_size(Part("checkpoint-1", 0) + "/checkpoint-1/model.safetensors.bin"), 300000u);
+  EXPECT_EQ(fs::file_size(Part("checkpoint-1", 1) + "/checkpoint-1/rng_state_1.pth"), 160000u);
+}
 
 }  // namespace
 }  // namespace bt::testing

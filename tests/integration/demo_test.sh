@@ -21,13 +21,26 @@ loss() { grep -o "train: step $1/[0-9]* loss [0-9.]*" "$out" | awk '{print $NF}'
 awk -v first="$(loss 10)" -v last="$(loss 60)" 'BEGIN { exit !(first > 0 && last < first / 2) }' \
   || fail "loss did not halve: step 10 $(loss 10), step 60 $(loss 60)"
 
+# part RANK NAME: the directory of node RANK's committed version of checkpoint NAME (its
+# commit record under .bt-commits/ names it).
+part() {
+  python3 - "$store/demo-train" "$1" "$2" <<'PY'
+import json, os, sys
+job, rank, name = sys.argv[1:]
+commits = os.path.join(job, ".bt-commits")
+for path in os.listdir(commits) if os.path.isdir(commits) else []:
+    record = json.load(open(os.path.join(commits, path)))
+    if record["name"] == name and rank in record["parts"]:
+        print(os.path.join(job, "rank-" + rank, ".bt-versions", record["parts"][rank]))
+PY
+}
 echo "== every checkpoint of job 1 committed from both nodes, latest last"
 [ "$(cat "$store/demo-train/latest")" = checkpoint-60 ] || fail "demo-train/latest is not checkpoint-60"
 for rank in 0 1; do
   for step in 20 40 60; do
-    [ -f "$store/demo-train/rank-$rank/checkpoint-$step.bt-manifest.json" ] || fail "rank $rank checkpoint-$step not committed"
+    [ -f "$(part $rank checkpoint-$step)/checkpoint-$step.bt-manifest.json" ] || fail "rank $rank checkpoint-$step not committed"
   done
-  cmp -s "$store/demo-train/rank-$rank/checkpoint-60/pytorch_model.bin" \
+  cmp -s "$(part $rank checkpoint-60)/checkpoint-60/pytorch_model.bin" \
     "/tmp/bt-launch-demo/nodes/node-$rank/tmp/loaded_checkpoints/rank-$rank/checkpoint-60/pytorch_model.bin" \
     || fail "node $rank did not load checkpoint-60 byte-identical"
 done

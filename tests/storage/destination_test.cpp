@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include "storage/commit_record.h"
 #include "storage/destination.h"
 #include "storage/hash.h"
 #include "storage/manifest.h"
@@ -54,7 +55,8 @@ TEST(FileDestination, WritesTheRemoteLayoutAndReadsItBack) {
     last_done = done;
   });
   EXPECT_EQ(last_done, staged.total_bytes);
-  destination->PublishLatest("job", "checkpoint-4");
+  CommitRecord commit{"job", "checkpoint-4", {{1, "v1"}}};
+  destination->Commit(commit, true);
   // The digests were taken while copying: they must be those of the uploaded bytes.
   ASSERT_EQ(uploaded.files.size(), 2u);
   EXPECT_EQ(uploaded.total_bytes, staged.total_bytes);
@@ -65,6 +67,11 @@ TEST(FileDestination, WritesTheRemoteLayoutAndReadsItBack) {
   EXPECT_EQ(stored.ToJson(), uploaded.ToJson());
   EXPECT_EQ(ReadFile(dir.path() + "/remote/job/rank-1/checkpoint-4/weights/a.bin").size(), 70000u);
   EXPECT_EQ(destination->ReadText("job/latest"), "checkpoint-4\n");
+  auto latest = ReadLatestCommit(*destination, "job");
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->parts, commit.parts);
+  EXPECT_EQ(PartRoot(*latest, 1), "job/rank-1/.bt-versions/v1");
+  EXPECT_EQ(PartRoot(*latest, 0), std::nullopt) << "node 0 holds no part of it";
   EXPECT_EQ(destination->ReadText("job/nothing"), std::nullopt);
   EXPECT_EQ(destination->List("job", kManifestSuffix), (std::vector<std::string>{"rank-1/checkpoint-4.bt-manifest.json"}));
   for (const auto& entry : std::filesystem::recursive_directory_iterator(dir.path() + "/remote")) {
