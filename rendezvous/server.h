@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "rendezvous/cycles.h"
 #include "rendezvous/node_info.h"
 
 namespace bt::rendezvous {
@@ -27,6 +28,8 @@ struct ServerOptions {
   std::chrono::milliseconds heartbeat_timeout{10'000};
   // After the verdict, how long to keep serving nodes that have not said goodbye.
   std::chrono::milliseconds exit_linger{10'000};
+  // Asked when a node's job fails: a restart of every node instead of an abort (empty: never).
+  RestartPolicy restart_policy;
 };
 
 // What the leader concluded, once it has.
