@@ -172,8 +172,7 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   std::vector<CycleRecord> cycles;
   JobOutcome outcome = RunCycles(job.config, peers.get(), signals, CycleHooksOf(cli, job, destination, peers.get(), signals),
                                  resume, cycles);
-  timeline.Annotate(DescribeOutcome(outcome));
-  if (!cycles.empty()) spdlog::info("restarts: {}", RenderCycles(cycles));
+  timeline.Annotate(DescribeOutcome(outcome) + (cycles.empty() ? "" : "; restarts: " + RenderCycles(cycles)));
   if (peers) peers->Report(outcome);  // the other nodes stop now, not after this node's drain
   bool committed = true;
   if (checkpoints.agent) {
