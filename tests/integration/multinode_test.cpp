@@ -540,11 +540,19 @@ TEST(Restart, FaultWhileACheckpointIsIncompleteResumesFromThePreviousCommittedOn
 constexpr const char* kSlowToStop =
     R"(["if [ $BT_NODE_RANK = 2 ]; then sleep 0.5; exit 1; fi; if [ $BT_NODE_RANK = 1 ]; then trap '' TERM; fi; echo started; sleep 60"])";
 
+// The job's launchers once node 0 has pushed cycle 1 (node 1 still stopping); empty when it never did.
+std::vector<std::unique_ptr<LauncherProcess>> StartAndEnterTheRestart(Job& job) {
+  auto processes = job.StartAll();
+  if (processes[0]->WaitForLog("restarting every node in cycle 1", 30s)) return processes;
+  Job::FinishAll(processes);
+  return {};
+}
+
 TEST(Restart, ALauncherLostDuringTheRestartEndsTheJobWithoutDeadlock) {
   TempDir scratch;
   Job job(3, kSlowToStop, "", false, RestartSettings(scratch, 3, 3), PortBelowEphemeralRange());
-  auto processes = job.StartAll();
-  ASSERT_TRUE(processes[0]->WaitForLog("restarting every node in cycle 1", 30s));
+  auto processes = StartAndEnterTheRestart(job);
+  ASSERT_FALSE(processes.empty());
   processes[2]->Signal(SIGKILL);
   auto results = Job::FinishAll(processes);
   for (int rank : {0, 1}) {
@@ -559,8 +567,8 @@ TEST(Restart, ALauncherLostDuringTheRestartEndsTheJobWithoutDeadlock) {
 TEST(Restart, SigtermDuringTheRestartStopsEveryNodeWithoutRestarting) {
   TempDir scratch;
   Job job(3, kSlowToStop, "", false, RestartSettings(scratch, 3, 3), PortBelowEphemeralRange());
-  auto processes = job.StartAll();
-  ASSERT_TRUE(processes[0]->WaitForLog("restarting every node in cycle 1", 30s));
+  auto processes = StartAndEnterTheRestart(job);
+  ASSERT_FALSE(processes.empty());
   for (auto& process : processes) process->Signal(SIGTERM);
   auto results = Job::FinishAll(processes);
   for (int rank = 0; rank < 3; ++rank) {
@@ -586,6 +594,44 @@ TEST(Restart, KilledLeaderEndsTheJobOnEveryFollowerWith69) {
     EXPECT_EQ(results[rank].exit_code, 69) << results[rank].err;
     EXPECT_NE(results[rank].err.find("leader (node 0) lost"), std::string::npos) << results[rank].err;
     EXPECT_LT(results[rank].elapsed, 20s);  // heartbeat_timeout_s 3 + peer grace 5, with slack for a loaded machine
+  }
+}
+
+TEST(Restart, CyclesInARowWithoutANewCommittedCheckpointStopTheRestarts) {
+  TempDir scratch;
+  nlohmann::json settings = RestartSettings(scratch, 5);
+  settings["restart"]["max_cycles_without_progress"] = 2;
+  Job job(2, R"(["if [ $BT_NODE_RANK = 1 ]; then sleep 0.3; exit 4; fi; exec sleep 60"])", "", true, settings,
+          PortBelowEphemeralRange());
+  auto processes = job.StartAll();
+  auto results = Job::FinishAll(processes);
+  EXPECT_EQ(results[0].exit_code, 4) << results[0].err;
+  EXPECT_EQ(results[1].exit_code, 4) << results[1].err;
+  EXPECT_NE(results[0].err.find("not restarting: 2 cycles in a row ended without a new committed checkpoint "
+                                "(launcher.restart.max_cycles_without_progress; 1/5 restarts used)"),
+            std::string::npos) << results[0].err;
+  EXPECT_EQ(results[0].err.find("every node is ready: running cycle 2"), std::string::npos) << results[0].err;
+}
+
+TEST(Restart, ARetriedJobResumesFromItsOwnCommittedCheckpoint) {
+  TempDir scratch;
+  const std::string report =
+      "echo \"resumed $BT_RESUME_CHECKPOINT $(cat $BT_LOAD_CHECKPOINT_DIR/rank-$BT_NODE_RANK/$BT_RESUME_CHECKPOINT/"
+      "trainer_state.json)\"";
+  const std::string commands =
+      nlohmann::json::array({"if [ -n \"$BT_RESUME_CHECKPOINT\" ]; then " + report + "; else " + Save(3) + "; fi"}).dump();
+  Job job(2, commands, "", true, RestartSettings(scratch, 0), PortBelowEphemeralRange());
+  auto first = job.StartAll();
+  for (auto& result : Job::FinishAll(first)) ASSERT_EQ(result.exit_code, 0) << result.err;
+  ASSERT_EQ(ReadFile(scratch.path() + "/remote/" + kJobId + "/latest"), "checkpoint-3\n");
+  auto retried = job.StartAll();  // the same job again: the platform retried it
+  auto results = Job::FinishAll(retried);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(results[rank].exit_code, 0) << results[rank].err;
+    EXPECT_NE(results[rank].out.find("resumed checkpoint-3 {\"global_step\": 3}"), std::string::npos)
+        << results[rank].out << results[rank].err;
+    EXPECT_NE(results[rank].err.find("resuming from checkpoint checkpoint-3: this job's destination already holds it"),
+              std::string::npos) << results[rank].err;
   }
 }
 
