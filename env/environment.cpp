@@ -191,7 +191,8 @@ JobEnvironment BuildJobEnvironment(const JobConfig& config, const NodeIdentity& 
     vars.Offer("BT_CHECKPOINT_DIR", paths.NodeLocal(checkpointing.checkpoint_path.value_or("/mnt/ckpts")));
   }
   const auto& loading = config.runtime.load_checkpoint_config;
-  if (loading.enabled) {
+  // A job that checkpoints may resume from its own checkpoints (a restart, a retried job).
+  if (loading.enabled || checkpointing.enabled) {
     vars.Offer("BT_LOAD_CHECKPOINT_DIR", paths.NodeLocal(loading.download_folder.value_or("/tmp/loaded_checkpoints")));
   }
   const auto& cache = config.runtime.cache_config;

@@ -541,9 +541,20 @@ FabricSettings ReadFabricSettings(const json& value, const std::string& path) {
   return settings;
 }
 
+RestartSettings ReadRestartSettings(const json& value, const std::string& path) {
+  StrictObject object(value, path, {"max_restarts", "rejoin_timeout_s", "max_cycles_without_progress"});
+  RestartSettings settings;
+  if (const json* v = object.Find("max_restarts")) settings.max_restarts = int(ReadInt(*v, object.PathOf("max_restarts"), 0, 10000));
+  if (const json* v = object.Find("rejoin_timeout_s")) settings.rejoin_timeout_s = ReadSeconds(*v, object.PathOf("rejoin_timeout_s"), 0);
+  if (const json* v = object.Find("max_cycles_without_progress")) {
+    settings.max_cycles_without_progress = int(ReadInt(*v, object.PathOf("max_cycles_without_progress"), 1, 10000));
+  }
+  return settings;
+}
+
 LauncherSettings ReadLauncherSettings(const json& value, const std::string& path) {
   StrictObject object(value, path, {"job_id", "project_id", "project_name", "grace_period_s", "peer_failure_grace_s",
-                                             "master_port", "rendezvous", "checkpoint", "weights", "cache", "fabric"});
+                                             "master_port", "rendezvous", "checkpoint", "weights", "cache", "fabric", "restart"});
   LauncherSettings launcher;
   if (const json* v = object.Find("job_id")) {
     launcher.job_id = ReadNonEmptyString(*v, object.PathOf("job_id"));
@@ -561,6 +572,7 @@ LauncherSettings ReadLauncherSettings(const json& value, const std::string& path
   if (const json* v = object.Find("weights")) launcher.weights = ReadWeightsSettings(*v, object.PathOf("weights"));
   if (const json* v = object.Find("cache")) launcher.cache = ReadCacheSeedSettings(*v, object.PathOf("cache"));
   if (const json* v = object.Find("fabric")) launcher.fabric = ReadFabricSettings(*v, object.PathOf("fabric"));
+  if (const json* v = object.Find("restart")) launcher.restart = ReadRestartSettings(*v, object.PathOf("restart"));
   return launcher;
 }
 

@@ -144,6 +144,14 @@ struct FabricSettings {
   double preflight_timeout_s = 120;
 };
 
+// Restart in place (launcher.restart): a failed cycle is run again on every node instead
+// of ending the job, within a budget node 0 keeps for the whole job.
+struct RestartSettings {
+  int max_restarts = 0;                 // 0: a failure ends the job (no restart)
+  double rejoin_timeout_s = 600;        // how long the nodes wait for each other between cycles
+  int max_cycles_without_progress = 3;  // cycles in a row without a new committed checkpoint
+};
+
 struct LauncherSettings {
   std::optional<std::string> job_id;
   std::optional<std::string> project_id;
@@ -156,6 +164,7 @@ struct LauncherSettings {
   WeightsSettings weights;
   CacheSeedSettings cache;
   FabricSettings fabric;
+  RestartSettings restart;
 };
 
 struct JobConfig {

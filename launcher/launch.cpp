@@ -16,6 +16,7 @@
 #include "launcher/phases/ready.h"
 #include "launcher/phases/weights.h"
 #include "launcher/supervision/peers.h"
+#include "launcher/supervision/restart.h"
 #include "launcher/supervision/signals.h"
 #include "launcher/supervision/supervisor.h"
 #include "launcher/timeline.h"
@@ -39,7 +40,7 @@ std::string DescribeOutcome(const JobOutcome& outcome) {
 // After the rendezvous, before the first command: weights and loaded checkpoints, the
 // ready barrier (its deadline is the weights deadline), then the cache seed.
 void PrepareNode(const PreparedJob& job, const std::optional<storage::DestinationSpec>& destination,
-                 Peers* peers, SignalRouter& signals, Timeline& timeline) {
+                 const std::string& resume, Peers* peers, SignalRouter& signals, Timeline& timeline) {
   const auto ready_deadline = std::chrono::steady_clock::now() +
                               std::chrono::milliseconds(int64_t(job.config.launcher.weights.timeout_s * 1000));
   NodePhase phase(peers, job.identity.rank);
@@ -49,7 +50,15 @@ void PrepareNode(const PreparedJob& job, const std::optional<storage::Destinatio
     PrepareWeights(job.config, job.environment,
                    {[&](const std::string& line) { phase.Publish(line); }, [&] { CheckStop(peers, signals); }});
   }
-  if (job.config.runtime.load_checkpoint_config.enabled) {
+  if (!resume.empty()) {
+    // The job's own checkpoint (a retried job) is where training stands: it wins over
+    // load_checkpoint_config, which names another job's starting point.
+    timeline.Begin("resume");
+    phase.Publish("loading checkpoint " + resume);
+    spdlog::info("resuming from checkpoint {}: this job's destination already holds it as committed (latest){}", resume,
+                 job.config.runtime.load_checkpoint_config.enabled ? "; runtime.load_checkpoint_config is not loaded" : "");
+    LoadOwnCheckpoint(job.environment, *destination, job.job_id(), job.identity.rank, resume);
+  } else if (job.config.runtime.load_checkpoint_config.enabled) {
     timeline.Begin("load checkpoints");
     phase.Publish("loading checkpoints");
     LoadCheckpoints(job.config, job.environment, *destination, job.identity.rank, [&] { CheckStop(peers, signals); });
@@ -67,8 +76,8 @@ void PrepareNode(const PreparedJob& job, const std::optional<storage::Destinatio
 // Every phase between the rendezvous and the run, through PreRunPeers: a failed peer or a
 // lost leader ends any of them at once, and a store failure names the phase it hit.
 void PrepareAfterRendezvous(PreparedJob& job, std::optional<rendezvous::fabric::Inventory> inventory,
-                            const std::optional<storage::DestinationSpec>& destination, Peers* peers,
-                            SignalRouter& signals, Timeline& timeline) {
+                            const std::optional<storage::DestinationSpec>& destination, const std::string& resume,
+                            Peers* peers, SignalRouter& signals, Timeline& timeline) {
   std::optional<PreRunPeers> pre_run;
   if (peers) pre_run.emplace(*peers, signals);
   Peers* phase_peers = pre_run ? &*pre_run : nullptr;
@@ -81,12 +90,48 @@ void PrepareAfterRendezvous(PreparedJob& job, std::optional<rendezvous::fabric::
       timeline.Begin("nccl preflight");
       RunNcclPreflight(job.config, job.identity, phase_peers, job.environment, [&] { CheckStop(phase_peers, signals); });
     }
-    PrepareNode(job, destination, phase_peers, signals, timeline);
+    PrepareNode(job, destination, resume, phase_peers, signals, timeline);
   });
 }
 
 bool UsesCheckpoints(const env::JobConfig& config) {
   return config.runtime.checkpointing_config.enabled || config.runtime.load_checkpoint_config.enabled;
+}
+
+// The checkpoint this job resumes from at start: its own committed `latest` when it
+// checkpoints (the platform retried it, Slurm requeued it); "" when none.
+std::string ResumePoint(const PreparedJob& job, const std::optional<storage::DestinationSpec>& destination) {
+  if (!destination || !job.config.runtime.checkpointing_config.enabled) return "";
+  return LatestCommittedCheckpoint(*destination, job.job_id()).value_or("");
+}
+
+// Node 0's answer to a failed cycle (launcher.restart); none when restarts are off.
+rendezvous::RestartPolicy RestartPolicyOf(const PreparedJob& job, const std::optional<storage::DestinationSpec>& destination) {
+  if (job.identity.rank != 0 || job.config.launcher.restart.max_restarts == 0) return {};
+  std::function<std::optional<std::string>()> latest;
+  if (destination && job.config.runtime.checkpointing_config.enabled) {
+    latest = [spec = *destination, job_id = job.job_id()] { return LatestCommittedCheckpoint(spec, job_id); };
+  }
+  return MakeRestartPolicy(job.config.launcher.restart, std::move(latest));
+}
+
+// Each cycle's commands under a fresh supervisor (a stopped one stays stopped), and the
+// load of the checkpoint the next cycle resumes from.
+CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, const std::optional<storage::DestinationSpec>& destination,
+                        Peers* peers, SignalRouter& signals) {
+  CycleHooks hooks;
+  hooks.run = [&cli, &job, peers, &signals](int64_t cycle, const std::string& resume) {
+    auto grace = std::chrono::milliseconds(int64_t(job.config.launcher.grace_period_s * 1000));
+    auto peer_grace = std::chrono::milliseconds(int64_t(job.config.launcher.peer_failure_grace_s * 1000));
+    Supervisor supervisor(signals, grace, peer_grace);
+    return supervisor.Run(CommandsToRun(cli, job.config), CycleEnviron(job.environment, job.config, cycle, resume),
+                          job.environment.working_dir, peers);
+  };
+  hooks.load_resume = [&job, destination](const std::string& name) {
+    if (!destination) return;
+    LoadOwnCheckpoint(job.environment, *destination, job.job_id(), job.identity.rank, name);
+  };
+  return hooks;
 }
 
 int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) {
@@ -105,10 +150,11 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   if (job.identity.count > 1) {
     inventory = ReadFabricInventory(rendezvous::fabric::SysfsRoot(cli.sysfs_root));
     timeline.Begin("rendezvous");
-    peers = JoinPeers(job.config, job.identity, job.job_id(), signals);
+    peers = JoinPeers(job.config, job.identity, job.job_id(), signals, RestartPolicyOf(job, destination));
   }
+  const std::string resume = ResumePoint(job, destination);
   try {
-    PrepareAfterRendezvous(job, std::move(inventory), destination, peers.get(), signals, timeline);
+    PrepareAfterRendezvous(job, std::move(inventory), destination, resume, peers.get(), signals, timeline);
   } catch (const LaunchFailure& failure) {
     // The others are waiting in the ready barrier or for the seed: tell them now.
     if (peers) {
@@ -123,12 +169,10 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   if (destination) checkpoints = StartCheckpoints(job.config, job.environment, *destination, job.identity, peers ? peers->store() : nullptr);
 
   timeline.Begin("run");
-  auto grace = std::chrono::milliseconds(int64_t(job.config.launcher.grace_period_s * 1000));
-  auto peer_grace = std::chrono::milliseconds(int64_t(job.config.launcher.peer_failure_grace_s * 1000));
-  Supervisor supervisor(signals, grace, peer_grace);
-  JobOutcome outcome = supervisor.Run(CommandsToRun(cli, job.config), job.environment.ToEnviron(),
-                                      job.environment.working_dir, peers.get());
-  timeline.Annotate(DescribeOutcome(outcome));
+  std::vector<CycleRecord> cycles;
+  JobOutcome outcome = RunCycles(job.config, peers.get(), signals, CycleHooksOf(cli, job, destination, peers.get(), signals),
+                                 resume, cycles);
+  timeline.Annotate(DescribeOutcome(outcome) + (cycles.empty() ? "" : "; restarts: " + RenderCycles(cycles)));
   if (peers) peers->Report(outcome);  // the other nodes stop now, not after this node's drain
   bool committed = true;
   if (checkpoints.agent) {

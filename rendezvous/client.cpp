@@ -367,9 +367,12 @@ void StoreClient::Join(const NodeInfo& info, int node_count) {
   Request({{"op", "join"}, {"count", node_count}, {"info", info.ToJson()}}, kRequestTimeout);
 }
 
-void StoreClient::Report(int exit_code, const std::string& cause) {
-  Request({{"op", "report"}, {"code", exit_code}, {"cause", cause}}, kRequestTimeout);
+void StoreClient::Report(int exit_code, const std::string& cause, int64_t cycle, bool restartable) {
+  Request({{"op", "report"}, {"code", exit_code}, {"cause", cause}, {"cycle", cycle}, {"restartable", restartable}},
+          kRequestTimeout);
 }
+
+void StoreClient::ArriveAtCycle(int64_t cycle) { Request({{"op", "cycle_ready"}, {"cycle", cycle}}, kRequestTimeout); }
 
 void StoreClient::GiveUp(const std::string& cause) {
   Request({{"op", "give_up"}, {"cause", cause}}, kRequestTimeout);
@@ -480,6 +483,19 @@ void StoreClient::OnMessage(const Message& message) {
     // A leader of an older version sends no code: the failed node's code is then unknown.
     const int code = message.contains("code") ? int(IntField(message, "code")) : 0;
     return PushEvent({PeerEvent::Kind::kAbort, int(IntField(message, "rank")), StringField(message, "message"), code});
+  }
+  if (op == "restart") {
+    PeerEvent event{PeerEvent::Kind::kRestart, int(IntField(message, "rank")), StringField(message, "message"),
+                    int(IntField(message, "code"))};
+    event.cycle = IntField(message, "cycle");
+    event.host = StringField(message, "host");
+    if (auto decision = message.find("decision"); decision != message.end()) event.decision = *decision;
+    return PushEvent(std::move(event));
+  }
+  if (op == "cycle_go") {
+    PeerEvent event{PeerEvent::Kind::kCycleGo, -1, ""};
+    event.cycle = IntField(message, "cycle");
+    return PushEvent(std::move(event));
   }
   if (op == "join_timeout") return PushEvent({PeerEvent::Kind::kJoinTimeout, -1, StringField(message, "message")});
   throw FrameError("unexpected op \"" + op + "\" from the leader");

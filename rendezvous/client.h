@@ -37,10 +37,13 @@ struct ClientOptions {
 
 // What the leader pushes, or what the client concludes about the leader.
 struct PeerEvent {
-  enum class Kind { kComplete, kAbort, kResult, kJoinTimeout, kLeaderLost } kind;
-  int rank = -1;        // the failed node, for kAbort
+  enum class Kind { kComplete, kAbort, kResult, kJoinTimeout, kLeaderLost, kRestart, kCycleGo } kind;
+  int rank = -1;        // the failed node, for kAbort and kRestart
   std::string message;  // one line for the log
-  int exit_code = 0;    // kAbort: the failed node's reported exit code; 0 when it was lost
+  int exit_code = 0;    // kAbort, kRestart: the failed node's reported exit code; 0 when it was lost
+  int64_t cycle = 0;    // kRestart: the cycle to run; kCycleGo: the cycle whose barrier passed
+  std::string host{};   // kRestart: the failed node's host
+  Message decision{};   // kRestart: what the leader decided with it (resume checkpoint, budget)
 };
 
 // How a node retries reaching the leader; the rendezvous benchmark's simulated nodes
@@ -89,7 +92,12 @@ class StoreClient final : public Store {
 
   // Claims `info.rank`; throws StoreError when the leader refuses (a verdict explains why).
   void Join(const NodeInfo& info, int node_count);
-  void Report(int exit_code, const std::string& cause);
+  // `cycle`: the cycle the outcome belongs to; `restartable`: this launcher can run the job
+  // again (not a failure of its own), so the leader may restart instead of aborting.
+  void Report(int exit_code, const std::string& cause, int64_t cycle = 0, bool restartable = false);
+  // This node has stopped its job and is ready for `cycle`: the leader pushes kCycleGo once
+  // every node is.
+  void ArriveAtCycle(int64_t cycle);
   // Ends the job as failed by this node (after its report, e.g. when it stops waiting at the
   // exit barrier): the leader aborts it, so every node reports the same result.
   void GiveUp(const std::string& cause);

@@ -412,6 +412,7 @@ class StoreServer::Loop {
     if (op == "join") return OnJoin(connection, message);
     if (op == "report") return OnReport(connection, message);
     if (op == "give_up") return OnGiveUp(connection, message);
+    if (op == "cycle_ready") return OnCycleReady(connection, message);
     if (op == "bye") {
       connection.said_goodbye = true;
       return;
@@ -661,18 +662,65 @@ class StoreServer::Loop {
   void OnReport(Connection& connection, const Message& message) {
     const int64_t code = IntField(message, "code");
     const std::string cause = Bounded(StringField(message, "cause"));
+    // A leader-side restart needs the node's word that its launcher can run the job again.
+    const bool restartable = message.contains("restartable") && message["restartable"].is_boolean() &&
+                             message["restartable"].get<bool>();
+    const int64_t cycle = message.contains("cycle") ? IntField(message, "cycle") : cycles_.current();
     Reply(connection, message, {{"op", "ok"}});
-    if (connection.rank < 0 || reported_[size_t(connection.rank)]) return;
+    if (connection.rank < 0 || IgnoredAsStale(connection, "report", cycle) || reported_[size_t(connection.rank)]) return;
     {
       std::lock_guard lock(mutex_);
       reported_[size_t(connection.rank)] = true;
     }
     ++reported_count_;
-    if (code != 0) return Abort(connection.rank, infos_[size_t(connection.rank)].Label() + " failed: " + cause, int(code));
+    if (code != 0) {
+      return FailCycle(connection.rank, infos_[size_t(connection.rank)].Label() + " failed: " + cause, int(code), restartable);
+    }
     if (reported_count_ == options_.node_count && verdict_.kind == ServerVerdict::Kind::kPending) {
       SetVerdict(ServerVerdict::Kind::kResult, -1, "every node succeeded");
       Broadcast({{"op", "result"}, {"code", 0}});
     }
+  }
+
+  // A message of an earlier cycle (a node that had not yet heard of the restart) must
+  // never change the job's state: it is logged and dropped.
+  bool IgnoredAsStale(const Connection& connection, const char* what, int64_t cycle) {
+    if (!cycles_.IsStale(cycle)) return false;
+    spdlog::warn("rendezvous: ignoring a {} of cycle {} from {}: the job is in cycle {}", what, cycle,
+                 infos_[size_t(connection.rank)].Label(), cycles_.current());
+    return true;
+  }
+
+  // A failed job with restarts left: every node is told to run the next cycle; otherwise
+  // (no budget, no progress, a launcher's own failure) the job is aborted as before.
+  void FailCycle(int rank, const std::string& message, int exit_code, bool restartable) {
+    std::string refusal;
+    if (restartable && verdict_.kind == ServerVerdict::Kind::kPending) {
+      const CycleFailure failure{cycles_.current(), rank, infos_[size_t(rank)].host, message, exit_code};
+      if (auto restart = cycles_.Decide(failure, refusal)) return BeginCycle(*restart);
+    }
+    Abort(rank, refusal.empty() ? message : message + "; " + refusal, exit_code);
+  }
+
+  // Every node reports again in the new cycle; the push is the only way a node learns of it.
+  void BeginCycle(const Message& restart) {
+    {
+      std::lock_guard lock(mutex_);
+      std::fill(reported_.begin(), reported_.end(), false);
+    }
+    reported_count_ = 0;
+    spdlog::warn("rendezvous: restarting every node in cycle {}: {}", cycles_.current(), StringField(restart, "message"));
+    Broadcast(restart);
+  }
+
+  // The barrier before a cycle's commands: once every node has stopped its job (and loaded
+  // what it resumes from), all are told at once.
+  void OnCycleReady(Connection& connection, const Message& message) {
+    const int64_t cycle = IntField(message, "cycle");
+    if (connection.rank < 0) return Refuse(connection, message, "cycle_ready from a connection that never joined");
+    Reply(connection, message, {{"op", "ok"}});
+    if (IgnoredAsStale(connection, "cycle_ready", cycle) || cycle != cycles_.current()) return;
+    if (auto go = cycles_.Arrive(connection.rank)) Broadcast(*go);
   }
 
   // A node that will not wait for the verdict any longer: the job has failed, and every
@@ -901,6 +949,7 @@ class StoreServer::Loop {
   Clock::time_point next_tick_;
   Clock::time_point verdict_time_;
   ServerVerdict verdict_;
+  Cycles cycles_{options_.node_count, options_.restart_policy};
   mutable std::mutex mutex_;  // guards what other threads read: verdict_, infos_, joined_, drained_
   std::condition_variable drained_changed_;
   bool drained_ = false;

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "rendezvous/cycles.h"
 #include "rendezvous/node_info.h"
 
 namespace bt::rendezvous {
@@ -30,6 +31,8 @@ struct ServerOptions {
   // A node that proves the token but says it is of another job is refused, naming both
   // (empty: not checked).
   std::string job_id;
+  // Asked when a node's job fails: a restart of every node instead of an abort (empty: never).
+  RestartPolicy restart_policy;
 };
 
 // What the leader concluded, once it has.

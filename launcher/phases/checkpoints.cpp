@@ -242,6 +242,100 @@ storage::DestinationSpec ResolveCheckpointDestination(const env::JobConfig& conf
   }
 }
 
+namespace {
+
+// The files of `manifest` that this node still holds, unchanged, under `local_dir` (the
+// node restarted in place): hard-linked into `incoming` instead of downloaded. False when
+// any is missing or differs; then nothing was linked.
+bool LinkLocalCopy(const Manifest& manifest, const std::string& local_dir, const std::string& incoming) {
+  if (local_dir.empty() || !CompareWithManifest(manifest, local_dir).empty()) return false;
+  for (const auto& file : manifest.files) {
+    const std::string to = incoming + "/" + file.path;
+    storage::MakeDirectories(storage::ParentOf(to));
+    std::error_code error;
+    std::filesystem::create_hard_link(local_dir + "/" + file.path, to, error);
+    if (error) std::filesystem::copy_file(local_dir + "/" + file.path, to);  // another filesystem
+  }
+  return true;
+}
+
+// This node's part of the committed version `commit` into `rank_dir`, verified. `local_root`
+// is where this node wrote its own checkpoints ("" when it is another job's).
+void LoadPart(storage::Destination& destination, const storage::DestinationSpec& destination_spec,
+              const storage::CommitRecord& commit, int node_rank, const std::string& rank_dir, const std::string& local_root,
+              const std::string& where, const std::function<void()>& check_stop) {
+  const std::string& name = commit.name;
+  const std::string& job_id = commit.job_id;
+  storage::ValidateCheckpointName(name, where + "checkpoint name");
+  const std::optional<std::string> part_root = storage::PartRoot(commit, node_rank);
+  const std::string remote_rank = part_root.value_or(RankDir(job_id, node_rank));
+  const std::string manifest_path = remote_rank + "/" + storage::ManifestName(name);
+  auto text = part_root ? destination.ReadText(manifest_path) : std::nullopt;
+  if (!text) {
+    throw LaunchFailure(kExitIo, where + "checkpoint " + name + " of job " + job_id + " has no part for node " +
+                                     std::to_string(node_rank) + " (no " + destination_spec.uri + "/" + manifest_path + ")");
+  }
+  Manifest manifest = Manifest::FromJson(*text, destination_spec.uri + "/" + manifest_path);
+  const std::string incoming = rank_dir + "/.bt-loading-" + std::to_string(getpid());
+  storage::RemoveTree(incoming);
+  storage::MakeDirectories(incoming);
+  const std::string local_dir = local_root.empty() ? "" : storage::JoinPath(local_root, manifest.base());
+  const bool reused = LinkLocalCopy(manifest, local_dir, incoming);
+  try {
+    if (!reused) {
+      DownloadLogged(destination, storage::JoinPath(remote_rank, manifest.base()), manifest, incoming,
+                     "checkpoint " + name + " of job " + job_id, check_stop);
+    }
+  } catch (...) {
+    storage::RemoveTree(incoming);
+    throw;
+  }
+  auto problems = reused ? std::vector<std::string>{} : CompareWithManifest(manifest, incoming);
+  if (!problems.empty()) {
+    storage::RemoveTree(incoming);
+    throw LaunchFailure(kExitIo, where + "checkpoint " + name + " of job " + job_id + " is corrupt: " + problems.front() +
+                                     (problems.size() > 1 ? " (and " + std::to_string(problems.size() - 1) + " more)" : ""));
+  }
+  const std::string target = storage::JoinPath(rank_dir, manifest.base());
+  if (manifest.is_directory) storage::RemoveTree(target);
+  for (const auto& file : manifest.files) {
+    const std::string to = target + "/" + file.path;
+    storage::MakeDirectories(storage::ParentOf(to));
+    std::filesystem::rename(incoming + "/" + file.path, to);
+  }
+  storage::RemoveTree(incoming);
+  // Renamed into place, never written through: a symlink at the pointer's path must
+  // not carry the write into a verified file (the manifest cannot name one, see FromJson).
+  for (const auto& [path, content] : manifest.pointers) storage::WriteFileAtomically(rank_dir + "/" + path, content);
+  spdlog::info("loaded checkpoint {} of job {} ({} files, {} bytes, verified{}) into {}", name, job_id, manifest.files.size(),
+               manifest.total_bytes, reused ? ", linked from this node's own copy" : "",
+               storage::JoinPath(rank_dir, manifest.name));
+}
+
+// Every failure of a load as the launch failure (74) that names `where`.
+template <typename Load>
+void AsLoadFailure(const std::string& where, const std::string& uri, Load load) {
+  try {
+    load();
+  } catch (const DestinationError& error) {
+    throw LaunchFailure(kExitIo, where + "cannot load from " + uri + ": " + error.what());
+  } catch (const ManifestError& error) {
+    throw LaunchFailure(kExitIo, where + error.what());
+  } catch (const std::filesystem::filesystem_error& error) {
+    throw LaunchFailure(kExitIo, where + error.what());
+  } catch (const LaunchFailure&) {
+    throw;
+  } catch (const std::runtime_error& error) {
+    throw LaunchFailure(kExitIo, where + error.what());
+  }
+}
+
+std::string LoadRankDir(const env::JobEnvironment& environment, int node_rank) {
+  return environment.variables.at("BT_LOAD_CHECKPOINT_DIR") + "/rank-" + std::to_string(node_rank);
+}
+
+}  // namespace
+
 void LoadCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment,
                      const storage::DestinationSpec& destination_spec, int node_rank,
                      const std::function<void()>& check_stop) {
@@ -251,63 +345,43 @@ void LoadCheckpoints(const env::JobConfig& config, const env::JobEnvironment& en
                                      "({\"typ\": \"baseten_latest_checkpoint\", \"job_id\": ...})");
   }
   auto destination = storage::OpenDestination(destination_spec);
-  const std::string rank_dir = environment.variables.at("BT_LOAD_CHECKPOINT_DIR") + "/rank-" + std::to_string(node_rank);
+  const std::string rank_dir = LoadRankDir(environment, node_rank);
   for (const env::CheckpointReference& reference : loading.checkpoints) {
     const std::string where = reference.config_path + ": ";
-    try {
+    AsLoadFailure(where, destination_spec.uri, [&] {
       const storage::CommitRecord commit = FindCommitted(*destination, reference, where);
-      const std::string& name = commit.name;
-      const std::optional<std::string> part_root = storage::PartRoot(commit, node_rank);
-      const std::string remote_rank = part_root.value_or(RankDir(reference.job_id, node_rank));
-      const std::string manifest_path = remote_rank + "/" + storage::ManifestName(name);
-      auto text = part_root ? destination->ReadText(manifest_path) : std::nullopt;
-      if (!text) {
-        throw LaunchFailure(kExitIo, where + "checkpoint " + name + " of job " + reference.job_id +
-                                         " has no part for node " + std::to_string(node_rank) + " (no " +
-                                         destination_spec.uri + "/" + manifest_path + ")");
-      }
-      Manifest manifest = Manifest::FromJson(*text, destination_spec.uri + "/" + manifest_path);
-      const std::string incoming = rank_dir + "/.bt-loading-" + std::to_string(getpid());
-      storage::RemoveTree(incoming);
-      storage::MakeDirectories(incoming);
-      try {
-        DownloadLogged(*destination, storage::JoinPath(remote_rank, manifest.base()), manifest, incoming,
-                       "checkpoint " + name + " of job " + reference.job_id, check_stop);
-      } catch (...) {
-        storage::RemoveTree(incoming);
-        throw;
-      }
-      auto problems = CompareWithManifest(manifest, incoming);
-      if (!problems.empty()) {
-        storage::RemoveTree(incoming);
-        throw LaunchFailure(kExitIo, where + "checkpoint " + name + " of job " + reference.job_id + " is corrupt: " +
-                                         problems.front() + (problems.size() > 1 ? " (and " + std::to_string(problems.size() - 1) + " more)" : ""));
-      }
-      const std::string target = storage::JoinPath(rank_dir, manifest.base());
-      if (manifest.is_directory) storage::RemoveTree(target);
-      for (const auto& file : manifest.files) {
-        const std::string to = target + "/" + file.path;
-        storage::MakeDirectories(storage::ParentOf(to));
-        std::filesystem::rename(incoming + "/" + file.path, to);
-      }
-      storage::RemoveTree(incoming);
-      // Renamed into place, never written through: a symlink at the pointer's path must
-      // not carry the write into a verified file (the manifest cannot name one, see FromJson).
-      for (const auto& [path, content] : manifest.pointers) storage::WriteFileAtomically(rank_dir + "/" + path, content);
-      spdlog::info("loaded checkpoint {} of job {} ({} files, {} bytes, verified) into {}", name, reference.job_id,
-                   manifest.files.size(), manifest.total_bytes, storage::JoinPath(rank_dir, manifest.name));
-    } catch (const DestinationError& error) {
-      throw LaunchFailure(kExitIo, where + "cannot load from " + destination_spec.uri + ": " + error.what());
-    } catch (const ManifestError& error) {
-      throw LaunchFailure(kExitIo, where + error.what());
-    } catch (const std::filesystem::filesystem_error& error) {
-      throw LaunchFailure(kExitIo, where + error.what());
-    } catch (const LaunchFailure&) {
-      throw;
-    } catch (const std::runtime_error& error) {
-      throw LaunchFailure(kExitIo, where + error.what());
-    }
+      LoadPart(*destination, destination_spec, commit, node_rank, rank_dir, "", where, check_stop);
+    });
   }
+}
+
+std::optional<std::string> LatestCommittedCheckpoint(const storage::DestinationSpec& destination_spec,
+                                                     const std::string& job_id) {
+  try {
+    auto latest = storage::ReadLatestCommit(*storage::OpenDestination(destination_spec), job_id);
+    if (!latest) return std::nullopt;
+    return latest->name;
+  } catch (const std::runtime_error& error) {
+    spdlog::warn("cannot read {}/{}/latest: {}", destination_spec.uri, job_id, error.what());
+    return std::nullopt;
+  }
+}
+
+void LoadOwnCheckpoint(const env::JobEnvironment& environment, const storage::DestinationSpec& destination_spec,
+                       const std::string& job_id, int node_rank, const std::string& name) {
+  const std::string rank_dir = LoadRankDir(environment, node_rank);
+  const std::string where = "resuming from checkpoint " + name + ": ";
+  AsLoadFailure(where, destination_spec.uri, [&] {
+    storage::RemoveTree(rank_dir);  // an earlier cycle's load must not lie beside this one
+    storage::MakeDirectories(rank_dir);
+    auto found = environment.variables.find("BT_CHECKPOINT_DIR");
+    const std::string local_root = found == environment.variables.end() ? "" : found->second;
+    auto destination = storage::OpenDestination(destination_spec);
+    // The version committed under `name` now: node 0 chose the name from `latest` a moment ago.
+    storage::CommitRecord commit = storage::ReadCommit(*destination, job_id, name)
+                                       .value_or(storage::CommitRecord::Unversioned(job_id, name));
+    LoadPart(*destination, destination_spec, commit, node_rank, rank_dir, local_root, where, [] {});
+  });
 }
 
 CheckpointPhase StartCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment,

@@ -37,6 +37,18 @@ void LoadCheckpoints(const env::JobConfig& config, const env::JobEnvironment& en
                      const storage::DestinationSpec& destination, int node_rank,
                      const std::function<void()>& check_stop);
 
+// This job's newest committed checkpoint (its `latest` pointer), nullopt when it has none
+// or the destination cannot be read (logged).
+std::optional<std::string> LatestCommittedCheckpoint(const storage::DestinationSpec& destination,
+                                                     const std::string& job_id);
+
+// This job's own committed checkpoint `name` (a restart, a retried job), this node's part,
+// into BT_LOAD_CHECKPOINT_DIR/rank-<r>/, emptied first so that nothing of an earlier load
+// lies beside it. Files this node still holds unchanged under BT_CHECKPOINT_DIR are
+// hard-linked, not downloaded. Throws LaunchFailure(74).
+void LoadOwnCheckpoint(const env::JobEnvironment& environment, const storage::DestinationSpec& destination,
+                       const std::string& job_id, int node_rank, const std::string& name);
+
 // The agent and the cross-node commit it uses; empty when checkpointing is off.
 struct CheckpointPhase {
   std::unique_ptr<checkpoint::CommitBoard> board;

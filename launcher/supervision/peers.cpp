@@ -76,9 +76,9 @@ bool IsLoopback(const std::string& host) {
 }
 
 std::unique_ptr<Peers> JoinPeers(const env::JobConfig& config, const env::NodeIdentity& identity,
-                                 const std::string& job_id, SignalRouter& signals) {
+                                 const std::string& job_id, SignalRouter& signals, rendezvous::RestartPolicy restart_policy) {
   if (config.launcher.rendezvous.backend == env::RendezvousBackend::kMpi) return MpiPeers::Join(identity);
-  return TcpPeers::Join(config, identity, job_id, signals);
+  return TcpPeers::Join(config, identity, job_id, signals, std::move(restart_policy));
 }
 
 const std::string& RendezvousTokenFromEnvironment() {
@@ -138,7 +138,8 @@ TcpPeers::~TcpPeers() {
 }
 
 std::unique_ptr<TcpPeers> TcpPeers::Join(const env::JobConfig& config, const env::NodeIdentity& identity,
-                                         const std::string& job_id, SignalRouter& signals) {
+                                         const std::string& job_id, SignalRouter& signals,
+                                         rendezvous::RestartPolicy restart_policy) {
   const auto& settings = config.launcher.rendezvous;
   const RendezvousEndpoint endpoint = ResolveEndpoint(config, job_id);
   if (endpoint.token_derived) {
@@ -154,7 +155,8 @@ std::unique_ptr<TcpPeers> TcpPeers::Join(const env::JobConfig& config, const env
     rendezvous::ServerOptions options{endpoint.port, endpoint.token, identity.count, join_timeout,
                                       Millis(settings.heartbeat_interval_s), Millis(settings.heartbeat_timeout_s),
                                       // after the verdict, serve every node still reachable until it has said goodbye
-                                      std::chrono::seconds(settings.exit_barrier_timeout_s), checked_job_id};
+                                      std::chrono::seconds(settings.exit_barrier_timeout_s), checked_job_id,
+                                      std::move(restart_policy)};
     try {
       peers->server_ = std::make_unique<rendezvous::StoreServer>(options);
     } catch (const rendezvous::StoreError& error) {
@@ -216,10 +218,32 @@ void TcpPeers::DrainEvents() {
   while (auto event = client_->TakeEvent()) {
     if (event->kind == PeerEvent::Kind::kComplete) {
       complete_ = true;
+    } else if (event->kind == PeerEvent::Kind::kRestart || event->kind == PeerEvent::Kind::kCycleGo) {
+      OnCycleEvent(std::move(*event));
     } else if (!verdict_) {
       verdict_ = event;
     }
   }
+}
+
+// Cycle numbers only grow: a push about an earlier cycle (delivered late, or about a barrier
+// this node has left) must not move the node back, so it is logged and dropped.
+void TcpPeers::OnCycleEvent(PeerEvent event) {
+  const int64_t newest = restart_ ? restart_->cycle : cycle_;
+  if (event.kind == PeerEvent::Kind::kCycleGo) {
+    if (event.cycle == cycle_ && !restart_) {
+      cycle_started_ = true;
+      return;
+    }
+    spdlog::warn("ignoring the leader's start of cycle {}: this node is in cycle {}", event.cycle, newest);
+    return;
+  }
+  if (event.cycle <= newest) {
+    spdlog::warn("ignoring a restart into cycle {}: this node is already in cycle {}", event.cycle, newest);
+    return;
+  }
+  restart_ = std::move(event);
+  stop_delivered_ = false;  // the job of this cycle (when one runs) is stopped for the restart
 }
 
 bool TcpPeers::WaitUntil(const std::function<bool()>& done, SignalRouter& signals, Clock::time_point deadline,
@@ -242,9 +266,32 @@ bool TcpPeers::WaitUntil(const std::function<bool()>& done, SignalRouter& signal
 
 std::optional<std::string> TcpPeers::TakeStop() {
   DrainEvents();
-  if (!verdict_ || stop_delivered_) return std::nullopt;
-  if (verdict_->kind == PeerEvent::Kind::kResult) return std::nullopt;
+  if (stop_delivered_) return std::nullopt;
+  if (verdict_ && verdict_->kind != PeerEvent::Kind::kResult) {
+    stop_delivered_ = true;
+    return verdict_->message;
+  }
+  if (!restart_) return std::nullopt;
   stop_delivered_ = true;
+  return restart_->message + "; every node restarts in cycle " + std::to_string(restart_->cycle);
+}
+
+void TcpPeers::BeginCycle(int64_t cycle) {
+  cycle_ = cycle;
+  stop_delivered_ = false;
+  reported_ = false;
+  cycle_started_ = false;
+}
+
+std::optional<PeerEvent> TcpPeers::TakeRestart() {
+  DrainEvents();
+  if (verdict_) return std::nullopt;  // the job has ended: no restart can follow
+  return std::exchange(restart_, std::nullopt);
+}
+
+std::optional<std::string> TcpPeers::Verdict() {
+  DrainEvents();
+  if (!verdict_ || verdict_->kind == PeerEvent::Kind::kResult) return std::nullopt;
   return verdict_->message;
 }
 
@@ -253,11 +300,32 @@ int TcpPeers::StopExitCode() {
   return verdict_ ? SurvivorExitCode(*verdict_) : kExitUnavailable;
 }
 
+bool TcpPeers::AwaitRestartOrVerdict(SignalRouter& signals, int& signal_number) {
+  // The leader answers a report at once; the bound is the exit barrier's, as for a verdict.
+  const auto deadline = Clock::now() + std::chrono::seconds(config_.launcher.rendezvous.exit_barrier_timeout_s);
+  WaitUntil([&] { return verdict_.has_value() || restart_.has_value(); }, signals, deadline, signal_number);
+  return signal_number == 0 && !verdict_ && restart_;
+}
+
+bool TcpPeers::AwaitCycleStart(int64_t cycle, Clock::time_point deadline, SignalRouter& signals, int& signal_number) {
+  try {
+    client_->ArriveAtCycle(cycle);
+  } catch (const std::runtime_error& error) {  // StoreError, or StoreTimeout from a stalled leader
+    spdlog::error("cannot tell the leader that this node is ready for cycle {}: {}", cycle, error.what());
+  }
+  const bool ended = WaitUntil([&] { return cycle_started_ || restart_.has_value() || verdict_.has_value(); }, signals,
+                               deadline, signal_number);
+  return ended && signal_number == 0 && cycle_started_ && !restart_ && !verdict_;
+}
+
 void TcpPeers::Report(const JobOutcome& outcome) {
   if (reported_) return;
   reported_ = true;
   try {
-    client_->Report(outcome.exit_code, DescribeExit(outcome));
+    // A launcher's own failure (bad config, weights, a load) is not mended by running again,
+    // a signal from the orchestrator asks for a stop, and a stopped node did not fail.
+    const bool restartable = !outcome.launcher_failure && !outcome.shutdown_signal && !outcome.stop_reason;
+    client_->Report(outcome.exit_code, DescribeExit(outcome), cycle_, restartable);
   } catch (const std::runtime_error& error) {  // StoreError, or StoreTimeout from a stalled leader
     spdlog::warn("cannot report this node's result to the leader: {}", error.what());
   }

@@ -54,18 +54,41 @@ class Peers : public StopRequests {
   // What a node that another node's failure stopped exits with, once TakeStop said so:
   // that node's code, so the scheduler sees one result for the job; 69 when it was lost.
   virtual int StopExitCode() { return kExitUnavailable; }
+
+  // Restart in place (launcher/supervision/restart.h); backends without a leader that
+  // pushes decisions (mpi) never restart.
+  // The cycle this node's outcome and barrier arrivals belong to.
+  virtual void BeginCycle(int64_t) {}
+  // After this node's report: the leader's answer, a restart (true) or the job's verdict.
+  virtual bool AwaitRestartOrVerdict(SignalRouter&, int& signal_number) {
+    signal_number = 0;
+    return false;
+  }
+  // The newest restart the leader pushed for a later cycle than this node's, once.
+  virtual std::optional<rendezvous::PeerEvent> TakeRestart() { return std::nullopt; }
+  // Tells the leader this node is ready for `cycle` and waits until every node is (true), a
+  // newer restart or a verdict arrives, a shutdown signal comes or `deadline` passes (false).
+  virtual bool AwaitCycleStart(int64_t, std::chrono::steady_clock::time_point, SignalRouter&, int& signal_number) {
+    signal_number = 0;
+    return false;
+  }
+  // The job's verdict (abort, lost leader) when one came.
+  virtual std::optional<std::string> Verdict() { return std::nullopt; }
 };
 
 // Joins with the configured backend and returns once every node has joined. Throws
 // LaunchFailure: 69 naming the missing or refused nodes, 128+signal when stopped.
+// `restart_policy` (node 0, launcher.restart): what the leader answers a failed cycle with.
 std::unique_ptr<Peers> JoinPeers(const env::JobConfig& config, const env::NodeIdentity& identity,
-                                 const std::string& job_id, SignalRouter& signals);
+                                 const std::string& job_id, SignalRouter& signals,
+                                 rendezvous::RestartPolicy restart_policy = {});
 
 // The tcp backend: node 0 serves the store, every node joins it and keeps a heartbeat.
 class TcpPeers final : public Peers {
  public:
   static std::unique_ptr<TcpPeers> Join(const env::JobConfig& config, const env::NodeIdentity& identity,
-                                        const std::string& job_id, SignalRouter& signals);
+                                        const std::string& job_id, SignalRouter& signals,
+                                        rendezvous::RestartPolicy restart_policy = {});
   ~TcpPeers() override;
 
   int fd() const override { return client_->event_fd(); }
@@ -76,10 +99,17 @@ class TcpPeers final : public Peers {
   rendezvous::Store* store() override { return client_.get(); }
   std::string LocalAddress() override { return client_->LocalAddress(); }
   int StopExitCode() override;
+  void BeginCycle(int64_t cycle) override;
+  bool AwaitRestartOrVerdict(SignalRouter& signals, int& signal_number) override;
+  std::optional<rendezvous::PeerEvent> TakeRestart() override;
+  bool AwaitCycleStart(int64_t cycle, std::chrono::steady_clock::time_point deadline, SignalRouter& signals,
+                       int& signal_number) override;
+  std::optional<std::string> Verdict() override;
 
  private:
   TcpPeers(const env::JobConfig& config, const env::NodeIdentity& identity);
   void DrainEvents();
+  void OnCycleEvent(rendezvous::PeerEvent event);
   // Takes the leader's events until `done()` holds (true), a shutdown signal arrives (true,
   // `signal_number` set) or `deadline` passes (false).
   bool WaitUntil(const std::function<bool()>& done, SignalRouter& signals,
@@ -93,6 +123,9 @@ class TcpPeers final : public Peers {
   std::optional<rendezvous::PeerEvent> verdict_;
   bool stop_delivered_ = false;
   bool reported_ = false;
+  int64_t cycle_ = 0;
+  std::optional<rendezvous::PeerEvent> restart_;  // pushed for a cycle after cycle_, not yet taken
+  bool cycle_started_ = false;                    // the leader's go for cycle_ came
 };
 
 // The mpi backend (under mpirun): node info exchanged with MPI collectives through the

@@ -147,6 +147,13 @@ std::vector<BadConfig> BadConfigs() {
        "launcher.rendezvous.join_timeout_s: expected an integer in [1, 604800], got 0"},
       {keep(std::string(R"({"launcher": {"rendezvous_port": 1}, )") + kOk + "}"), "launcher.rendezvous_port: unknown key"},
       {keep(std::string(R"({"name": "", )") + kOk + "}"), "name: expected a non-empty string"},
+      {keep(std::string(R"({"launcher": {"restart": {"max_restarts": -1}}, )") + kOk + "}"),
+       "launcher.restart.max_restarts: expected an integer in [0, 10000], got -1"},
+      {keep(std::string(R"({"launcher": {"restart": {"rejoin_timeout_s": 0}}, )") + kOk + "}"),
+       "launcher.restart.rejoin_timeout_s: expected a number of seconds > 0, got 0"},
+      {keep(std::string(R"({"launcher": {"restart": {"max_cycles_without_progress": 0}}, )") + kOk + "}"),
+       "launcher.restart.max_cycles_without_progress: expected an integer in [1, 10000], got 0"},
+      {keep(std::string(R"({"launcher": {"restart": {"max_restart": 1}}, )") + kOk + "}"), "launcher.restart.max_restart: unknown key"},
   };
 }
 
@@ -197,6 +204,17 @@ TEST(JobConfig, DefaultsMatchThePlatform) {
   EXPECT_DOUBLE_EQ(config.launcher.grace_period_s, 30);
   EXPECT_EQ(config.launcher.rendezvous.port, 29300);
   EXPECT_EQ(config.launcher.rendezvous.join_timeout_s, 900);
+  EXPECT_EQ(config.launcher.restart.max_restarts, 0);
+  EXPECT_DOUBLE_EQ(config.launcher.restart.rejoin_timeout_s, 600);
+  EXPECT_EQ(config.launcher.restart.max_cycles_without_progress, 3);
+}
+
+TEST(JobConfig, ReadsTheRestartSettings) {
+  JobConfig config = ParseJobConfig(std::string(R"({"launcher": {"restart": {"max_restarts": 2, "rejoin_timeout_s": 30,
+                                                   "max_cycles_without_progress": 1}}, )") + kOk + "}", true);
+  EXPECT_EQ(config.launcher.restart.max_restarts, 2);
+  EXPECT_DOUBLE_EQ(config.launcher.restart.rejoin_timeout_s, 30);
+  EXPECT_EQ(config.launcher.restart.max_cycles_without_progress, 1);
 }
 
 TEST(JobConfig, DeprecatedEnableCacheBecomesCacheConfig) {

@@ -27,8 +27,10 @@ class Job {
  public:
   // `rendezvous_extra` (", \"key\": value, ...") overrides the rendezvous defaults below.
   // With checkpointing, a node's drain waits for node 0's training to end.
-  Job(int nodes, const std::string& commands_json, const std::string& rendezvous_extra = "", bool checkpointing = true)
-      : nodes_(nodes), port_(FreePort()) {
+  // `launcher_extra` is merged into the launcher object (restart settings, graces).
+  Job(int nodes, const std::string& commands_json, const std::string& rendezvous_extra = "", bool checkpointing = true,
+      const nlohmann::json& launcher_extra = nlohmann::json::object(), uint16_t port = FreePort())
+      : nodes_(nodes), port_(port) {
     nlohmann::json rendezvous = {{"port", port_}, {"join_timeout_s", 20}, {"heartbeat_interval_s", 0.2},
                                  {"heartbeat_timeout_s", 3}, {"exit_barrier_timeout_s", 30}};
     if (!rendezvous_extra.empty()) rendezvous.update(nlohmann::json::parse("{" + rendezvous_extra.substr(1) + "}"));
@@ -40,6 +42,7 @@ class Job {
           {"checkpointing_config", {{"enabled", checkpointing}}},
           {"cache_config", {{"enabled", true}}}}},
         {"launcher", {{"grace_period_s", 5}, {"rendezvous", rendezvous}}}};
+    config["launcher"].update(launcher_extra);
     config_ = dir_.Write("job.json", config.dump());
   }
 
@@ -429,6 +432,224 @@ TEST(MultiNode, TableRosterForHumans) {
   EXPECT_NE(result.out.find("rank  host"), std::string::npos) << result.out;
   EXPECT_NE(result.out.find("joined after"), std::string::npos);
 }
+
+
+namespace restart {
+
+// Below the ephemeral range (32768-60999), where no connect of the machine takes it.
+uint16_t PortBelowEphemeralRange() {
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const uint16_t port = uint16_t(20000 + (getpid() * 7919 + attempt * 104729) % 12000);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(port);
+    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
+    close(fd);
+    if (free) return port;
+  }
+  throw std::runtime_error("no free port in [20000, 32000)");
+}
+
+constexpr const char* kJobId = "restart-job";
+
+// A job whose launchers restart in place, checkpointing into `dir/remote`.
+nlohmann::json RestartSettings(const TempDir& dir, int max_restarts, double peer_grace_s = 5) {
+  return {{"job_id", kJobId},
+          {"peer_failure_grace_s", peer_grace_s},
+          {"restart", {{"max_restarts", max_restarts}, {"rejoin_timeout_s", 60}}},
+          {"checkpoint",
+           {{"destination", "file://" + dir.path() + "/remote"}, {"scan_interval_s", 0.5}, {"quiet_period_s", 2},
+            {"drain_timeout_s", 10}}}};
+}
+
+// Saves checkpoint-N in the Trainer's order (trainer_state.json completes it).
+std::string Save(int step) {
+  const std::string dir = "$BT_CHECKPOINT_DIR/checkpoint-" + std::to_string(step);
+  return "mkdir -p " + dir + " && head -c 100000 /dev/urandom > " + dir + "/model.bin && echo '{}' > " + dir +
+         "/config.json && echo '{\"global_step\": " +
+         std::to_string(step) + "}' > " + dir + "/trainer_state.json";
+}
+
+// Blocks the job until `path` exists (a commit, an uploaded part), at most 30 s.
+std::string WaitFor(const std::string& path) {
+  return "for i in $(seq 300); do [ -s " + path + " ] && break; sleep 0.1; done";
+}
+
+// What a cycle after the first prints: its count, the checkpoint it resumes from and the step in it.
+constexpr const char* kReportResume =
+    "echo \"cycle $BT_RESTART_COUNT torchelastic $TORCHELASTIC_RESTART_COUNT resume $BT_RESUME_CHECKPOINT "
+    "$(cat $BT_LOAD_CHECKPOINT_DIR/rank-$BT_NODE_RANK/$BT_RESUME_CHECKPOINT/trainer_state.json) "
+    "$(ls $BT_LOAD_CHECKPOINT_DIR/rank-$BT_NODE_RANK | tr '\\n' ' ')\"";
+
+std::string Commands(const std::string& cycle0, const std::string& later) {
+  return nlohmann::json::array({"if [ \"$BT_RESTART_COUNT\" = 0 ]; then " + cycle0 + "; else " + later + "; fi"}).dump();
+}
+
+TEST(Restart, FailureOnNode2RestartsEveryNodeWithTheSameCountFromTheCommittedStep) {
+  TempDir scratch;
+  const std::string latest = scratch.path() + "/remote/" + kJobId + "/latest";
+  const std::string cycle0 = Save(4) + " && " + WaitFor(latest) + " && if [ $BT_NODE_RANK = 2 ]; then exit 1; fi; exec sleep 60";
+  Job job(3, Commands(cycle0, kReportResume), "", true, RestartSettings(scratch, 2), PortBelowEphemeralRange());
+  auto processes = job.StartAll();
+  auto results = Job::FinishAll(processes);
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_EQ(results[rank].exit_code, 0) << "node " << rank << ":\n" << results[rank].err;
+    EXPECT_NE(results[rank].out.find("cycle 1 torchelastic 1 resume checkpoint-4 {\"global_step\": 4} checkpoint-4 \n"),
+              std::string::npos) << "node " << rank << ":\n" << results[rank].out << results[rank].err;
+    EXPECT_NE(results[rank].err.find("restarts: cycle 1 (node 2 ("), std::string::npos) << results[rank].err;
+    EXPECT_NE(results[rank].err.find("resumed from checkpoint-4, restarts 1/2"), std::string::npos) << results[rank].err;
+    // The node wrote checkpoint-4 itself: linked from its own disk, not downloaded.
+    EXPECT_NE(results[rank].err.find("linked from this node's own copy"), std::string::npos) << results[rank].err;
+    EXPECT_LT(results[rank].elapsed, 50s);
+  }
+}
+
+TEST(Restart, BudgetIsGlobalAndTheJobFailsAtFailureMaxRestartsPlusOne) {
+  TempDir scratch;
+  // Cycle c fails on node c: three different nodes, three failures.
+  Job job(3, R"(["if [ $BT_RESTART_COUNT = $BT_NODE_RANK ]; then sleep 0.3; exit 3; fi; exec sleep 60"])", "", false,
+          RestartSettings(scratch, 2), PortBelowEphemeralRange());
+  auto processes = job.StartAll();
+  auto results = Job::FinishAll(processes);
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_EQ(results[rank].exit_code, 3) << "node " << rank << ":\n" << results[rank].err;
+    const std::string& log = results[rank].err;
+    EXPECT_NE(log.find("cycle 1 (node 0 ("), std::string::npos) << log;
+    EXPECT_NE(log.find("cycle 2 (node 1 ("), std::string::npos) << log;
+    EXPECT_NE(log.find("restarts 2/2"), std::string::npos) << log;
+    EXPECT_EQ(log.find("every node is ready: running cycle 3"), std::string::npos) << log;
+  }
+  // The third failure, and why it ends the job, as every other node was told.
+  for (int rank : {0, 1}) {
+    EXPECT_NE(results[rank].err.find("job failed: node 2 ("), std::string::npos) << results[rank].err;
+    EXPECT_NE(results[rank].err.find("failed: exit code 3; no restart left (2/2 used, launcher.restart.max_restarts)"),
+              std::string::npos) << results[rank].err;
+  }
+}
+
+TEST(Restart, FaultWhileACheckpointIsIncompleteResumesFromThePreviousCommittedOne) {
+  TempDir scratch;
+  const std::string remote = scratch.path() + "/remote/" + kJobId;
+  // checkpoint-1 is committed everywhere; checkpoint-2 is uploaded by nodes 0 and 1 only
+  // when node 2 fails, so `latest` never moved to it.
+  const std::string cycle0 = Save(1) + " && " + WaitFor(remote + "/latest") +
+                             " && if [ $BT_NODE_RANK = 2 ]; then " + WaitFor(remote + "/rank-1/checkpoint-2.bt-manifest.json") +
+                             "; exit 1; fi; " + Save(2) + "; exec sleep 60";
+  // Cycle 1 drops the uncommitted checkpoint-2 (node 2 never has it), as a training that
+  // resumed from checkpoint-1 would overwrite it: the drain then has nothing left to commit.
+  Job job(3, Commands(cycle0, std::string("rm -rf $BT_CHECKPOINT_DIR/checkpoint-2; ") + kReportResume), "", true,
+          RestartSettings(scratch, 1), PortBelowEphemeralRange());
+  auto processes = job.StartAll();
+  auto results = Job::FinishAll(processes);
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_EQ(results[rank].exit_code, 0) << "node " << rank << ":\n" << results[rank].err;
+    EXPECT_NE(results[rank].out.find("cycle 1 torchelastic 1 resume checkpoint-1 {\"global_step\": 1} checkpoint-1 \n"),
+              std::string::npos) << "node " << rank << ":\n" << results[rank].out << results[rank].err;
+  }
+}
+
+// Node 1's training ignores SIGTERM, so the restart's stop lasts the peer grace (3 s):
+// the window in which the tests below hit the job.
+constexpr const char* kSlowToStop =
+    R"(["if [ $BT_NODE_RANK = 2 ]; then sleep 0.5; exit 1; fi; if [ $BT_NODE_RANK = 1 ]; then trap '' TERM; fi; echo started; sleep 60"])";
+
+// The job's launchers once node 0 has pushed cycle 1 (node 1 still stopping); empty when it never did.
+std::vector<std::unique_ptr<LauncherProcess>> StartAndEnterTheRestart(Job& job) {
+  auto processes = job.StartAll();
+  if (processes[0]->WaitForLog("restarting every node in cycle 1", 30s)) return processes;
+  Job::FinishAll(processes);
+  return {};
+}
+
+TEST(Restart, ALauncherLostDuringTheRestartEndsTheJobWithoutDeadlock) {
+  TempDir scratch;
+  Job job(3, kSlowToStop, "", false, RestartSettings(scratch, 3, 3), PortBelowEphemeralRange());
+  auto processes = StartAndEnterTheRestart(job);
+  ASSERT_FALSE(processes.empty());
+  processes[2]->Signal(SIGKILL);
+  auto results = Job::FinishAll(processes);
+  for (int rank : {0, 1}) {
+    EXPECT_EQ(results[rank].exit_code, 69) << "node " << rank << ":\n" << results[rank].err;
+    EXPECT_NE(results[rank].err.find("node 2 ("), std::string::npos) << results[rank].err;
+    EXPECT_NE(results[rank].err.find("lost: connection closed"), std::string::npos) << results[rank].err;
+    EXPECT_EQ(results[rank].err.find("every node is ready: running cycle 1"), std::string::npos) << results[rank].err;
+    EXPECT_LT(results[rank].elapsed, 40s);
+  }
+}
+
+TEST(Restart, SigtermDuringTheRestartStopsEveryNodeWithoutRestarting) {
+  TempDir scratch;
+  Job job(3, kSlowToStop, "", false, RestartSettings(scratch, 3, 3), PortBelowEphemeralRange());
+  auto processes = StartAndEnterTheRestart(job);
+  ASSERT_FALSE(processes.empty());
+  for (auto& process : processes) process->Signal(SIGTERM);
+  auto results = Job::FinishAll(processes);
+  for (int rank = 0; rank < 3; ++rank) {
+    // 128+TERM; or KILL for node 1, whose training ignores TERM through the grace; or, for
+    // node 2, its training's own code when the TERM came before the leader's answer.
+    const int code = results[rank].exit_code;
+    EXPECT_TRUE(code == 143 || (rank == 1 && code == 137) || (rank == 2 && code == 1))
+        << "node " << rank << " exit " << results[rank].exit_code << ":\n" << results[rank].err;
+    EXPECT_EQ(results[rank].err.find("every node is ready: running cycle 1"), std::string::npos) << results[rank].err;
+    EXPECT_LT(results[rank].elapsed, 40s);
+  }
+}
+
+TEST(Restart, KilledLeaderEndsTheJobOnEveryFollowerWith69) {
+  TempDir scratch;
+  Job job(3, kLongTrainingRecordingItsPid, "", false, RestartSettings(scratch, 3), PortBelowEphemeralRange());
+  auto processes = job.StartAll();
+  ASSERT_TRUE(processes[0]->WaitForOutput("started", 20s));
+  ASSERT_TRUE(processes[2]->WaitForOutput("started", 20s));
+  KillNodeHard(job, *processes[0], 0);
+  auto results = Job::FinishAll(processes);
+  for (int rank : {1, 2}) {
+    EXPECT_EQ(results[rank].exit_code, 69) << results[rank].err;
+    EXPECT_NE(results[rank].err.find("leader (node 0) lost"), std::string::npos) << results[rank].err;
+    EXPECT_LT(results[rank].elapsed, 20s);  // heartbeat_timeout_s 3 + peer grace 5, with slack for a loaded machine
+  }
+}
+
+TEST(Restart, CyclesInARowWithoutANewCommittedCheckpointStopTheRestarts) {
+  TempDir scratch;
+  nlohmann::json settings = RestartSettings(scratch, 5);
+  settings["restart"]["max_cycles_without_progress"] = 2;
+  Job job(2, R"(["if [ $BT_NODE_RANK = 1 ]; then sleep 0.3; exit 4; fi; exec sleep 60"])", "", true, settings,
+          PortBelowEphemeralRange());
+  auto processes = job.StartAll();
+  auto results = Job::FinishAll(processes);
+  EXPECT_EQ(results[0].exit_code, 4) << results[0].err;
+  EXPECT_EQ(results[1].exit_code, 4) << results[1].err;
+  EXPECT_NE(results[0].err.find("not restarting: 2 cycles in a row ended without a new committed checkpoint "
+                                "(launcher.restart.max_cycles_without_progress; 1/5 restarts used)"),
+            std::string::npos) << results[0].err;
+  EXPECT_EQ(results[0].err.find("every node is ready: running cycle 2"), std::string::npos) << results[0].err;
+}
+
+TEST(Restart, ARetriedJobResumesFromItsOwnCommittedCheckpoint) {
+  TempDir scratch;
+  const std::string report =
+      "echo \"resumed $BT_RESUME_CHECKPOINT $(cat $BT_LOAD_CHECKPOINT_DIR/rank-$BT_NODE_RANK/$BT_RESUME_CHECKPOINT/"
+      "trainer_state.json)\"";
+  const std::string commands =
+      nlohmann::json::array({"if [ -n \"$BT_RESUME_CHECKPOINT\" ]; then " + report + "; else " + Save(3) + "; fi"}).dump();
+  Job job(2, commands, "", true, RestartSettings(scratch, 0), PortBelowEphemeralRange());
+  auto first = job.StartAll();
+  for (auto& result : Job::FinishAll(first)) ASSERT_EQ(result.exit_code, 0) << result.err;
+  ASSERT_EQ(ReadFile(scratch.path() + "/remote/" + kJobId + "/latest"), "checkpoint-3\n");
+  auto retried = job.StartAll();  // the same job again: the platform retried it
+  auto results = Job::FinishAll(retried);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(results[rank].exit_code, 0) << results[rank].err;
+    EXPECT_NE(results[rank].out.find("resumed checkpoint-3 {\"global_step\": 3}"), std::string::npos)
+        << results[rank].out << results[rank].err;
+    EXPECT_NE(results[rank].err.find("resuming from checkpoint checkpoint-3: this job's destination already holds it"),
+              std::string::npos) << results[rank].err;
+  }
+}
+
+}  // namespace restart
 
 }  // namespace
 }  // namespace bt::testing

@@ -710,5 +710,57 @@ TEST(Client, UnresolvableLeaderIsRetriedThenNamed) {
   }
 }
 
+
+// Restart in place: a policy that always restarts, with the checkpoint it would resume from.
+ServerOptions RestartingOptions(int nodes) {
+  ServerOptions options = Options(nodes);
+  options.restart_policy = [](const CycleFailure&) { return RestartAnswer{Message{{"resume", "checkpoint-2"}}, ""}; };
+  return options;
+}
+
+TEST(Server, ARestartableFailureIsPushedAsTheNextCycleToEveryNode) {
+  StoreServer server(RestartingOptions(2));
+  auto nodes = JoinAll(server, 2);
+  nodes[1]->Report(3, "exit code 3", 0, true);
+  auto restart = NextEvent(*nodes[0], PeerEvent::Kind::kRestart);
+  ASSERT_TRUE(restart);
+  EXPECT_EQ(restart->cycle, 1);
+  EXPECT_EQ(restart->rank, 1);
+  EXPECT_EQ(restart->host, "host1");
+  EXPECT_EQ(restart->decision["resume"], "checkpoint-2");
+  EXPECT_EQ(server.verdict().kind, ServerVerdict::Kind::kPending);
+  nodes[0]->ArriveAtCycle(1);
+  nodes[1]->ArriveAtCycle(1);
+  auto go = NextEvent(*nodes[0], PeerEvent::Kind::kCycleGo);
+  ASSERT_TRUE(go);
+  EXPECT_EQ(go->cycle, 1);
+}
+
+TEST(Server, ALaunchersOwnFailureIsNeverRestarted) {
+  StoreServer server(RestartingOptions(2));
+  auto nodes = JoinAll(server, 2);
+  nodes[1]->Report(74, "bt-launch failed (exit code 74): the load failed", 0, false);
+  auto abort = NextEvent(*nodes[0], PeerEvent::Kind::kAbort);
+  ASSERT_TRUE(abort);
+  EXPECT_EQ(abort->exit_code, 74);
+}
+
+TEST(Server, AReportOfAnEarlierCycleChangesNothing) {
+  StoreServer server(RestartingOptions(2));
+  auto nodes = JoinAll(server, 2);
+  nodes[1]->Report(3, "exit code 3", 0, true);
+  ASSERT_TRUE(NextEvent(*nodes[0], PeerEvent::Kind::kRestart));
+  ASSERT_TRUE(NextEvent(*nodes[1], PeerEvent::Kind::kRestart));
+  // Node 0's own failure of cycle 0 arrives late: neither a second restart nor an abort.
+  nodes[0]->Report(5, "exit code 5", 0, true);
+  nodes[0]->ArriveAtCycle(0);
+  EXPECT_FALSE(NextEvent(*nodes[1], PeerEvent::Kind::kRestart, 500ms));
+  EXPECT_EQ(server.verdict().kind, ServerVerdict::Kind::kPending);
+  // Cycle 1 goes on: both succeed and the job has its result.
+  nodes[0]->Report(0, "exit code 0", 1, true);
+  nodes[1]->Report(0, "exit code 0", 1, true);
+  EXPECT_TRUE(NextEvent(*nodes[0], PeerEvent::Kind::kResult));
+}
+
 }  // namespace
 }  // namespace bt::rendezvous

@@ -1,0 +1,203 @@
+#include "launcher/supervision/restart.h"
+
+#include <cstring>
+#include <memory>
+
+#include <spdlog/spdlog.h>
+
+#include "launcher/exit_codes.h"
+#include "launcher/timeline.h"
+
+namespace bt::launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using rendezvous::PeerEvent;
+
+// Node 0's account of the job's restarts. The budget is the job's, not a node's: every
+// failure the leader accepts counts once, whichever node it came from.
+class RestartBudget {
+ public:
+  RestartBudget(const env::RestartSettings& settings, std::function<std::optional<std::string>()> latest_committed)
+      : settings_(settings), latest_committed_(std::move(latest_committed)) {
+    if (latest_committed_) started_from_ = latest_committed_();
+  }
+
+  rendezvous::RestartAnswer Decide(const rendezvous::CycleFailure& failure) {
+    if (used_ >= settings_.max_restarts) {
+      return {std::nullopt, "no restart left (" + Used() + " used, launcher.restart.max_restarts)"};
+    }
+    std::optional<std::string> latest = latest_committed_ ? latest_committed_() : std::nullopt;
+    if (auto refusal = NoProgress(latest)) return {std::nullopt, *refusal};
+    started_from_ = latest;
+    ++used_;
+    spdlog::warn("restart {}: cycle {} failed ({}); every node runs cycle {}{}", Used(), failure.cycle, failure.cause,
+                 failure.cycle + 1, latest ? " from checkpoint " + *latest : "");
+    return {rendezvous::Message{{"resume", latest.value_or("")},
+                                {"restarts_used", used_},
+                                {"max_restarts", settings_.max_restarts}},
+            ""};
+  }
+
+ private:
+  std::string Used() const { return std::to_string(used_) + "/" + std::to_string(settings_.max_restarts); }
+
+  // A cycle that committed nothing new made no progress; several in a row mean the job
+  // fails the same way each time, and restarting it only burns the allocation.
+  std::optional<std::string> NoProgress(const std::optional<std::string>& latest) {
+    if (!latest_committed_) return std::nullopt;
+    without_progress_ = latest != started_from_ ? 0 : without_progress_ + 1;
+    if (without_progress_ < settings_.max_cycles_without_progress) return std::nullopt;
+    return "not restarting: " + std::to_string(without_progress_) +
+           " cycles in a row ended without a new committed checkpoint (launcher.restart.max_cycles_without_progress; " +
+           Used() + " restarts used)";
+  }
+
+  env::RestartSettings settings_;
+  std::function<std::optional<std::string>()> latest_committed_;
+  std::optional<std::string> started_from_;
+  int used_ = 0;
+  int without_progress_ = 0;
+};
+
+bool RestartsEnabled(const env::JobConfig& config, Peers* peers) {
+  return peers != nullptr && config.launcher.restart.max_restarts > 0;
+}
+
+// After a cycle's commands: the restart the leader pushed, or nullopt when this outcome
+// ends the job. A failed or finished node reports and waits for the leader's answer; a
+// signal from the orchestrator never restarts.
+std::optional<PeerEvent> NextRestart(Peers& peers, SignalRouter& signals, JobOutcome& outcome) {
+  if (outcome.shutdown_signal) {
+    // Its report must belong to the leader's current cycle, or the leader drops it as stale.
+    if (auto restart = peers.TakeRestart()) peers.BeginCycle(restart->cycle);
+    return std::nullopt;
+  }
+  if (auto restart = peers.TakeRestart()) return restart;
+  if (outcome.stop_reason) return std::nullopt;  // a verdict stopped it
+  peers.Report(outcome);
+  int signal_number = 0;
+  if (peers.AwaitRestartOrVerdict(signals, signal_number)) return peers.TakeRestart();
+  if (signal_number != 0 && !outcome.shutdown_signal) outcome.shutdown_signal = signal_number;
+  return std::nullopt;
+}
+
+CycleRecord RecordOf(const PeerEvent& restart) {
+  CycleRecord record;
+  record.cycle = restart.cycle;
+  record.cause = restart.message;
+  record.resume = restart.decision.value("resume", "");
+  record.restarts_used = restart.decision.value("restarts_used", 0);
+  record.max_restarts = restart.decision.value("max_restarts", 0);
+  record.stopped = Clock::now();
+  return record;
+}
+
+// The node's failure to prepare the next cycle is the job's: the others are waiting at
+// the barrier, so they are told before the launcher fails.
+void LoadForCycle(Peers& peers, const CycleHooks& hooks, const std::string& resume) {
+  if (resume.empty()) return;
+  try {
+    hooks.load_resume(resume);
+  } catch (const LaunchFailure& failure) {
+    JobOutcome outcome;
+    outcome.exit_code = failure.code();
+    outcome.launcher_failure = failure.what();
+    peers.Report(outcome);
+    throw;
+  }
+}
+
+// Between two cycles: load, then the barrier. A newer restart while waiting (a node lost
+// or failed again) starts the wait over for that cycle; a verdict or a signal ends the job.
+// Returns the restart whose barrier passed, or nullopt with `outcome` saying why not.
+std::optional<PeerEvent> MeetAtBarrier(const env::JobConfig& config, Peers& peers, SignalRouter& signals,
+                                       const CycleHooks& hooks, PeerEvent restart, JobOutcome& outcome,
+                                       std::vector<CycleRecord>& cycles) {
+  const auto wait = std::chrono::milliseconds(int64_t(config.launcher.restart.rejoin_timeout_s * 1000));
+  while (true) {
+    peers.BeginCycle(restart.cycle);
+    cycles.push_back(RecordOf(restart));
+    spdlog::info("this node's job is stopped; waiting for every node to be ready for cycle {}", restart.cycle);
+    LoadForCycle(peers, hooks, cycles.back().resume);
+    int signal_number = 0;
+    if (peers.AwaitCycleStart(restart.cycle, Clock::now() + wait, signals, signal_number)) {
+      cycles.back().all_ready = Clock::now();
+      return restart;
+    }
+    if (signal_number != 0) {
+      spdlog::info("stopped by {} while restarting: cycle {} does not start", strsignal(signal_number), restart.cycle);
+      outcome.shutdown_signal = signal_number;
+      outcome.exit_code = 128 + signal_number;
+      return std::nullopt;
+    }
+    if (auto newer = peers.TakeRestart()) {
+      restart = *newer;
+      continue;
+    }
+    if (auto verdict = peers.Verdict()) {
+      outcome.stop_reason = *verdict;
+      return std::nullopt;
+    }
+    throw LaunchFailure(kExitUnavailable, "cycle " + std::to_string(restart.cycle) + ": not every node was ready within " +
+                                              "launcher.restart.rejoin_timeout_s");
+  }
+}
+
+}  // namespace
+
+rendezvous::RestartPolicy MakeRestartPolicy(const env::RestartSettings& settings,
+                                            std::function<std::optional<std::string>()> latest_committed) {
+  auto budget = std::make_shared<RestartBudget>(settings, std::move(latest_committed));
+  return [budget](const rendezvous::CycleFailure& failure) { return budget->Decide(failure); };
+}
+
+std::string RenderCycles(const std::vector<CycleRecord>& cycles) {
+  std::string text;
+  for (const CycleRecord& record : cycles) {
+    if (!text.empty()) text += "; ";
+    text += "cycle " + std::to_string(record.cycle) + " (" + record.cause + "): this node stopped → all nodes ready ";
+    text += record.all_ready == Clock::time_point{} ? "never" : FormatDuration(record.all_ready - record.stopped);
+    text += record.resume.empty() ? ", no checkpoint to resume from" : ", resumed from " + record.resume;
+    text += ", restarts " + std::to_string(record.restarts_used) + "/" + std::to_string(record.max_restarts);
+  }
+  return text;
+}
+
+std::vector<std::string> CycleEnviron(const env::JobEnvironment& environment, const env::JobConfig& config, int64_t cycle,
+                                      const std::string& resume) {
+  env::JobEnvironment copy = environment;
+  auto& variables = copy.variables;
+  if (config.launcher.restart.max_restarts > 0) {
+    variables["BT_RESTART_COUNT"] = std::to_string(cycle);
+    variables["TORCHELASTIC_RESTART_COUNT"] = std::to_string(cycle);
+    // Only a port the launcher chose moves; one the user set is theirs.
+    const std::string chosen = std::to_string(config.launcher.master_port);
+    const bool user_set = config.runtime.environment_variables.contains("MASTER_PORT");
+    if (!user_set && variables["MASTER_PORT"] == chosen) {
+      variables["MASTER_PORT"] = std::to_string(int(config.launcher.master_port) + int(cycle % kMasterPortCycles));
+    }
+  }
+  if (!resume.empty()) variables["BT_RESUME_CHECKPOINT"] = resume;
+  return copy.ToEnviron();
+}
+
+JobOutcome RunCycles(const env::JobConfig& config, Peers* peers, SignalRouter& signals, const CycleHooks& hooks,
+                     const std::string& first_resume, std::vector<CycleRecord>& cycles) {
+  int64_t cycle = 0;
+  std::string resume = first_resume;
+  while (true) {
+    JobOutcome outcome = hooks.run(cycle, resume);
+    if (!RestartsEnabled(config, peers)) return outcome;
+    std::optional<PeerEvent> restart = NextRestart(*peers, signals, outcome);
+    if (!restart) return outcome;
+    restart = MeetAtBarrier(config, *peers, signals, hooks, *restart, outcome, cycles);
+    if (!restart) return outcome;
+    cycle = restart->cycle;
+    resume = cycles.back().resume;
+    spdlog::info("every node is ready: running cycle {} (BT_RESTART_COUNT={}){}", cycle, cycle,
+                 resume.empty() ? "" : ", resuming from checkpoint " + resume);
+  }
+}
+
+}  // namespace bt::launcher

@@ -1,0 +1,32 @@
+#include "rendezvous/cycles.h"
+
+#include <algorithm>
+
+namespace bt::rendezvous {
+
+Cycles::Cycles(int node_count, RestartPolicy policy)
+    : policy_(std::move(policy)), arrived_(size_t(std::max(node_count, 0)), false) {}
+
+std::optional<Message> Cycles::Decide(const CycleFailure& failure, std::string& refusal) {
+  if (!policy_) return std::nullopt;
+  RestartAnswer answer = policy_(failure);
+  if (!answer.decision) {
+    refusal = answer.refusal;
+    return std::nullopt;
+  }
+  ++current_;
+  std::fill(arrived_.begin(), arrived_.end(), false);
+  arrived_count_ = 0;
+  return Message{{"op", "restart"},      {"cycle", current_},         {"rank", failure.rank},
+                 {"host", failure.host}, {"message", failure.cause}, {"code", failure.exit_code},
+                 {"decision", *answer.decision}};
+}
+
+std::optional<Message> Cycles::Arrive(int rank) {
+  if (rank < 0 || size_t(rank) >= arrived_.size() || arrived_[size_t(rank)]) return std::nullopt;
+  arrived_[size_t(rank)] = true;
+  if (++arrived_count_ < int(arrived_.size())) return std::nullopt;
+  return Message{{"op", "cycle_go"}, {"cycle", current_}};
+}
+
+}  // namespace bt::rendezvous
