@@ -23,7 +23,30 @@ readonly kCtldPort=26817   # test ports stay below 32768
 readonly kSlurmdPort=26818
 tag="bs$$"
 bridge="${tag}br"
-work=$(mktemp -d /tmp/bt-slurm.XXXXXX)
+
+# A run killed outright (SIGKILL from ctest's timeout) cannot clean up: its namespaces,
+# bridge (holding this test's subnet), daemons and files would make every later run fail.
+# Each run's names carry its pid; what belongs to a pid no longer alive is removed here.
+remove_stale_runs() {
+  local stale_tag pid dir
+  for dir in /tmp/bt-slurm-bs*; do
+    [ -d "$dir" ] || continue
+    stale_tag=${dir#/tmp/bt-slurm-}; stale_tag=${stale_tag%%.*}; pid=${stale_tag#bs}
+    kill -0 "$pid" 2>/dev/null && continue
+    pkill -9 -f -- "$dir/" 2>/dev/null || true  # its slurmctld and munged name files in it
+    for ns in $(ip netns list | awk '{print $1}' | grep "^${stale_tag}n[0-9]*$"); do
+      for member in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$member" 2>/dev/null || true; done
+      ip netns del "$ns" 2>/dev/null || true
+    done
+    ip link del "${stale_tag}br" 2>/dev/null || true
+    while read -r mount_point; do rmdir "$mount_point" 2>/dev/null || true; done < "$dir/made-mount-points" 2>/dev/null || true
+    rm -rf "$dir"
+    echo "removed what a killed earlier run ($stale_tag) left behind"
+  done
+}
+remove_stale_runs
+
+work=$(mktemp -d "/tmp/bt-slurm-$tag.XXXXXX")
 chmod 755 "$work"
 pids=()
 # examples/slurm/job.json's paths: /scratch is each node's own, /shared is every node's.
@@ -31,7 +54,7 @@ pids=()
 # the two mount points, removed again if this test made them.
 made_mount_points=()
 for dir in /scratch /shared; do
-  [ -e "$dir" ] || { mkdir "$dir"; made_mount_points+=("$dir"); }
+  [ -e "$dir" ] || { mkdir "$dir"; made_mount_points+=("$dir"); echo "$dir" >> "$work/made-mount-points"; }
 done
 
 cleanup() {
@@ -194,9 +217,15 @@ code_b=0; wait $job_b || code_b=$?
 # A node that joined the other job's rendezvous trains without its own partner: a job
 # that started training must have started it on both of its nodes.
 for out in job-a job-b; do
-  started=$(grep -c "job slurm-[0-9.]* node [01] start" "$work/out/$out.out" || true)
+  started=$(grep -c "job .* node [01] start" "$work/out/$out.out" || true)
   [ "$started" -eq 0 ] || [ "$started" -eq 2 ] || fail "$out: one node trained in the other job's rendezvous"
 done
+# The refused job's nodes reached the other job's leader (same host, same port): it must
+# refuse them by job id at the handshake, never let them join and turn them away later.
+grep -q "but the leader serves job slurm-" "$work/out"/job-*.out ||
+  fail "no node was refused by job id: $(grep -h "error" "$work/out"/job-*.out | head -n 5)"
+! grep -q "the rendezvous is already closed" "$work/out"/job-*.out ||
+  fail "a node of one job joined the other job's rendezvous before it was turned away"
 if grep -q "Address already in use" "$work/out"/job-*.out; then
   grep -q -- "--exclusive" "$work/out"/job-*.out || fail "the port in use does not name the fix"
 fi
