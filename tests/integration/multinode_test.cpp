@@ -436,21 +436,6 @@ TEST(MultiNode, TableRosterForHumans) {
 
 namespace restart {
 
-// Below the ephemeral range (32768-60999), where no connect of the machine takes it.
-uint16_t PortBelowEphemeralRange() {
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    const uint16_t port = uint16_t(20000 + (getpid() * 7919 + attempt * 104729) % 12000);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_port = htons(port);
-    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
-    close(fd);
-    if (free) return port;
-  }
-  throw std::runtime_error("no free port in [20000, 32000)");
-}
-
 constexpr const char* kJobId = "restart-job";
 
 // A job whose launchers restart in place, checkpointing into `dir/remote`.
@@ -490,7 +475,7 @@ TEST(Restart, FailureOnNode2RestartsEveryNodeWithTheSameCountFromTheCommittedSte
   TempDir scratch;
   const std::string latest = scratch.path() + "/remote/" + kJobId + "/latest";
   const std::string cycle0 = Save(4) + " && " + WaitFor(latest) + " && if [ $BT_NODE_RANK = 2 ]; then exit 1; fi; exec sleep 60";
-  Job job(3, Commands(cycle0, kReportResume), "", true, RestartSettings(scratch, 2), PortBelowEphemeralRange());
+  Job job(3, Commands(cycle0, kReportResume), "", true, RestartSettings(scratch, 2), FreePort());
   auto processes = job.StartAll();
   auto results = Job::FinishAll(processes);
   for (int rank = 0; rank < 3; ++rank) {
@@ -509,7 +494,7 @@ TEST(Restart, BudgetIsGlobalAndTheJobFailsAtFailureMaxRestartsPlusOne) {
   TempDir scratch;
   // Cycle c fails on node c: three different nodes, three failures.
   Job job(3, R"(["if [ $BT_RESTART_COUNT = $BT_NODE_RANK ]; then sleep 0.3; exit 3; fi; exec sleep 60"])", "", false,
-          RestartSettings(scratch, 2), PortBelowEphemeralRange());
+          RestartSettings(scratch, 2), FreePort());
   auto processes = job.StartAll();
   auto results = Job::FinishAll(processes);
   for (int rank = 0; rank < 3; ++rank) {
@@ -534,12 +519,12 @@ TEST(Restart, FaultWhileACheckpointIsIncompleteResumesFromThePreviousCommittedOn
   // checkpoint-1 is committed everywhere; checkpoint-2 is uploaded by nodes 0 and 1 only
   // when node 2 fails, so `latest` never moved to it.
   const std::string cycle0 = Save(1) + " && " + WaitFor(remote + "/latest") +
-                             " && if [ $BT_NODE_RANK = 2 ]; then " + WaitFor(remote + "/rank-1/checkpoint-2.bt-manifest.json") +
+                             " && if [ $BT_NODE_RANK = 2 ]; then " + WaitFor(remote + "/rank-1/.bt-versions/*/checkpoint-2.bt-manifest.json") +
                              "; exit 1; fi; " + Save(2) + "; exec sleep 60";
   // Cycle 1 drops the uncommitted checkpoint-2 (node 2 never has it), as a training that
   // resumed from checkpoint-1 would overwrite it: the drain then has nothing left to commit.
   Job job(3, Commands(cycle0, std::string("rm -rf $BT_CHECKPOINT_DIR/checkpoint-2; ") + kReportResume), "", true,
-          RestartSettings(scratch, 1), PortBelowEphemeralRange());
+          RestartSettings(scratch, 1), FreePort());
   auto processes = job.StartAll();
   auto results = Job::FinishAll(processes);
   for (int rank = 0; rank < 3; ++rank) {
@@ -564,7 +549,7 @@ std::vector<std::unique_ptr<LauncherProcess>> StartAndEnterTheRestart(Job& job) 
 
 TEST(Restart, ALauncherLostDuringTheRestartEndsTheJobWithoutDeadlock) {
   TempDir scratch;
-  Job job(3, kSlowToStop, "", false, RestartSettings(scratch, 3, 3), PortBelowEphemeralRange());
+  Job job(3, kSlowToStop, "", false, RestartSettings(scratch, 3, 3), FreePort());
   auto processes = StartAndEnterTheRestart(job);
   ASSERT_FALSE(processes.empty());
   processes[2]->Signal(SIGKILL);
@@ -580,7 +565,7 @@ TEST(Restart, ALauncherLostDuringTheRestartEndsTheJobWithoutDeadlock) {
 
 TEST(Restart, SigtermDuringTheRestartStopsEveryNodeWithoutRestarting) {
   TempDir scratch;
-  Job job(3, kSlowToStop, "", false, RestartSettings(scratch, 3, 3), PortBelowEphemeralRange());
+  Job job(3, kSlowToStop, "", false, RestartSettings(scratch, 3, 3), FreePort());
   auto processes = StartAndEnterTheRestart(job);
   ASSERT_FALSE(processes.empty());
   for (auto& process : processes) process->Signal(SIGTERM);
@@ -598,7 +583,7 @@ TEST(Restart, SigtermDuringTheRestartStopsEveryNodeWithoutRestarting) {
 
 TEST(Restart, KilledLeaderEndsTheJobOnEveryFollowerWith69) {
   TempDir scratch;
-  Job job(3, kLongTrainingRecordingItsPid, "", false, RestartSettings(scratch, 3), PortBelowEphemeralRange());
+  Job job(3, kLongTrainingRecordingItsPid, "", false, RestartSettings(scratch, 3), FreePort());
   auto processes = job.StartAll();
   ASSERT_TRUE(processes[0]->WaitForOutput("started", 20s));
   ASSERT_TRUE(processes[2]->WaitForOutput("started", 20s));
@@ -616,7 +601,7 @@ TEST(Restart, CyclesInARowWithoutANewCommittedCheckpointStopTheRestarts) {
   nlohmann::json settings = RestartSettings(scratch, 5);
   settings["restart"]["max_cycles_without_progress"] = 2;
   Job job(2, R"(["if [ $BT_NODE_RANK = 1 ]; then sleep 0.3; exit 4; fi; exec sleep 60"])", "", true, settings,
-          PortBelowEphemeralRange());
+          FreePort());
   auto processes = job.StartAll();
   auto results = Job::FinishAll(processes);
   EXPECT_EQ(results[0].exit_code, 4) << results[0].err;
@@ -634,7 +619,7 @@ TEST(Restart, ARetriedJobResumesFromItsOwnCommittedCheckpoint) {
       "trainer_state.json)\"";
   const std::string commands =
       nlohmann::json::array({"if [ -n \"$BT_RESUME_CHECKPOINT\" ]; then " + report + "; else " + Save(3) + "; fi"}).dump();
-  Job job(2, commands, "", true, RestartSettings(scratch, 0), PortBelowEphemeralRange());
+  Job job(2, commands, "", true, RestartSettings(scratch, 0), FreePort());
   auto first = job.StartAll();
   for (auto& result : Job::FinishAll(first)) ASSERT_EQ(result.exit_code, 0) << result.err;
   ASSERT_EQ(ReadFile(scratch.path() + "/remote/" + kJobId + "/latest"), "checkpoint-3\n");

@@ -174,15 +174,22 @@ void WriteFile(const std::string& path, const std::string& content) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << content;
 }
 
+// Below the kernel's ephemeral range (32768-60999): a port taken from that range can be
+// some client's source port by the time the test's leader binds it. Spread by pid, so the
+// tests ctest runs side by side rarely try the same one; never the same twice in a process.
 uint16_t FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
-  socklen_t length = sizeof address;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  close(fd);
-  return ntohs(address.sin_port);
+  static uint32_t next = 0;
+  for (int attempt = 0; attempt < 400; ++attempt) {
+    const uint16_t port = uint16_t(20000 + (uint32_t(getpid()) * 7919u + next++ * 104729u) % 12000u);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(port);
+    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
+    close(fd);
+    if (free) return port;
+  }
+  throw std::runtime_error("no free port in [20000, 32000)");
 }
 
 TempDir::TempDir() {

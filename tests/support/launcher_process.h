@@ -67,7 +67,8 @@ std::string ReadFile(const std::string& path);
 // Writes `content` to `path` (creating parent directories).
 void WriteFile(const std::string& path, const std::string& content = "");
 
-// A TCP port that was free a moment ago, for a test's rendezvous.
+// A TCP port that was free a moment ago, for a test's rendezvous: in [20000, 32000), below
+// the kernel's ephemeral range.
 uint16_t FreePort();
 
 // A fresh directory under /tmp, removed by the destructor.
