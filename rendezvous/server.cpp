@@ -420,8 +420,8 @@ class StoreServer::Loop {
     throw FrameError("unknown op \"" + op + "\"");
   }
 
-  // The job id a node proved the token for, when it is not this job's. Only a node that
-  // proved the token learns which job the leader serves.
+  // The job id a node named, when it is not this job's. Only a node that proved the token
+  // learns which job the leader serves.
   std::optional<std::string> OtherJob(const Message& message) const {
     if (options_.job_id.empty() || !message.contains("job_id")) return std::nullopt;
     std::string job_id = BytesField(message, "job_id");
@@ -429,13 +429,28 @@ class StoreServer::Loop {
     return job_id;
   }
 
+  // A token derived from the job id (Slurm's, Kubernetes') differs between two jobs, so a
+  // node that reaches another job's leader (two jobs on one node, one port) fails the proof
+  // before its job id is compared: name that likely cause, without saying which job the
+  // leader serves.
+  void RejectWrongToken(Connection& connection, const std::optional<std::string>& other_job) {
+    std::string message = "wrong job token (check BT_RENDEZVOUS_TOKEN on every node)";
+    if (other_job) {
+      message = "wrong job token: this node is of job " + *other_job +
+                ", but the leader serves another job: two jobs share the leader's address and port (give each job "
+                "its own nodes, e.g. Slurm's --exclusive, or its own BT_RENDEZVOUS_PORT)";
+    }
+    spdlog::warn("rendezvous: rejected {}: wrong job token{}", connection.peer,
+                 other_job ? " (a node of job " + *other_job + ")" : "");
+    Send(connection, {{"op", "reject"}, {"message", message}});
+    FlushAndClose(connection);
+  }
+
   // The first message must prove the token; anything else closes the connection.
   void Authenticate(Connection& connection, const std::string& op, const Message& message) {
     if (op != "auth") throw FrameError("expected auth, got \"" + op + "\"");
     if (!VerifyProof(options_.token, connection.nonce, "client", BytesField(message, "proof"))) {
-      spdlog::warn("rendezvous: rejected {}: wrong job token", connection.peer);
-      Send(connection, {{"op", "reject"}, {"message", "wrong job token (check BT_RENDEZVOUS_TOKEN on every node)"}});
-      FlushAndClose(connection);
+      RejectWrongToken(connection, OtherJob(message));
       return;
     }
     if (auto other_job = OtherJob(message)) {

@@ -503,7 +503,11 @@ TEST_F(CheckpointJob, ACheckpointSavedAgainNeverModifiesTheCommittedVersion) {
 // unmarked directory of its own: latest moves once both parts of checkpoint-1 are up.
 void CheckpointJob::RunTwoNodesSavingOneCheckpoint(const std::string& subdirectory) {
   const std::string root = "$BT_CHECKPOINT_DIR/" + subdirectory;
-  const std::string node0 = HfSave(1, "200000", subdirectory) + " && echo r0 > " + root + "checkpoint-1/rng_state_0.pth && sleep 3";
+  // rng_state_0.pth before trainer_state.json, as the Trainer writes them: written after it,
+  // a scan between the two took a first version without it, a second save that node 1 never
+  // answers (its one part answered the first), and the drain ran out under load.
+  const std::string node0 = "mkdir -p " + root + "checkpoint-1 && echo r0 > " + root + "checkpoint-1/rng_state_0.pth && " +
+                            HfSave(1, "200000", subdirectory) + " && sleep 3";
   const std::string node1 = "sleep 1.5 && mkdir -p " + root + "checkpoint-1 && head -c 150000 /dev/urandom > " + root +
                             "checkpoint-1/rng_state_1.pth && mkdir -p " + root + "checkpoint-2 && echo x > " + root +
                             "checkpoint-2/partial.bin && sleep 1.5";

@@ -221,8 +221,9 @@ for out in job-a job-b; do
   [ "$started" -eq 0 ] || [ "$started" -eq 2 ] || fail "$out: one node trained in the other job's rendezvous"
 done
 # The refused job's nodes reached the other job's leader (same host, same port): it must
-# refuse them by job id at the handshake, never let them join and turn them away later.
-grep -q "but the leader serves job slurm-" "$work/out"/job-*.out ||
+# refuse them at the handshake naming their job (their token, derived from the job id,
+# differs), never let them join and turn them away later.
+grep -q "this node is of job slurm-.*but the leader serves another job" "$work/out"/job-*.out ||
   fail "no node was refused by job id: $(grep -h "error" "$work/out"/job-*.out | head -n 5)"
 ! grep -q "the rendezvous is already closed" "$work/out"/job-*.out ||
   fail "a node of one job joined the other job's rendezvous before it was turned away"

@@ -157,6 +157,25 @@ TEST(Server, ANodeOfAnotherJobIsRejectedNamingBothJobs) {
   EXPECT_NO_THROW(client_of("k8s-trainer"));
   EXPECT_NO_THROW(client_of(""));
 }
+// Two Slurm jobs on one node and port: each job's token is derived from its own job id, so
+// the other job's node fails the proof. It is told its job is not the leader's (the likely
+// cause, and the fix), but not which job the leader serves.
+TEST(Server, ANodeOfAnotherJobWithItsOwnTokenIsToldTheLeaderServesAnotherJob) {
+  ServerOptions options = Options(2);
+  options.job_id = "slurm-41.0";
+  StoreServer server(options);
+  try {
+    StoreClient::Connect(ClientOptions{"127.0.0.1", server.port(), "token-of-job-42", 5s, 100ms, 5s, -1, "slurm-42.0"});
+    FAIL() << "a node of job slurm-42.0 was let in with another token";
+  } catch (const StoreError& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("wrong job token: this node is of job slurm-42.0, but the leader serves another job"),
+              std::string::npos) << message;
+    EXPECT_NE(message.find("--exclusive"), std::string::npos) << message;
+    EXPECT_EQ(message.find("slurm-41"), std::string::npos) << "an unproven node learned the leader's job: " << message;
+  }
+}
+
 TEST(Server, NothingIsAcceptedBeforeAuthentication) {
   StoreServer server(Options(1));
   RawPeer peer(server.port());
