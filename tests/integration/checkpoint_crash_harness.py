@@ -13,7 +13,8 @@ the launcher again on the same volume. After every round it checks the invariant
   3. every checkpoint complete before the last kill (and not rotated away) is committed
      after the restart, as its last completed save;
   4. nothing was written outside the destination and the job's directories (the work
-     directory holds only them, and no bt-launch temporary is left in /tmp).
+     directory holds only them, and no bt-launch temporary is left in its TMPDIR, which
+     the harness gives everything it starts).
 
 Usage: checkpoint_crash_harness.py BT_LAUNCH file|s3
   SEED=n      replays a run (each run logs its seed)
@@ -214,8 +215,7 @@ class Round:
 
     def start(self):
         config = self.config()
-        environment = dict(os.environ, **self.destination.env)
-        environment.pop("AWS_CA_BUNDLE", None)
+        environment = launcher_environment(self.work, self.destination)
         environment["BT_RENDEZVOUS_TOKEN"] = "crash-harness"
         launchers = []
         for rank in range(self.nodes):
@@ -306,8 +306,7 @@ XXH3_NAMES = {}  # name → the XXH3-128 its commit record is stored under (lear
 
 
 def check_invariants(work, destination, nodes):
-    environment = dict(os.environ, **destination.env)
-    environment.pop("AWS_CA_BUNDLE", None)
+    environment = launcher_environment(work, destination)
     config = os.path.join(work, "harness", "job.json")
     listing = subprocess.run([BIN, "checkpoints", "--config", config, "--root", os.path.join(work, "root"), "--verify",
                               "--format", "json"], env=environment, capture_output=True, timeout=300)
@@ -370,17 +369,29 @@ def learn_record_names(work, destination):
         XXH3_NAMES[name] = path[:-len(".json")]
 
 
-# What bt-launch itself creates in /tmp (storage/destination.cpp, the verifying listing).
+# What bt-launch itself creates in $TMPDIR (storage/destination.cpp, the verifying listing).
 TEMPORARY_PREFIXES = ("bt-launch-get.", "bt-launch-files.", "bt-launch-put.", "bt-launch-verify.")
 
 
-def bt_temporaries():
-    return {entry for entry in os.listdir("/tmp") if entry.startswith(TEMPORARY_PREFIXES)}
+def launcher_environment(work, destination):
+    """Everything the harness starts gets a TMPDIR of this run's own: the other tests that
+    ctest runs beside it make and remove bt-launch temporaries in /tmp, which a check of
+    /tmp would count as this run's litter."""
+    environment = dict(os.environ, **destination.env)
+    environment.pop("AWS_CA_BUNDLE", None)
+    environment["TMPDIR"] = os.path.join(work, "tmp")
+    os.makedirs(environment["TMPDIR"], exist_ok=True)
+    return environment
+
+
+def bt_temporaries(work):
+    return {entry for entry in os.listdir(os.path.join(work, "tmp")) if entry.startswith(TEMPORARY_PREFIXES)}
 
 
 def stray_files(work):
-    """What is in the work directory besides the destination, the job's root and the harness."""
-    allowed = {"root", "remote", "harness"}
+    """What is in the work directory besides the destination, the job's root, the harness
+    and the temporaries' directory."""
+    allowed = {"root", "remote", "harness", "tmp"}
     return sorted(set(os.listdir(work)) - allowed)
 
 
@@ -394,7 +405,7 @@ def main():
     for nodes in (1, 2):
         work = tempfile.mkdtemp(prefix="bt-crash-")
         destination = Destination(work)
-        before = bt_temporaries()
+        os.makedirs(os.path.join(work, "tmp"))
         try:
             for number in range(rounds):
                 Round(work, destination, nodes, seed + nodes * 1000, number).run()
@@ -402,8 +413,8 @@ def main():
                 committed = check_invariants(work, destination, nodes)
                 log("  invariants hold: %d checkpoint(s) committed" % len(committed))
                 assert not stray_files(work), "written outside the destination and the job: %s" % stray_files(work)
-                left = bt_temporaries() - before
-                assert not left, "bt-launch left temporaries in /tmp: %s" % sorted(left)
+                left = bt_temporaries(work)
+                assert not left, "bt-launch left temporaries in TMPDIR: %s" % sorted(left)
         except AssertionError as failure:
             log("FAIL (seed %d, work directory %s kept): %s" % (seed, work, failure))
             destination.close()
