@@ -50,6 +50,7 @@ void PrepareNode(const PreparedJob& job, const std::optional<storage::Destinatio
     PrepareWeights(job.config, job.environment,
                    {[&](const std::string& line) { phase.Publish(line); }, [&] { CheckStop(peers, signals); }});
   }
+  ClearEarlierLoads(job.environment, job.identity.rank);
   if (!resume.empty()) {
     // The job's own checkpoint (a retried job) is where training stands: it wins over
     // load_checkpoint_config, which names another job's starting point.

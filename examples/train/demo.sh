@@ -3,7 +3,11 @@
 # then runs this). Two nodes, as two bt-launch processes on this host, run job.json: the
 # base model staged from a file:// source, the dataset seeded once into the project cache,
 # torchrun with two gloo workers per node, Trainer-layout checkpoints uploaded to a file://
-# destination. Then resume.json loads the latest checkpoint and trains on from its step.
+# destination. Then resume.json loads the latest checkpoint and trains on from its step, and
+# restart.json shows a restart in place: node 1's worker dies at step 50 of the first cycle,
+# every node restarts the job from the last committed checkpoint, and it finishes (in a
+# checkpoint directory of its own: the Trainer's rotation would delete its checkpoint-20
+# beside job 2's newer checkpoint-90).
 #   examples/train/demo.sh [BT_LAUNCH]      (every path under /tmp/bt-launch-demo)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -38,3 +42,5 @@ echo "=== committed checkpoints of demo-train"
 "$bt_launch" checkpoints --config examples/train/job.json --root "$root/nodes" 2>/dev/null
 echo "=== job 2 (examples/train/resume.json): load the latest checkpoint and resume"
 run_job examples/train/resume.json
+echo "=== job 3 (examples/train/restart.json): node 1 fails at step 50; every node restarts in place"
+run_job examples/train/restart.json

@@ -6,6 +6,9 @@ Inputs, all from what bt-launch prepared before the first command:
   BT_PROJECT_CACHE_DIR       the dataset the cache seed wrote (demo-dataset/data.pt)
   BT_LOAD_CHECKPOINT_DIR     when a checkpoint was loaded: rank-<node>/checkpoint-<step>/,
                              the job resumes from its step
+  DEMO_FAIL_ONCE             "<node>:<step>": in the first cycle (BT_RESTART_COUNT 0 or
+                             unset), that node's first worker dies at that step, as a lost
+                             GPU would end it (restart.json shows the restart in place)
 Output: checkpoints in the Hugging Face Trainer layout under BT_CHECKPOINT_DIR, written by
 each node's first worker (Trainer's save_on_each_node: the directory is node-local):
 checkpoint-<step>/ with pytorch_model.bin, optimizer.pt, rng_state_<rank>.pth and
@@ -62,6 +65,15 @@ def save_checkpoint(model, optimizer, step, history, limit):
     return path
 
 
+def fail_once_here(step):
+    """Whether DEMO_FAIL_ONCE names this worker and this step in the job's first cycle."""
+    spec = os.environ.get("DEMO_FAIL_ONCE")
+    if not spec or os.environ.get("BT_RESTART_COUNT", "0") != "0" or os.environ["LOCAL_RANK"] != "0":
+        return False
+    node, fail_step = (int(part) for part in spec.split(":"))
+    return node == int(os.environ["BT_NODE_RANK"]) and step == fail_step
+
+
 def main():
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -108,6 +120,9 @@ def main():
         loss.backward()
         optimizer.step()
         step += 1
+        if fail_once_here(step):
+            print(f"train: node {node} fails at step {step} (DEMO_FAIL_ONCE)", flush=True)
+            os._exit(3)
         mean_loss = loss.detach().clone()
         dist.all_reduce(mean_loss)
         mean_loss = mean_loss.item() / world

@@ -336,6 +336,15 @@ std::string LoadRankDir(const env::JobEnvironment& environment, int node_rank) {
 
 }  // namespace
 
+void ClearEarlierLoads(const env::JobEnvironment& environment, int node_rank) {
+  if (!environment.variables.contains("BT_LOAD_CHECKPOINT_DIR")) return;
+  const std::string rank_dir = LoadRankDir(environment, node_rank);
+  std::error_code error;
+  if (std::filesystem::is_empty(rank_dir, error) || error) return;  // absent, or nothing in it
+  spdlog::info("checkpoints: removing what an earlier job loaded into {}: this job starts from its own load", rank_dir);
+  storage::RemoveTree(rank_dir);
+}
+
 void LoadCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment,
                      const storage::DestinationSpec& destination_spec, int node_rank,
                      const std::function<void()>& check_stop) {

@@ -29,6 +29,11 @@ storage::DestinationSpec ResolveCheckpointDestination(const env::JobConfig& conf
                                                          const std::optional<std::string>& root,
                                                          const std::optional<std::string>& uri_override = std::nullopt);
 
+// Empties BT_LOAD_CHECKPOINT_DIR/rank-<r>/ as a job starts: what an earlier job on this
+// volume loaded there (a Slurm node's /tmp, a reused root) must not be taken for this job's
+// starting point, nor lie beside what this job loads. Logged when something was there.
+void ClearEarlierLoads(const env::JobEnvironment& environment, int node_rank);
+
 // Each load_checkpoint_config reference, this node's part, into
 // BT_LOAD_CHECKPOINT_DIR/rank-<r>/, verified against its manifest, with its progress logged.
 // Throws LaunchFailure(74); `check_stop` runs at least once a second during a download and

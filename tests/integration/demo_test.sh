@@ -1,14 +1,28 @@
 #!/usr/bin/env bash
 # The README's demo job (examples/train/demo.sh) with the built binary: two nodes train
 # with torchrun and gloo, checkpoints are committed, a second job loads the latest and
-# resumes from its step. Asserts on the output and on what reached the destination.
+# resumes from its step, and a third restarts in place after node 1's worker dies at step
+# 50. Asserts on the output and on what reached the destination.
 set -euo pipefail
 BIN=$(realpath "$1")
 SOURCE_DIR=$(realpath "$2")
 [ -x /usr/bin/torchrun ] || { echo "SKIPPED: Debian's python3-torch (torchrun) is not installed"; exit 77; }
 out=$(mktemp /tmp/bt-demo-test.XXXXXX)
 trap 'rm -f "$out"' EXIT
-free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# Below the ephemeral range (32768-60999), where no connection's source port can take it.
+free_port() {
+  /usr/bin/python3 -c '
+import random, socket
+for _ in range(200):
+    port = random.randrange(20000, 32000)
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+    print(port)
+    break'
+}
 export BT_RENDEZVOUS_PORT=$(free_port) MASTER_PORT=$(free_port)
 
 fail() { echo "FAIL: $*"; tail -n 40 "$out"; exit 1; }
@@ -54,8 +68,23 @@ awk -v before="$(loss 60)" -v after="$(loss 90)" 'BEGIN { exit !(after < before)
 [ "$(cat "$store/demo-train-resumed/latest")" = checkpoint-90 ] || fail "demo-train-resumed/latest is not checkpoint-90"
 [ ! -e "$store/demo-train-resumed/rank-0/checkpoint-60" ] || fail "job 1's checkpoint-60 was uploaded again as job 2's"
 
+echo "== job 3 restarted in place when node 1 failed at step 50, from its own last committed checkpoint"
+job3=$(sed -n '/=== job 3/,$p' "$out")
+grep -q "train: 4 workers on 2 nodes, steps 1..60" <<<"$job3" || fail "job 3 took job 2's load for its starting point"
+grep -q "train: node 1 fails at step 50" <<<"$job3" || fail "job 3's injected failure did not happen"
+for rank in 0 1; do
+  grep -q "^\[node $rank\] .*restarts: cycle 1 (node 1 (" <<<"$job3" || fail "node $rank did not restart in cycle 1 naming node 1"
+done
+resumed=$(grep -o "^\[node 0\] .*every node is ready: running cycle 1 (BT_RESTART_COUNT=1), resuming from checkpoint checkpoint-[0-9]*" \
+  <<<"$job3" | grep -o "checkpoint-[0-9]*$" || true)
+[ "$resumed" = checkpoint-20 ] || [ "$resumed" = checkpoint-40 ] || fail "cycle 1 resumed from '$resumed', not checkpoint-20 or -40"
+step=${resumed#checkpoint-}
+grep -q "train: resumed from .*/rank-0/$resumed at step $step" <<<"$job3" || fail "the training did not resume from $resumed"
+grep -q "train: 4 workers on 2 nodes, steps $((step + 1))..60" <<<"$job3" || fail "cycle 1 did not train on from step $step"
+[ "$(cat "$store/demo-train-restart/latest")" = checkpoint-60 ] || fail "demo-train-restart/latest is not checkpoint-60"
+
 echo "== weights staged once, the cache seeded once, every node ends with its timeline"
 [ "$(grep -c 'weights: staged file://' "$out")" -eq 1 ] || fail "the base model was not staged exactly once"
 [ "$(grep -c 'cache seed: running 1 command' "$out")" -eq 1 ] || fail "the dataset was not seeded exactly once"
-[ "$(grep -c '] .*timeline: identity.*(job exit 0), total' "$out")" -eq 4 ] || fail "not every node of both jobs ended with exit 0"
+[ "$(grep -c '] .*timeline: identity.*(job exit 0), total' "$out")" -eq 6 ] || fail "not every node of the three jobs ended with exit 0"
 echo "PASS"
