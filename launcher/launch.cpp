@@ -153,7 +153,10 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
     timeline.Begin("rendezvous");
     peers = JoinPeers(job.config, job.identity, job.job_id(), signals, RestartPolicyOf(job, destination));
   }
-  const std::string resume = ResumePoint(job, destination);
+  // A launcher that replaced a lost one loads what its first cycle resumes from at that
+  // cycle's barrier, not the job's `latest` now.
+  std::optional<rendezvous::PeerEvent> rejoin = peers ? peers->TakeRejoin() : std::nullopt;
+  const std::string resume = rejoin ? "" : ResumePoint(job, destination);
   try {
     PrepareAfterRendezvous(job, std::move(inventory), destination, resume, peers.get(), signals, timeline);
   } catch (const LaunchFailure& failure) {
@@ -172,7 +175,7 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   timeline.Begin("run");
   std::vector<CycleRecord> cycles;
   JobOutcome outcome = RunCycles(job.config, peers.get(), signals, CycleHooksOf(cli, job, destination, peers.get(), signals),
-                                 resume, cycles);
+                                 resume, std::move(rejoin), cycles);
   timeline.Annotate(DescribeOutcome(outcome) + (cycles.empty() ? "" : "; restarts: " + RenderCycles(cycles)));
   if (peers) peers->Report(outcome);  // the other nodes stop now, not after this node's drain
   bool committed = true;

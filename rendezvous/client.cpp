@@ -467,6 +467,19 @@ void StoreClient::ReaderLoop() {
   }
 }
 
+namespace {
+
+// A "restart" frame (or a rejoin's), as the event the launcher acts on.
+PeerEvent RestartEvent(const Message& message, PeerEvent::Kind kind) {
+  PeerEvent event{kind, int(IntField(message, "rank")), StringField(message, "message"), int(IntField(message, "code"))};
+  event.cycle = IntField(message, "cycle");
+  event.host = StringField(message, "host");
+  if (auto decision = message.find("decision"); decision != message.end()) event.decision = *decision;
+  return event;
+}
+
+}  // namespace
+
 void StoreClient::OnMessage(const Message& message) {
   const std::string op = StringField(message, "op");
   if (message.contains("id")) {
@@ -484,13 +497,15 @@ void StoreClient::OnMessage(const Message& message) {
     const int code = message.contains("code") ? int(IntField(message, "code")) : 0;
     return PushEvent({PeerEvent::Kind::kAbort, int(IntField(message, "rank")), StringField(message, "message"), code});
   }
-  if (op == "restart") {
-    PeerEvent event{PeerEvent::Kind::kRestart, int(IntField(message, "rank")), StringField(message, "message"),
-                    int(IntField(message, "code"))};
-    event.cycle = IntField(message, "cycle");
-    event.host = StringField(message, "host");
-    if (auto decision = message.find("decision"); decision != message.end()) event.decision = *decision;
-    return PushEvent(std::move(event));
+  if (op == "restart") return PushEvent(RestartEvent(message, PeerEvent::Kind::kRestart));
+  if (op == "rejoin") {
+    auto restart = message.find("restart");
+    if (restart == message.end() || !restart->is_object()) throw FrameError("rejoin without its restart");
+    return PushEvent(RestartEvent(*restart, PeerEvent::Kind::kRejoin));
+  }
+  if (op == "cycle_wait") {  // the leader's word on a restart's barrier, every 10 s while it waits
+    spdlog::info("restart: {}", StringField(message, "message"));
+    return;
   }
   if (op == "cycle_go") {
     PeerEvent event{PeerEvent::Kind::kCycleGo, -1, ""};

@@ -37,7 +37,9 @@ struct ClientOptions {
 
 // What the leader pushes, or what the client concludes about the leader.
 struct PeerEvent {
-  enum class Kind { kComplete, kAbort, kResult, kJoinTimeout, kLeaderLost, kRestart, kCycleGo } kind;
+  // kRejoin: this launcher joined in place of a lost one; the event is the restart of the
+  // cycle it meets the others in.
+  enum class Kind { kComplete, kAbort, kResult, kJoinTimeout, kLeaderLost, kRestart, kCycleGo, kRejoin } kind;
   int rank = -1;        // the failed node, for kAbort and kRestart
   std::string message;  // one line for the log
   int exit_code = 0;    // kAbort, kRestart: the failed node's reported exit code; 0 when it was lost

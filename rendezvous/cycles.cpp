@@ -29,4 +29,12 @@ std::optional<Message> Cycles::Arrive(int rank) {
   return Message{{"op", "cycle_go"}, {"cycle", current_}};
 }
 
+std::vector<int> Cycles::Awaited() const {
+  std::vector<int> ranks;
+  for (size_t rank = 0; rank < arrived_.size(); ++rank) {
+    if (!arrived_[rank]) ranks.push_back(int(rank));
+  }
+  return ranks;
+}
+
 }  // namespace bt::rendezvous

@@ -48,6 +48,8 @@ class Cycles {
   // Records `rank` at the barrier of the current cycle; the "cycle_go" frame once every
   // node has arrived, exactly once per cycle.
   std::optional<Message> Arrive(int rank);
+  // The ranks not yet at the current cycle's barrier.
+  std::vector<int> Awaited() const;
 
  private:
   RestartPolicy policy_;

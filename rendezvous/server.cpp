@@ -35,6 +35,9 @@ constexpr size_t kMaxWaitsPerConnection = 4096;
 // A failed node's cause goes to every node in the abort: a failure that quotes a table
 // (the fabric's differences, thousands of rows at scale) must not cost N times its size.
 constexpr size_t kMaxCauseBytes = 4096;
+// While a restart's barrier waits, every node hears this often which ranks it waits for.
+constexpr std::chrono::seconds kAwaitedLogEvery{10};
+constexpr size_t kMaxAwaitedListed = 32;
 constexpr int kEpollBatch = 512;
 // A connection must prove the token this soon after it is accepted, and only so many may be
 // waiting to: idle connections (a port scanner, a health check, anyone on the network)
@@ -216,6 +219,7 @@ class StoreServer::Loop {
     joined_.resize(size_t(options_.node_count), -1);
     infos_.resize(size_t(options_.node_count));
     reported_.resize(size_t(options_.node_count), false);
+    awaiting_rejoin_.resize(size_t(options_.node_count), false);
     join_deadline_ = start_ + options_.join_timeout;
     next_tick_ = start_ + options_.heartbeat_interval;
   }
@@ -616,6 +620,7 @@ class StoreServer::Loop {
     const int64_t count = IntField(message, "count");
     info.seen_from = connection.peer;
     info.joined_after_s = std::chrono::duration<double>(Clock::now() - start_).count();
+    if (verdict_.kind == ServerVerdict::Kind::kPending && roster_complete_) return OnLateJoin(connection, message, info, count);
     if (verdict_.kind != ServerVerdict::Kind::kPending || joined_count_ == options_.node_count) {
       return Reply(connection, message, {{"op", "error"}, {"message", "the rendezvous is already closed"}});
     }
@@ -636,6 +641,46 @@ class StoreServer::Loop {
     Reply(connection, message, {{"op", "ok"}});
     spdlog::debug("rendezvous: {} joined ({}/{})", info.Label(), joined_count_, options_.node_count);
     if (joined_count_ == options_.node_count) Complete();
+  }
+
+  // A join once every node had joined: a launcher that replaces a lost one (a recreated pod,
+  // a requeued task, from any address) takes its rank back and is told the cycle to meet
+  // the others in; any other is refused and named, and changes nothing (a launcher of an
+  // earlier cycle coming back, a second launcher given a rank that is held).
+  void OnLateJoin(Connection& connection, const Message& message, const NodeInfo& info, int64_t count) {
+    const bool awaited = count == options_.node_count && info.rank >= 0 && info.rank < options_.node_count &&
+                         awaiting_rejoin_[size_t(info.rank)];
+    if (!awaited) {
+      const std::string why = RefusedLateJoin(info, count);
+      spdlog::warn("rendezvous: refused a join from {}: {}", info.Label(), why);
+      return Reply(connection, message, {{"op", "error"}, {"message", "the rendezvous is already closed: " + why}});
+    }
+    const size_t rank = size_t(info.rank);
+    const std::string before = infos_[rank].seen_from;
+    connection.rank = info.rank;
+    {
+      std::lock_guard lock(mutex_);
+      joined_[rank] = connection.fd;
+      infos_[rank] = info;
+    }
+    awaiting_rejoin_[rank] = false;
+    Reply(connection, message, {{"op", "ok"}});
+    spdlog::warn("rendezvous: {} joined again from {} (was {}): it meets the others in cycle {}", info.Label(),
+                 info.seen_from, before, cycles_.current());
+    // The cycle first: once the launcher has seen "complete", it knows it rejoined.
+    Send(connection, {{"op", "rejoin"}, {"restart", *last_restart_}});
+    Send(connection, {{"op", "complete"}, {"count", options_.node_count}});
+  }
+
+  std::string RefusedLateJoin(const NodeInfo& info, int64_t count) const {
+    if (count != options_.node_count || info.rank < 0 || info.rank >= options_.node_count) return JoinRefusal(info, count);
+    const NodeInfo& holder = infos_[size_t(info.rank)];
+    if (joined_[size_t(info.rank)] >= 0) {
+      return "rank " + std::to_string(info.rank) + " is held by " + holder.host + " (" + holder.seen_from + ") in cycle " +
+             std::to_string(cycles_.current()) + ": a launcher of an earlier cycle, or a second launcher with this rank";
+    }
+    return "rank " + std::to_string(info.rank) + " is not awaited: the job's restarts (launcher.restart) let a lost node's "
+           "launcher join again only while a restart waits for it";
   }
 
   // Why this node may not join (empty when it may): each reason fails the whole job,
@@ -724,6 +769,9 @@ class StoreServer::Loop {
       std::fill(reported_.begin(), reported_.end(), false);
     }
     reported_count_ = 0;
+    last_restart_ = restart;
+    barrier_opened_ = Clock::now();
+    next_barrier_log_ = barrier_opened_ + kAwaitedLogEvery;
     spdlog::warn("rendezvous: restarting every node in cycle {}: {}", cycles_.current(), StringField(restart, "message"));
     Broadcast(restart);
   }
@@ -735,7 +783,39 @@ class StoreServer::Loop {
     if (connection.rank < 0) return Refuse(connection, message, "cycle_ready from a connection that never joined");
     Reply(connection, message, {{"op", "ok"}});
     if (IgnoredAsStale(connection, "cycle_ready", cycle) || cycle != cycles_.current()) return;
-    if (auto go = cycles_.Arrive(connection.rank)) Broadcast(*go);
+    if (auto go = cycles_.Arrive(connection.rank)) {
+      last_restart_.reset();  // the barrier has passed: nobody is awaited any more
+      Broadcast(*go);
+    }
+  }
+
+  // A restart's barrier waits for every rank, a lost one until a launcher joins again with
+  // its rank: every node hears which ranks are awaited every kAwaitedLogEvery, and the job
+  // ends when launcher.restart.rejoin_timeout_s has passed.
+  void WatchBarrier(Clock::time_point now) {
+    const std::vector<int> awaited = cycles_.Awaited();
+    if (awaited.empty()) return;
+    const int64_t waited_s = std::chrono::duration_cast<std::chrono::seconds>(now - barrier_opened_).count();
+    const std::string cycle = "cycle " + std::to_string(cycles_.current());
+    if (now - barrier_opened_ >= options_.rejoin_timeout) {
+      return Abort(awaited.front(), cycle + " did not start: " + DescribeAwaited(awaited) + " not ready within " +
+                                        std::to_string(waited_s) + " s (launcher.restart.rejoin_timeout_s)");
+    }
+    if (now < next_barrier_log_) return;
+    next_barrier_log_ = now + kAwaitedLogEvery;
+    const std::string message = cycle + ": waiting " + std::to_string(waited_s) + " s for " + DescribeAwaited(awaited);
+    Broadcast({{"op", "cycle_wait"}, {"cycle", cycles_.current()}, {"message", message}});
+  }
+
+  std::string DescribeAwaited(const std::vector<int>& ranks) const {
+    std::string text;
+    for (size_t i = 0; i < ranks.size() && i < kMaxAwaitedListed; ++i) {
+      const size_t rank = size_t(ranks[i]);
+      text += (text.empty() ? "node " : ", node ") + std::to_string(rank) + " (" + infos_[rank].host +
+              (awaiting_rejoin_[rank] ? ", lost: its launcher has not joined again)" : ", stopping its job)");
+    }
+    if (ranks.size() > kMaxAwaitedListed) text += ", and " + std::to_string(ranks.size() - kMaxAwaitedListed) + " more";
+    return text;
   }
 
   // A node that will not wait for the verdict any longer: the job has failed, and every
@@ -785,11 +865,15 @@ class StoreServer::Loop {
       auto& connection = *connections_.at(joined_[rank]);
       auto silent = now - connection.last_seen;
       if (silent > options_.heartbeat_timeout && !HasUnreadBytes(connection.fd)) {
-        Abort(int(rank), infos_[rank].Label() + " lost: no heartbeat for " +
-                             std::to_string(std::chrono::duration_cast<std::chrono::seconds>(silent).count()) + " s");
-        return;
+        const std::string why =
+            "no heartbeat for " + std::to_string(std::chrono::duration_cast<std::chrono::seconds>(silent).count()) + " s";
+        if (!roster_complete_) return Abort(int(rank), infos_[rank].Label() + " lost: " + why);
+        // Its connection is closed now, so nothing it sends later counts: a launcher that
+        // was only cut off can never act in a cycle the others have moved on from.
+        Kill(connection, why);
       }
     }
+    if (last_restart_) WatchBarrier(now);
   }
 
   void OnJoinTimeout() {
@@ -862,7 +946,15 @@ class StoreServer::Loop {
       std::lock_guard lock(mutex_);
       joined_[size_t(rank)] = -1;
     }
-    if (!goodbye && !reported_[size_t(rank)]) Abort(rank, infos_[size_t(rank)].Label() + " lost: " + why);
+    if (!goodbye && !reported_[size_t(rank)]) LoseNode(rank, infos_[size_t(rank)].Label() + " lost: " + why);
+  }
+
+  // A launcher lost during the run: with restarts left, every node restarts and the rank
+  // waits for a launcher to join again with it (a replaced pod, a requeued task);
+  // otherwise the job ends, as it does without restarts.
+  void LoseNode(int rank, const std::string& message) {
+    FailCycle(rank, message, 0, true);
+    if (verdict_.kind == ServerVerdict::Kind::kPending) awaiting_rejoin_[size_t(rank)] = true;
   }
 
   void Send(Connection& connection, const Message& message) {
@@ -958,6 +1050,10 @@ class StoreServer::Loop {
   std::vector<int> joined_;  // rank -> fd, -1 when not joined
   std::vector<NodeInfo> infos_;
   std::vector<bool> reported_;
+  std::vector<bool> awaiting_rejoin_;       // lost in a cycle that restarted: a launcher may join again
+  std::optional<Message> last_restart_;     // the current cycle's push while its barrier waits
+  Clock::time_point barrier_opened_;
+  Clock::time_point next_barrier_log_;
   int joined_count_ = 0;
   int reported_count_ = 0;
   Clock::time_point join_deadline_;

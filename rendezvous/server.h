@@ -31,8 +31,12 @@ struct ServerOptions {
   // A node that proves the token but says it is of another job is refused, naming both
   // (empty: not checked).
   std::string job_id;
-  // Asked when a node's job fails: a restart of every node instead of an abort (empty: never).
+  // Asked when a node's job fails or its launcher is lost: a restart of every node instead
+  // of an abort (empty: never).
   RestartPolicy restart_policy;
+  // How long a restart's barrier waits (for a lost node's launcher to join again, for every
+  // node to stop its job) before the job is aborted naming the ranks still awaited.
+  std::chrono::milliseconds rejoin_timeout{600'000};
 };
 
 // What the leader concluded, once it has.

@@ -156,7 +156,7 @@ std::unique_ptr<TcpPeers> TcpPeers::Join(const env::JobConfig& config, const env
                                       Millis(settings.heartbeat_interval_s), Millis(settings.heartbeat_timeout_s),
                                       // after the verdict, serve every node still reachable until it has said goodbye
                                       std::chrono::seconds(settings.exit_barrier_timeout_s), checked_job_id,
-                                      std::move(restart_policy)};
+                                      std::move(restart_policy), Millis(config.launcher.restart.rejoin_timeout_s)};
     try {
       peers->server_ = std::make_unique<rendezvous::StoreServer>(options);
     } catch (const rendezvous::StoreError& error) {
@@ -218,6 +218,8 @@ void TcpPeers::DrainEvents() {
   while (auto event = client_->TakeEvent()) {
     if (event->kind == PeerEvent::Kind::kComplete) {
       complete_ = true;
+    } else if (event->kind == PeerEvent::Kind::kRejoin) {
+      rejoin_ = std::move(*event);
     } else if (event->kind == PeerEvent::Kind::kRestart || event->kind == PeerEvent::Kind::kCycleGo) {
       OnCycleEvent(std::move(*event));
     } else if (!verdict_) {
@@ -287,6 +289,11 @@ std::optional<PeerEvent> TcpPeers::TakeRestart() {
   DrainEvents();
   if (verdict_) return std::nullopt;  // the job has ended: no restart can follow
   return std::exchange(restart_, std::nullopt);
+}
+
+std::optional<PeerEvent> TcpPeers::TakeRejoin() {
+  DrainEvents();
+  return std::exchange(rejoin_, std::nullopt);
 }
 
 std::optional<std::string> TcpPeers::Verdict() {

@@ -66,6 +66,9 @@ class Peers : public StopRequests {
   }
   // The newest restart the leader pushed for a later cycle than this node's, once.
   virtual std::optional<rendezvous::PeerEvent> TakeRestart() { return std::nullopt; }
+  // This launcher joined in place of a lost one: the restart of the cycle it meets the
+  // others in (it runs no cycle before), once.
+  virtual std::optional<rendezvous::PeerEvent> TakeRejoin() { return std::nullopt; }
   // Tells the leader this node is ready for `cycle` and waits until every node is (true), a
   // newer restart or a verdict arrives, a shutdown signal comes or `deadline` passes (false).
   virtual bool AwaitCycleStart(int64_t, std::chrono::steady_clock::time_point, SignalRouter&, int& signal_number) {
@@ -102,6 +105,7 @@ class TcpPeers final : public Peers {
   void BeginCycle(int64_t cycle) override;
   bool AwaitRestartOrVerdict(SignalRouter& signals, int& signal_number) override;
   std::optional<rendezvous::PeerEvent> TakeRestart() override;
+  std::optional<rendezvous::PeerEvent> TakeRejoin() override;
   bool AwaitCycleStart(int64_t cycle, std::chrono::steady_clock::time_point deadline, SignalRouter& signals,
                        int& signal_number) override;
   std::optional<std::string> Verdict() override;
@@ -125,6 +129,7 @@ class TcpPeers final : public Peers {
   bool reported_ = false;
   int64_t cycle_ = 0;
   std::optional<rendezvous::PeerEvent> restart_;  // pushed for a cycle after cycle_, not yet taken
+  std::optional<rendezvous::PeerEvent> rejoin_;   // this launcher replaced a lost one: the cycle to meet in
   bool cycle_started_ = false;                    // the leader's go for cycle_ came
 };
 

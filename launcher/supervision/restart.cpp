@@ -14,6 +14,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using rendezvous::PeerEvent;
 
+constexpr std::chrono::seconds kLeaderSlack{10};
+
 // Node 0's account of the job's restarts. The budget is the job's, not a node's: every
 // failure the leader accepts counts once, whichever node it came from.
 class RestartBudget {
@@ -114,7 +116,9 @@ void LoadForCycle(Peers& peers, const CycleHooks& hooks, const std::string& resu
 std::optional<PeerEvent> MeetAtBarrier(const env::JobConfig& config, Peers& peers, SignalRouter& signals,
                                        const CycleHooks& hooks, PeerEvent restart, JobOutcome& outcome,
                                        std::vector<CycleRecord>& cycles) {
-  const auto wait = std::chrono::milliseconds(int64_t(config.launcher.restart.rejoin_timeout_s * 1000));
+  // The leader ends a barrier that waits past rejoin_timeout_s, naming the ranks it waited
+  // for; the slack only covers a leader that died without a word.
+  const auto wait = std::chrono::milliseconds(int64_t(config.launcher.restart.rejoin_timeout_s * 1000)) + kLeaderSlack;
   while (true) {
     peers.BeginCycle(restart.cycle);
     cycles.push_back(RecordOf(restart));
@@ -183,18 +187,24 @@ std::vector<std::string> CycleEnviron(const env::JobEnvironment& environment, co
 }
 
 JobOutcome RunCycles(const env::JobConfig& config, Peers* peers, SignalRouter& signals, const CycleHooks& hooks,
-                     const std::string& first_resume, std::vector<CycleRecord>& cycles) {
+                     const std::string& first_resume, std::optional<PeerEvent> rejoin, std::vector<CycleRecord>& cycles) {
   int64_t cycle = 0;
   std::string resume = first_resume;
+  std::optional<PeerEvent> restart = std::move(rejoin);
+  if (restart) spdlog::warn("this launcher replaces a lost one: it meets the other nodes in cycle {}", restart->cycle);
+  JobOutcome outcome;
   while (true) {
-    JobOutcome outcome = hooks.run(cycle, resume);
-    if (!RestartsEnabled(config, peers)) return outcome;
-    std::optional<PeerEvent> restart = NextRestart(*peers, signals, outcome);
-    if (!restart) return outcome;
+    if (!restart) {
+      outcome = hooks.run(cycle, resume);
+      if (!RestartsEnabled(config, peers)) return outcome;
+      restart = NextRestart(*peers, signals, outcome);
+      if (!restart) return outcome;
+    }
     restart = MeetAtBarrier(config, *peers, signals, hooks, *restart, outcome, cycles);
     if (!restart) return outcome;
     cycle = restart->cycle;
     resume = cycles.back().resume;
+    restart.reset();
     spdlog::info("every node is ready: running cycle {} (BT_RESTART_COUNT={}){}", cycle, cycle,
                  resume.empty() ? "" : ", resuming from checkpoint " + resume);
   }

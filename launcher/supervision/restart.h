@@ -59,8 +59,10 @@ struct CycleHooks {
 
 // Runs cycle after cycle until one ends the job, and returns that cycle's outcome (already
 // reported to the leader when restarts are on). Without peers or restarts: one cycle, as
-// before. `first_resume` is what cycle 0 resumes from.
+// before. `first_resume` is what cycle 0 resumes from; `rejoin` (Peers::TakeRejoin), when
+// this launcher replaced a lost one, the cycle it starts in instead.
 JobOutcome RunCycles(const env::JobConfig& config, Peers* peers, SignalRouter& signals, const CycleHooks& hooks,
-                     const std::string& first_resume, std::vector<CycleRecord>& cycles);
+                     const std::string& first_resume, std::optional<rendezvous::PeerEvent> rejoin,
+                     std::vector<CycleRecord>& cycles);
 
 }  // namespace bt::launcher

@@ -547,20 +547,70 @@ std::vector<std::unique_ptr<LauncherProcess>> StartAndEnterTheRestart(Job& job) 
   return {};
 }
 
-TEST(Restart, ALauncherLostDuringTheRestartEndsTheJobWithoutDeadlock) {
+// Node 2's launcher is lost while node 1 is still stopping for cycle 1: the loss is a second
+// failure, so the leader moves to cycle 2 and waits for a launcher to take rank 2 again.
+// None comes: at launcher.restart.rejoin_timeout_s every node ends, naming node 2.
+TEST(Restart, ALauncherLostDuringTheRestartThatNeverRejoinsEndsTheJobAtTheRejoinTimeout) {
   TempDir scratch;
-  Job job(3, kSlowToStop, "", false, RestartSettings(scratch, 3, 3), FreePort());
+  nlohmann::json settings = RestartSettings(scratch, 3, 3);
+  settings["restart"]["rejoin_timeout_s"] = 4;
+  Job job(3, kSlowToStop, "", false, settings, FreePort());
   auto processes = StartAndEnterTheRestart(job);
   ASSERT_FALSE(processes.empty());
   processes[2]->Signal(SIGKILL);
   auto results = Job::FinishAll(processes);
   for (int rank : {0, 1}) {
     EXPECT_EQ(results[rank].exit_code, 69) << "node " << rank << ":\n" << results[rank].err;
-    EXPECT_NE(results[rank].err.find("node 2 ("), std::string::npos) << results[rank].err;
+    EXPECT_NE(results[rank].err.find("cycle 2 (node 2 ("), std::string::npos) << results[rank].err;
     EXPECT_NE(results[rank].err.find("lost: connection closed"), std::string::npos) << results[rank].err;
-    EXPECT_EQ(results[rank].err.find("every node is ready: running cycle 1"), std::string::npos) << results[rank].err;
+    EXPECT_NE(results[rank].err.find("cycle 2 did not start: node 2 ("), std::string::npos) << results[rank].err;
+    EXPECT_NE(results[rank].err.find("lost: its launcher has not joined again) not ready within 4 s "
+                                     "(launcher.restart.rejoin_timeout_s)"),
+              std::string::npos) << results[rank].err;
+    EXPECT_EQ(results[rank].err.find("every node is ready: running cycle"), std::string::npos) << results[rank].err;
     EXPECT_LT(results[rank].elapsed, 40s);
   }
+}
+
+// A node's launcher is SIGKILLed (its job dies with it). The others stop theirs, and the
+// leader waits for rank 2, saying every 10 s on every node that it does. A new launcher
+// with rank 2 joins, and all three run cycle 1. A launcher that then claims rank 2 (a
+// copy of the old one coming back) is refused, named by the leader, and changes nothing.
+TEST(Restart, AReplacedLauncherRejoinsAndALateOneIsRefused) {
+  TempDir scratch;
+  const std::string go = scratch.path() + "/go";
+  const std::string commands = nlohmann::json::array(
+      {"echo \"cycle $BT_RESTART_COUNT node $BT_NODE_RANK\"; if [ \"$BT_RESTART_COUNT\" = 0 ]; then exec sleep 60; fi; " +
+       std::string("while [ ! -e ") + go + " ]; do sleep 0.1; done"}).dump();
+  nlohmann::json settings = RestartSettings(scratch, 1, 3);
+  settings["restart"]["rejoin_timeout_s"] = 40;
+  Job job(3, commands, "", false, settings, FreePort());
+  auto processes = job.StartAll();
+  ASSERT_TRUE(processes[2]->WaitForOutput("cycle 0 node 2", 20s));
+  processes[2]->Signal(SIGKILL);
+  const ProcessResult killed = processes[2]->Finish();
+  ASSERT_TRUE(processes[1]->WaitForLog("lost: its launcher has not joined again)", 30s))
+      << "no node heard that node 2 is awaited";
+  EXPECT_TRUE(processes[1]->WaitForLog("restart: cycle 1: waiting 10 s for node 2 (", 1s));
+  processes[2] = std::make_unique<LauncherProcess>(job.Spec(2));
+  for (auto& process : processes) ASSERT_TRUE(process->WaitForOutput("cycle 1 node", 20s));
+  LauncherProcess late(job.Spec(2));
+  const ProcessResult refused = late.Finish();
+  EXPECT_EQ(refused.exit_code, 69) << refused.err;
+  EXPECT_NE(refused.err.find("the rendezvous is already closed: rank 2 is held by"), std::string::npos) << refused.err;
+  WriteFile(go);
+  auto results = Job::FinishAll(processes);
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_EQ(results[rank].exit_code, 0) << "node " << rank << ":\n" << results[rank].err;
+    EXPECT_NE(results[rank].out.find("cycle 1 node " + std::to_string(rank)), std::string::npos) << results[rank].out;
+  }
+  EXPECT_EQ(results[2].out.find("cycle 0"), std::string::npos) << "the new launcher ran cycle 0: " << results[2].out;
+  EXPECT_NE(results[2].err.find("this launcher replaces a lost one: it meets the other nodes in cycle 1"),
+            std::string::npos) << results[2].err;
+  EXPECT_NE(results[0].err.find(", 127.0.0.1) lost: connection closed"), std::string::npos) << results[0].err;
+  EXPECT_NE(results[0].err.find("joined again from 127.0.0.1"), std::string::npos) << results[0].err;
+  EXPECT_NE(results[0].err.find("refused a join from node 2"), std::string::npos) << results[0].err;
+  EXPECT_NE(results[0].err.find("restarts 1/1"), std::string::npos) << results[0].err;
 }
 
 TEST(Restart, SigtermDuringTheRestartStopsEveryNodeWithoutRestarting) {
