@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Three hosts, each in its own network namespace (and UTS namespace, for its own host
 # name) on a bridge, run one bt-launch job: a clean run with its roster, a link cut in
-# the middle of the run, and a leader killed with SIGKILL. Everything it creates is
-# removed on exit; every wait has a deadline.
+# the middle of the run, a leader killed with SIGKILL, and, with restarts, node 2's
+# launcher killed and replaced by one on a fourth host. Everything it creates is removed
+# on exit; every wait has a deadline.
 set -euo pipefail
 BIN=$(realpath "$1")
 [ "$(id -u)" -eq 0 ] || { echo "SKIPPED: network namespaces need root"; exit 77; }
@@ -15,7 +16,7 @@ pids=()
 
 cleanup() {
   for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
-  for i in 0 1 2; do
+  for i in 0 1 2 3; do
     for pid in $(ip netns pids "${tag}n$i" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
     ip netns del "${tag}n$i" 2>/dev/null || true
     rm -rf "/etc/netns/${tag}n$i"
@@ -33,7 +34,7 @@ if ! ip link add "$bridge" type bridge 2>/dev/null || ! ip netns add "${tag}prob
 fi
 ip netns del "${tag}probe"
 ip link set "$bridge" up
-for i in 0 1 2; do
+for i in 0 1 2 3; do  # host 3 stands by for a replaced node
   ns="${tag}n$i"
   ip netns add "$ns"
   ip link add "${tag}v$i" type veth peer name eth0 netns "$ns"
@@ -54,14 +55,22 @@ cat > "$work/job.json" <<JSON
               "rendezvous": {"join_timeout_s": 20, "heartbeat_interval_s": 0.5, "heartbeat_timeout_s": 3}}}
 JSON
 
-# start_node RANK NAME SUBCOMMAND [ENV=VALUE...]: one node, in its namespace, in the background.
-start_node() {
-  local rank=$1 name=$2 subcommand=$3; shift 3
-  ip netns exec "${tag}n$rank" unshare --uts env BT_LEADER_ADDR="$leader" "$@" BT_NODE_RANK="$rank" BT_GROUP_SIZE=3 \
+# start_on HOST RANK NAME SUBCOMMAND [ENV=VALUE...]: node RANK on host HOST (its namespace),
+# in the background; its pid in `pid`, its output in NAME-RANK.out/.err. CONFIG picks the job.
+start_on() {
+  local host=$1 rank=$2 name=$3 subcommand=$4; shift 4
+  ip netns exec "${tag}n$host" unshare --uts env BT_LEADER_ADDR="$leader" "$@" BT_NODE_RANK="$rank" BT_GROUP_SIZE=3 \
     BT_RENDEZVOUS_TOKEN=netns-token \
-    sh -c "hostname host$rank; exec $BIN $subcommand --config $work/job.json --root $work/root-$rank" \
+    sh -c "hostname host$host; exec $BIN $subcommand --config $work/${CONFIG:-job.json} --root $work/root-$host" \
     >"$work/$name-$rank.out" 2>"$work/$name-$rank.err" &
-  pids[$rank]=$!
+  pid=$!
+}
+
+# start_node RANK NAME SUBCOMMAND [ENV=VALUE...]: node RANK on its own host; pid in pids[RANK].
+start_node() {
+  local rank=$1
+  start_on "$rank" "$@"
+  pids[$rank]=$pid
 }
 
 # wait_exit PID SECONDS: sets `code` to the exit code, or 124 after the deadline (and
@@ -141,4 +150,37 @@ for i in 1 2; do
   [ "$code" -eq 69 ] || fail "after the leader died node $i exited $code, expected 69"
   grep -q "leader (node 0) lost" "$work/kill-$i.err" || fail "node $i did not name the leader"
 done
+
+echo "== restarts: node 2's launcher killed, a new one with rank 2 joins from host 3, the old host is refused"
+cat > "$work/restart.json" <<JSON
+{"compute": {"node_count": 3}, "enable_baseten_workdir": false,
+ "runtime": {"start_commands": ["echo cycle \$BT_RESTART_COUNT; [ \$BT_RESTART_COUNT = 0 ] && exec sleep 60; sleep 4"]},
+ "launcher": {"grace_period_s": 2, "peer_failure_grace_s": 2, "restart": {"max_restarts": 1, "rejoin_timeout_s": 30},
+              "rendezvous": {"join_timeout_s": 20, "heartbeat_interval_s": 0.5, "heartbeat_timeout_s": 3}}}
+JSON
+export CONFIG=restart.json
+for i in 0 1 2; do start_node "$i" rejoin run; done
+for i in 0 1 2; do wait_output "$work/rejoin-$i.out" "cycle 0" 20; done
+kill -9 "${pids[2]}"
+for pid in $(ip netns pids "${tag}n2"); do kill -9 "$pid" 2>/dev/null || true; done
+wait "${pids[2]}" 2>/dev/null || true
+wait_output "$work/rejoin-0.err" "this node's job is stopped; waiting for every node to be ready for cycle 1" 15
+start_on 3 2 replaced run
+replaced=$pid
+for i in 0 1; do wait_output "$work/rejoin-$i.out" "cycle 1" 20; done
+wait_output "$work/replaced-2.out" "cycle 1" 5
+start_on 2 2 late run
+wait_exit "$pid" 20
+[ "$code" -eq 69 ] || fail "a launcher claiming the held rank 2 from the old host exited $code, expected 69"
+grep -q "rank 2 is held by host3 (10.77.0.13) in cycle 1" "$work/late-2.err" || fail "the late launcher was not told why"
+for pid in "${pids[0]}" "${pids[1]}" "$replaced"; do
+  wait_exit "$pid" 30
+  [ "$code" -eq 0 ] || fail "after the rejoin a node exited $code, expected 0"
+done
+grep -q "node 2 (host2, 10.77.0.12) lost: connection closed" "$work/rejoin-0.err" || fail "the leader did not name the lost node 2"
+grep -q "node 2 (host3, 10.77.0.13) joined again from 10.77.0.13 (was 10.77.0.12)" "$work/rejoin-0.err" ||
+  fail "the leader did not log node 2's return from host 3"
+grep -q "refused a join from node 2 (host2, 10.77.0.12)" "$work/rejoin-0.err" || fail "the leader did not name the refused launcher"
+! grep -q "cycle 0" "$work/replaced-2.out" || fail "the replacement ran cycle 0"
+unset CONFIG
 echo "PASS"
