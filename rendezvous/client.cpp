@@ -372,7 +372,9 @@ void StoreClient::Report(int exit_code, const std::string& cause, int64_t cycle,
           kRequestTimeout);
 }
 
-void StoreClient::ArriveAtCycle(int64_t cycle) { Request({{"op", "cycle_ready"}, {"cycle", cycle}}, kRequestTimeout); }
+void StoreClient::ArriveAtCycle(int64_t cycle, double stopped_s) {
+  Request({{"op", "cycle_ready"}, {"cycle", cycle}, {"stopped_s", stopped_s}}, kRequestTimeout);
+}
 
 void StoreClient::GiveUp(const std::string& cause) {
   Request({{"op", "give_up"}, {"cause", cause}}, kRequestTimeout);
@@ -406,6 +408,7 @@ std::optional<PeerEvent> StoreClient::TakeEvent() {
 }
 
 void StoreClient::PushEvent(PeerEvent event) {
+  event.received = std::chrono::steady_clock::now();
   {
     std::lock_guard lock(mutex_);
     events_.push_back(std::move(event));
@@ -510,6 +513,7 @@ void StoreClient::OnMessage(const Message& message) {
   if (op == "cycle_go") {
     PeerEvent event{PeerEvent::Kind::kCycleGo, -1, ""};
     event.cycle = IntField(message, "cycle");
+    event.decision = message;
     return PushEvent(std::move(event));
   }
   if (op == "join_timeout") return PushEvent({PeerEvent::Kind::kJoinTimeout, -1, StringField(message, "message")});

@@ -45,7 +45,9 @@ struct PeerEvent {
   int exit_code = 0;    // kAbort, kRestart: the failed node's reported exit code; 0 when it was lost
   int64_t cycle = 0;    // kRestart: the cycle to run; kCycleGo: the cycle whose barrier passed
   std::string host{};   // kRestart: the failed node's host
-  Message decision{};   // kRestart: what the leader decided with it (resume checkpoint, budget)
+  Message decision{};   // kRestart: what the leader decided with it (resume checkpoint, budget);
+                        // kCycleGo: the leader's figures of the restart (stopped_s, restarted_s)
+  std::chrono::steady_clock::time_point received{};  // when this node had it
 };
 
 // How a node retries reaching the leader; the rendezvous benchmark's simulated nodes
@@ -99,7 +101,8 @@ class StoreClient final : public Store {
   void Report(int exit_code, const std::string& cause, int64_t cycle = 0, bool restartable = false);
   // This node has stopped its job and is ready for `cycle`: the leader pushes kCycleGo once
   // every node is.
-  void ArriveAtCycle(int64_t cycle);
+  // `stopped_s`: how long this node's job took to stop after it heard of the restart.
+  void ArriveAtCycle(int64_t cycle, double stopped_s = 0);
   // Ends the job as failed by this node (after its report, e.g. when it stops waiting at the
   // exit barrier): the leader aborts it, so every node reports the same result.
   void GiveUp(const std::string& cause);

@@ -17,16 +17,20 @@ std::optional<Message> Cycles::Decide(const CycleFailure& failure, std::string& 
   ++current_;
   std::fill(arrived_.begin(), arrived_.end(), false);
   arrived_count_ = 0;
+  slowest_stop_s_ = 0;
+  decided_ = std::chrono::steady_clock::now();
   return Message{{"op", "restart"},      {"cycle", current_},         {"rank", failure.rank},
                  {"host", failure.host}, {"message", failure.cause}, {"code", failure.exit_code},
                  {"decision", *answer.decision}};
 }
 
-std::optional<Message> Cycles::Arrive(int rank) {
+std::optional<Message> Cycles::Arrive(int rank, double stopped_s) {
   if (rank < 0 || size_t(rank) >= arrived_.size() || arrived_[size_t(rank)]) return std::nullopt;
   arrived_[size_t(rank)] = true;
+  slowest_stop_s_ = std::max(slowest_stop_s_, stopped_s);
   if (++arrived_count_ < int(arrived_.size())) return std::nullopt;
-  return Message{{"op", "cycle_go"}, {"cycle", current_}};
+  const double restarted_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - decided_).count();
+  return Message{{"op", "cycle_go"}, {"cycle", current_}, {"stopped_s", slowest_stop_s_}, {"restarted_s", restarted_s}};
 }
 
 std::vector<int> Cycles::Awaited() const {

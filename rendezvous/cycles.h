@@ -4,6 +4,7 @@
 // (the budget, the checkpoint to resume from) is the launcher's.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -45,9 +46,11 @@ class Cycles {
   // set when the policy gave a reason) when the job must end instead.
   std::optional<Message> Decide(const CycleFailure& failure, std::string& refusal);
 
-  // Records `rank` at the barrier of the current cycle; the "cycle_go" frame once every
-  // node has arrived, exactly once per cycle.
-  std::optional<Message> Arrive(int rank);
+  // Records `rank` at the barrier of the current cycle (`stopped_s`: how long its job took to
+  // stop after the push); the "cycle_go" frame once every node has arrived, exactly once per
+  // cycle, with the restart's figures: the decision to every job stopped (`stopped_s`) and
+  // to every node ready (`restarted_s`).
+  std::optional<Message> Arrive(int rank, double stopped_s = 0);
   // The ranks not yet at the current cycle's barrier.
   std::vector<int> Awaited() const;
 
@@ -56,6 +59,8 @@ class Cycles {
   int64_t current_ = 0;
   std::vector<bool> arrived_;
   int arrived_count_ = 0;
+  double slowest_stop_s_ = 0;
+  std::chrono::steady_clock::time_point decided_;
 };
 
 }  // namespace bt::rendezvous

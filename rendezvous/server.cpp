@@ -783,7 +783,10 @@ class StoreServer::Loop {
     if (connection.rank < 0) return Refuse(connection, message, "cycle_ready from a connection that never joined");
     Reply(connection, message, {{"op", "ok"}});
     if (IgnoredAsStale(connection, "cycle_ready", cycle) || cycle != cycles_.current()) return;
-    if (auto go = cycles_.Arrive(connection.rank)) {
+    const double stopped_s = message.contains("stopped_s") && message["stopped_s"].is_number()
+                                 ? std::max(0.0, message["stopped_s"].get<double>())
+                                 : 0.0;
+    if (auto go = cycles_.Arrive(connection.rank, stopped_s)) {
       last_restart_.reset();  // the barrier has passed: nobody is awaited any more
       Broadcast(*go);
     }
@@ -798,8 +801,9 @@ class StoreServer::Loop {
     const int64_t waited_s = std::chrono::duration_cast<std::chrono::seconds>(now - barrier_opened_).count();
     const std::string cycle = "cycle " + std::to_string(cycles_.current());
     if (now - barrier_opened_ >= options_.rejoin_timeout) {
+      const double limit_s = std::chrono::duration<double>(options_.rejoin_timeout).count();
       return Abort(awaited.front(), cycle + " did not start: " + DescribeAwaited(awaited) + " not ready within " +
-                                        std::to_string(waited_s) + " s (launcher.restart.rejoin_timeout_s)");
+                                        fmt::format("{:g}", limit_s) + " s (launcher.restart.rejoin_timeout_s)");
     }
     if (now < next_barrier_log_) return;
     next_barrier_log_ = now + kAwaitedLogEvery;

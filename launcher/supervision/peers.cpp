@@ -235,6 +235,7 @@ void TcpPeers::OnCycleEvent(PeerEvent event) {
   if (event.kind == PeerEvent::Kind::kCycleGo) {
     if (event.cycle == cycle_ && !restart_) {
       cycle_started_ = true;
+      cycle_go_ = std::move(event.decision);
       return;
     }
     spdlog::warn("ignoring the leader's start of cycle {}: this node is in cycle {}", event.cycle, newest);
@@ -314,9 +315,10 @@ bool TcpPeers::AwaitRestartOrVerdict(SignalRouter& signals, int& signal_number) 
   return signal_number == 0 && !verdict_ && restart_;
 }
 
-bool TcpPeers::AwaitCycleStart(int64_t cycle, Clock::time_point deadline, SignalRouter& signals, int& signal_number) {
+bool TcpPeers::AwaitCycleStart(int64_t cycle, double stopped_s, Clock::time_point deadline, SignalRouter& signals,
+                               int& signal_number) {
   try {
-    client_->ArriveAtCycle(cycle);
+    client_->ArriveAtCycle(cycle, stopped_s);
   } catch (const std::runtime_error& error) {  // StoreError, or StoreTimeout from a stalled leader
     spdlog::error("cannot tell the leader that this node is ready for cycle {}: {}", cycle, error.what());
   }

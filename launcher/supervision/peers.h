@@ -69,12 +69,16 @@ class Peers : public StopRequests {
   // This launcher joined in place of a lost one: the restart of the cycle it meets the
   // others in (it runs no cycle before), once.
   virtual std::optional<rendezvous::PeerEvent> TakeRejoin() { return std::nullopt; }
-  // Tells the leader this node is ready for `cycle` and waits until every node is (true), a
-  // newer restart or a verdict arrives, a shutdown signal comes or `deadline` passes (false).
-  virtual bool AwaitCycleStart(int64_t, std::chrono::steady_clock::time_point, SignalRouter&, int& signal_number) {
+  // Tells the leader this node is ready for `cycle` (its job took `stopped_s` to stop) and
+  // waits until every node is (true), a newer restart or a verdict arrives, a shutdown
+  // signal comes or `deadline` passes (false).
+  virtual bool AwaitCycleStart(int64_t, double /*stopped_s*/, std::chrono::steady_clock::time_point, SignalRouter&,
+                               int& signal_number) {
     signal_number = 0;
     return false;
   }
+  // The leader's go for the cycle AwaitCycleStart passed, with the restart's figures.
+  virtual rendezvous::Message CycleGo() { return {}; }
   // The job's verdict (abort, lost leader) when one came.
   virtual std::optional<std::string> Verdict() { return std::nullopt; }
 };
@@ -106,7 +110,8 @@ class TcpPeers final : public Peers {
   bool AwaitRestartOrVerdict(SignalRouter& signals, int& signal_number) override;
   std::optional<rendezvous::PeerEvent> TakeRestart() override;
   std::optional<rendezvous::PeerEvent> TakeRejoin() override;
-  bool AwaitCycleStart(int64_t cycle, std::chrono::steady_clock::time_point deadline, SignalRouter& signals,
+  rendezvous::Message CycleGo() override { return cycle_go_; }
+  bool AwaitCycleStart(int64_t cycle, double stopped_s, std::chrono::steady_clock::time_point deadline, SignalRouter& signals,
                        int& signal_number) override;
   std::optional<std::string> Verdict() override;
 
@@ -131,6 +136,7 @@ class TcpPeers final : public Peers {
   std::optional<rendezvous::PeerEvent> restart_;  // pushed for a cycle after cycle_, not yet taken
   std::optional<rendezvous::PeerEvent> rejoin_;   // this launcher replaced a lost one: the cycle to meet in
   bool cycle_started_ = false;                    // the leader's go for cycle_ came
+  rendezvous::Message cycle_go_;                  // that go
 };
 
 // The mpi backend (under mpirun): node info exchanged with MPI collectives through the

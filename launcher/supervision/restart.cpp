@@ -16,6 +16,12 @@ using rendezvous::PeerEvent;
 
 constexpr std::chrono::seconds kLeaderSlack{10};
 
+double Seconds(Clock::duration duration) { return std::chrono::duration<double>(duration).count(); }
+
+std::string FormatSeconds(double seconds) {
+  return FormatDuration(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)));
+}
+
 // Node 0's account of the job's restarts. The budget is the job's, not a node's: every
 // failure the leader accepts counts once, whichever node it came from.
 class RestartBudget {
@@ -125,8 +131,15 @@ std::optional<PeerEvent> MeetAtBarrier(const env::JobConfig& config, Peers& peer
     spdlog::info("this node's job is stopped; waiting for every node to be ready for cycle {}", restart.cycle);
     LoadForCycle(peers, hooks, cycles.back().resume);
     int signal_number = 0;
-    if (peers.AwaitCycleStart(restart.cycle, Clock::now() + wait, signals, signal_number)) {
-      cycles.back().all_ready = Clock::now();
+    // A node whose own job failed had stopped before the push came: 0.
+    const double stopped_s =
+        restart.received == Clock::time_point{} ? 0 : std::max(0.0, Seconds(cycles.back().stopped - restart.received));
+    if (peers.AwaitCycleStart(restart.cycle, stopped_s, Clock::now() + wait, signals, signal_number)) {
+      CycleRecord& record = cycles.back();
+      record.all_ready = Clock::now();
+      const rendezvous::Message go = peers.CycleGo();
+      record.every_job_stopped_s = go.value("stopped_s", -1.0);
+      record.every_node_restarted_s = go.value("restarted_s", -1.0);
       return restart;
     }
     if (signal_number != 0) {
@@ -160,8 +173,14 @@ std::string RenderCycles(const std::vector<CycleRecord>& cycles) {
   std::string text;
   for (const CycleRecord& record : cycles) {
     if (!text.empty()) text += "; ";
-    text += "cycle " + std::to_string(record.cycle) + " (" + record.cause + "): this node stopped → all nodes ready ";
-    text += record.all_ready == Clock::time_point{} ? "never" : FormatDuration(record.all_ready - record.stopped);
+    text += "cycle " + std::to_string(record.cycle) + " (" + record.cause + "): ";
+    if (record.every_node_restarted_s >= 0) {
+      text += "fault → every job stopped " + FormatSeconds(record.every_job_stopped_s) + " → every node restarted " +
+              FormatSeconds(record.every_node_restarted_s) + " (this node: stopped → all ready " +
+              FormatDuration(record.all_ready - record.stopped) + ")";
+    } else {
+      text += "never restarted";
+    }
     text += record.resume.empty() ? ", no checkpoint to resume from" : ", resumed from " + record.resume;
     text += ", restarts " + std::to_string(record.restarts_used) + "/" + std::to_string(record.max_restarts);
   }

@@ -484,6 +484,9 @@ TEST(Restart, FailureOnNode2RestartsEveryNodeWithTheSameCountFromTheCommittedSte
               std::string::npos) << "node " << rank << ":\n" << results[rank].out << results[rank].err;
     EXPECT_NE(results[rank].err.find("restarts: cycle 1 (node 2 ("), std::string::npos) << results[rank].err;
     EXPECT_NE(results[rank].err.find("resumed from checkpoint-4, restarts 1/2"), std::string::npos) << results[rank].err;
+    // The leader's figures of the restart, from its decision, the same on every node.
+    EXPECT_NE(results[rank].err.find("): fault → every job stopped "), std::string::npos) << results[rank].err;
+    EXPECT_NE(results[rank].err.find(" → every node restarted "), std::string::npos) << results[rank].err;
     // The node wrote checkpoint-4 itself: linked from its own disk, not downloaded.
     EXPECT_NE(results[rank].err.find("linked from this node's own copy"), std::string::npos) << results[rank].err;
     EXPECT_LT(results[rank].elapsed, 50s);
