@@ -68,7 +68,9 @@ storage::StagedFiles Snapshot::Staged() const {
   return staged;
 }
 
-std::string Snapshot::VersionId() const { return storage::HashBytes(fingerprint.data(), fingerprint.size()); }
+std::string VersionIdOf(const std::string& fingerprint) { return storage::HashBytes(fingerprint.data(), fingerprint.size()); }
+
+std::string Snapshot::VersionId() const { return VersionIdOf(fingerprint); }
 
 nlohmann::json Snapshot::ToJson() const {
   nlohmann::json files_json = nlohmann::json::array();

@@ -66,4 +66,7 @@ Snapshot TakeSnapshot(const std::string& root, const Candidate& candidate, const
 // same version of a checkpoint.
 std::string Fingerprint(const Candidate& candidate);
 
+// The version id (Snapshot::VersionId) a snapshot of `fingerprint` has.
+std::string VersionIdOf(const std::string& fingerprint);
+
 }  // namespace bt::checkpoint

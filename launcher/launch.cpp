@@ -58,7 +58,8 @@ void PrepareNode(const PreparedJob& job, const std::optional<storage::Destinatio
     phase.Publish("loading checkpoint " + resume);
     spdlog::info("resuming from checkpoint {}: this job's destination already holds it as committed (latest){}", resume,
                  job.config.runtime.load_checkpoint_config.enabled ? "; runtime.load_checkpoint_config is not loaded" : "");
-    LoadOwnCheckpoint(job.environment, *destination, job.job_id(), job.identity.rank, resume);
+    LoadOwnCheckpoint(job.environment, *destination, job.job_id(), job.identity.rank, resume,
+                      job.config.launcher.checkpoint.marker);
   } else if (job.config.runtime.load_checkpoint_config.enabled) {
     timeline.Begin("load checkpoints");
     phase.Publish("loading checkpoints");
@@ -130,7 +131,8 @@ CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, const std
   };
   hooks.load_resume = [&job, destination](const std::string& name) {
     if (!destination) return;
-    LoadOwnCheckpoint(job.environment, *destination, job.job_id(), job.identity.rank, name);
+    LoadOwnCheckpoint(job.environment, *destination, job.job_id(), job.identity.rank, name,
+                      job.config.launcher.checkpoint.marker);
   };
   return hooks;
 }
