@@ -689,6 +689,33 @@ TEST(Restart, ARetriedJobResumesFromItsOwnCommittedCheckpoint) {
   }
 }
 
+// Node 1's own copy of checkpoint-3 was changed in place since its upload (same size, other
+// bytes): its identity no longer matches the version it uploaded, so it is checked against
+// the manifest, found to differ, and the committed bytes are downloaded instead. Node 0's
+// copy is the one it uploaded and is linked without being read.
+TEST(Restart, AnOwnCopyChangedSinceItsUploadIsNotTrusted) {
+  TempDir scratch;
+  const std::string commands = nlohmann::json::array({"[ -n \"$BT_RESUME_CHECKPOINT\" ] || { " + Save(3) + "; }"}).dump();
+  Job job(2, commands, "", true, RestartSettings(scratch, 0), FreePort());
+  auto first = job.StartAll();
+  for (auto& result : Job::FinishAll(first)) ASSERT_EQ(result.exit_code, 0) << result.err;
+  const std::string node1 = job.dir().path() + "/root/node-1";
+  const std::string own = node1 + "/mnt/ckpts/checkpoint-3/model.bin";
+  const std::string committed = ReadFile(own);
+  ASSERT_EQ(committed.size(), 100000u);
+  WriteFile(own, std::string(committed.size(), 'x'));
+  auto retried = job.StartAll();
+  auto results = Job::FinishAll(retried);
+  for (auto& result : results) EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(results[0].err.find("linked from this node's own copy, the files it uploaded"), std::string::npos)
+      << results[0].err;
+  EXPECT_EQ(results[1].err.find("linked from this node's own copy"), std::string::npos) << results[1].err;
+  EXPECT_NE(results[1].err.find("checkpoint-3 of job restart-job (3 files, 100022 bytes, verified)"), std::string::npos)
+      << results[1].err;
+  EXPECT_EQ(ReadFile(node1 + "/tmp/loaded_checkpoints/rank-1/checkpoint-3/model.bin"), committed)
+      << "node 1 resumed from its changed copy, not the committed one";
+}
+
 }  // namespace restart
 
 }  // namespace
