@@ -96,7 +96,9 @@ class TcpPeers final : public Peers {
   int Finish(const JobOutcome& outcome, SignalRouter& signals) override;
   void Report(const JobOutcome& outcome) override;
   std::vector<rendezvous::NodeInfo> Roster() override;
-  rendezvous::Store* store() override { return client_.get(); }
+  // Node 0's: its client, with reads of what is there now served by its own server
+  // in-process (LeaderStore); every other node's: its client.
+  rendezvous::Store* store() override;
   std::string LocalAddress() override { return client_->LocalAddress(); }
   int StopExitCode() override;
   void BeginCycle(int64_t cycle) override;
@@ -119,6 +121,7 @@ class TcpPeers final : public Peers {
   env::NodeIdentity identity_;
   std::unique_ptr<rendezvous::StoreServer> server_;
   std::unique_ptr<rendezvous::StoreClient> client_;
+  std::unique_ptr<rendezvous::Store> leader_store_;  // node 0 only; uses server_ and client_
   bool complete_ = false;
   std::optional<rendezvous::PeerEvent> verdict_;
   bool stop_delivered_ = false;

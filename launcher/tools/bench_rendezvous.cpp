@@ -209,7 +209,8 @@ class Swarm {
       device["node_guid"] = guid;
       device["sys_image_guid"] = guid;
     }
-    return inventory.dump();
+    const auto packed = nlohmann::json::to_msgpack(inventory);  // as `run` publishes it (launcher/phases/fabric.cpp)
+    return std::string(packed.begin(), packed.end());
   }
 
   // What a follower's `run` asks between "complete" and its report (launcher/phases/
