@@ -382,6 +382,33 @@ TEST(Server, NodeZeroReadsItsOwnTableWithoutARequest) {
   EXPECT_THROW(server.WaitCounter("count", 5, 1s), StoreError);
 }
 
+// Any frame shows the leader lives: a connection it answered within the heartbeat interval
+// gets no heartbeat, and one it sent nothing gets them again.
+TEST(Server, NoHeartbeatToAConnectionThatWasJustAnswered) {
+  StoreServer server(Options(1));  // heartbeats every 100 ms
+  RawPeer peer(server.port());
+  ASSERT_TRUE(peer.Authenticate());
+  int heartbeats = 0, answers = 0;
+  const auto until = std::chrono::steady_clock::now() + 1s;
+  for (int id = 1; std::chrono::steady_clock::now() < until; ++id) {
+    peer.Send(EncodeFrame({{"op", "add"}, {"id", id}, {"key", "busy"}, {"delta", 1}}));
+    for (auto message = peer.ReadMessage(1s); message; message = peer.ReadMessage(1s)) {
+      if (StringField(*message, "op") == "hb") {
+        ++heartbeats;
+        continue;
+      }
+      ++answers;
+      break;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_GT(answers, 10);
+  EXPECT_LE(heartbeats, 2) << "answered every 20 ms, yet sent " << heartbeats << " heartbeats in 1 s";
+  auto idle = peer.ReadMessage(2s);  // nothing else to say: the heartbeats resume
+  ASSERT_TRUE(idle);
+  EXPECT_EQ(StringField(*idle, "op"), "hb");
+}
+
 TEST(Server, ConnectionThatNeverAuthenticatesIsClosedAfterTheDeadline) {
   StoreServer server(Options(1));
   RawPeer silent(server.port());  // reads the hello, then says nothing
