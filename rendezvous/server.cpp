@@ -270,11 +270,18 @@ class StoreServer::Loop {
     return verdict_;
   }
 
-  std::vector<NodeInfo> roster() const {
+  std::vector<NodeInfo> roster(bool with_addresses = true) const {
     std::lock_guard lock(mutex_);
     std::vector<NodeInfo> nodes;
+    nodes.reserve(joined_.size());
     for (size_t rank = 0; rank < joined_.size(); ++rank) {
-      if (!infos_[rank].host.empty()) nodes.push_back(infos_[rank]);  // set when the rank joined
+      const NodeInfo& info = infos_[rank];
+      if (info.host.empty()) continue;  // set when the rank joined
+      if (with_addresses) {
+        nodes.push_back(info);
+      } else {
+        nodes.push_back({info.rank, info.host, {}, info.pid, info.seen_from, info.joined_after_s});
+      }
     }
     return nodes;
   }
@@ -1098,6 +1105,7 @@ void StoreServer::WaitUntilDrained() { loop_->WaitUntilDrained(); }
 ServerVerdict StoreServer::verdict() const { return loop_->verdict(); }
 std::vector<int> StoreServer::unreported() const { return loop_->unreported(); }
 std::vector<NodeInfo> StoreServer::roster() const { return loop_->roster(); }
+std::vector<NodeInfo> StoreServer::brief_roster() const { return loop_->roster(false); }
 std::vector<std::optional<std::string>> StoreServer::Peek(const std::vector<std::string>& keys) const {
   return loop_->Peek(keys);
 }

@@ -47,6 +47,9 @@ class Peers : public StopRequests {
   // Finish then only waits for the verdict.
   virtual void Report(const JobOutcome& outcome) = 0;
   virtual std::vector<rendezvous::NodeInfo> Roster() = 0;
+  // The roster without each node's addresses: cheap on node 0 (its own server's), the
+  // whole roster elsewhere.
+  virtual std::vector<rendezvous::NodeInfo> BriefRoster() { return Roster(); }
   // The rendezvous store during the run (null for backends without one).
   virtual rendezvous::Store* store() { return nullptr; }
   // This node's address on its connection to the leader ("" when there is none).
@@ -96,6 +99,7 @@ class TcpPeers final : public Peers {
   int Finish(const JobOutcome& outcome, SignalRouter& signals) override;
   void Report(const JobOutcome& outcome) override;
   std::vector<rendezvous::NodeInfo> Roster() override;
+  std::vector<rendezvous::NodeInfo> BriefRoster() override { return server_ ? server_->brief_roster() : Roster(); }
   // Node 0's: its client, with reads of what is there now served by its own server
   // in-process (LeaderStore); every other node's: its client.
   rendezvous::Store* store() override;

@@ -145,6 +145,31 @@ TEST(FabricPhase, NodeZeroPlansEveryNodeInRankOrder) {
   for (int rank = 0; rank < 300; ++rank) EXPECT_EQ(result.plan.nodes[size_t(rank)].rank, rank);
 }
 
+// Nodes publish their inventory as MessagePack; node 0 also reads the JSON text (a node of
+// an earlier build), and names a node whose bytes are neither.
+TEST(FabricPhase, NodeZeroReadsInventoriesPublishedAsMessagePackOrJson) {
+  auto packed = [](int rank) {
+    const auto bytes = nlohmann::json::to_msgpack(nlohmann::json::parse(PublishedInventory(rank)));
+    return std::string(bytes.begin(), bytes.end());
+  };
+  auto store = rendezvous::MakeMemoryStore();
+  const FabricResult result = PlanOnNodeZero(*store, 200, [&](int rank) { return rank % 2 ? packed(rank) : PublishedInventory(rank); });
+  ASSERT_TRUE(result.plan.ok) << result.plan.failure;
+  ASSERT_EQ(result.plan.nodes.size(), 200u);
+  for (int rank = 0; rank < 200; ++rank) EXPECT_EQ(result.plan.nodes[size_t(rank)].rank, rank);
+  // Node 0 publishes its own after reading the others', before the plan.
+  EXPECT_TRUE(store->Peek({"bt/fabric/inventory/0"}).front());
+  EXPECT_EQ(store->Add("bt/fabric/published", 0), 200);
+
+  auto broken = rendezvous::MakeMemoryStore();
+  try {
+    PlanOnNodeZero(*broken, 50, [&](int rank) { return rank == 17 ? packed(rank).substr(0, 40) : packed(rank); });
+    FAIL() << "node 0 planned with a truncated inventory";
+  } catch (const LaunchFailure& failure) {
+    EXPECT_NE(std::string(failure.what()).find("the inventory of node 17 (host-17"), std::string::npos) << failure.what();
+  }
+}
+
 // Of several malformed inventories, parsed on different threads, the first by rank is named.
 TEST(FabricPhase, NodeZeroNamesTheFirstNodeWhoseInventoryIsMalformed) {
   auto store = rendezvous::MakeMemoryStore();
