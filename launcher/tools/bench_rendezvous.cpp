@@ -5,8 +5,8 @@
 // then its exit: connect (retrying as real nodes do), authenticate, join with ~2 KiB of
 // node info, hear "complete"; publish the fabric inventory, read node 0's plan, count
 // itself a reader (fabric); publish its phase, count itself in and wait for node 0 to open
-// the ready barrier (ready); report success and hear the result (exit); heartbeats every
-// second throughout, and blocking reads re-issued in the slices `run` uses. Figures: the
+// the ready barrier (ready); report success and hear the result (exit); a heartbeat after
+// each second without another frame, as the client sends them, and blocking reads re-issued in the slices `run` uses. Figures: the
 // time from the leader listening until the last node finished each phase, the bytes node 0
 // sent each node; median of --runs.
 // --protocol-only keeps the earlier shape (node 0 `rendezvous --serve` with the fabric
