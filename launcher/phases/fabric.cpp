@@ -106,15 +106,14 @@ fabric::Inventory DecodeInventory(const std::string& value) {
 constexpr size_t kMaxParseThreads = 32;
 constexpr size_t kInventoriesPerThread = 64;
 
-// Parses each node's published inventory into `parsed`, or says in `errors` why it cannot.
+// Parses the inventories of nodes `indices[first, end)` into `parsed`, or says in `errors` why
+// one cannot be.
 void ParseInventoryRange(const std::vector<rendezvous::NodeInfo>& roster, const std::vector<std::optional<std::string>>& texts,
-                         size_t first, size_t end, std::vector<fabric::NodeFabric>& parsed, std::vector<std::string>& errors) {
-  for (size_t i = first; i < end; ++i) {
+                         const std::vector<size_t>& indices, size_t first, size_t end, std::vector<fabric::NodeFabric>& parsed,
+                         std::vector<std::string>& errors) {
+  for (size_t at = first; at < end; ++at) {
+    const size_t i = indices[at];
     const rendezvous::NodeInfo& node = roster[i];
-    if (!texts[i]) {
-      errors[i] = node.Label() + " never published its inventory";
-      continue;
-    }
     try {
       parsed[i] = {node.rank, node.host, DecodeInventory(*texts[i])};
     } catch (const std::exception& error) {
@@ -123,55 +122,79 @@ void ParseInventoryRange(const std::vector<rendezvous::NodeInfo>& roster, const 
   }
 }
 
-// Every node's inventory in rank order, parsed on as many cores as node 0 has (a leader has
-// many: the parse then costs N / cores); the first node by rank whose inventory is missing or
-// malformed is named.
-std::vector<fabric::NodeFabric> ParseInventories(const std::vector<rendezvous::NodeInfo>& roster,
-                                                 const std::vector<std::optional<std::string>>& texts) {
+// The inventories of nodes `indices`, parsed on as many cores as node 0 has (a leader has
+// many: the parse then costs N / cores).
+void ParseInventories(const std::vector<rendezvous::NodeInfo>& roster, const std::vector<std::optional<std::string>>& texts,
+                      const std::vector<size_t>& indices, std::vector<fabric::NodeFabric>& parsed, std::vector<std::string>& errors) {
+  const size_t count = indices.size();
+  const size_t wanted = (count + kInventoriesPerThread - 1) / kInventoriesPerThread;
+  const size_t threads = std::clamp<size_t>(std::min<size_t>(wanted, std::thread::hardware_concurrency()), 1, kMaxParseThreads);
+  const size_t share = std::max<size_t>(1, (count + threads - 1) / threads);
+  std::vector<std::jthread> helpers;
+  for (size_t first = share; first < count; first += share) {
+    helpers.emplace_back(ParseInventoryRange, std::cref(roster), std::cref(texts), std::cref(indices), first,
+                         std::min(count, first + share), std::ref(parsed), std::ref(errors));
+  }
+  ParseInventoryRange(roster, texts, indices, 0, std::min(count, share), parsed, errors);
+}
+
+// How often node 0 takes the inventories that arrived since it last looked, while it waits
+// for the rest: the parse overlaps the arrivals instead of starting after the last one.
+constexpr auto kArrivalSlice = std::chrono::milliseconds(50);
+
+// Node 0: every node's inventory, in rank order. Until every other node has counted itself
+// published, it reads (in-process, on its own server's table: no request) the inventories
+// that arrived and parses them, then the rest. Its own is the one in hand: it publishes it
+// after the plan, so that its request does not queue behind every other node's (720 ms at
+// 16,384 nodes). The first node by rank that never published, or whose inventory does not
+// parse, is named.
+std::vector<fabric::NodeFabric> CollectInventories(rendezvous::Store& store, const std::vector<rendezvous::NodeInfo>& roster,
+                                                   int own_rank, const fabric::Inventory& own) {
+  const auto started = std::chrono::steady_clock::now();
+  const auto deadline = started + kExchangeTimeout;
+  std::vector<std::optional<std::string>> texts(roster.size());
   std::vector<fabric::NodeFabric> parsed(roster.size());
   std::vector<std::string> errors(roster.size());
-  const size_t wanted = (roster.size() + kInventoriesPerThread - 1) / kInventoriesPerThread;
-  const size_t threads = std::clamp<size_t>(std::min<size_t>(wanted, std::thread::hardware_concurrency()), 1, kMaxParseThreads);
-  const size_t share = (roster.size() + threads - 1) / threads;
-  {
-    std::vector<std::jthread> helpers;
-    for (size_t first = share; first < roster.size(); first += share) {
-      helpers.emplace_back(ParseInventoryRange, std::cref(roster), std::cref(texts), first,
-                           std::min(roster.size(), first + share), std::ref(parsed), std::ref(errors));
+  std::vector<size_t> waiting;
+  for (size_t i = 0; i < roster.size(); ++i) {
+    if (roster[i].rank == own_rank) {
+      // As the others read it from the store: exactly what it publishes, nothing it does not.
+      parsed[i] = {own_rank, roster[i].host, DecodeInventory(EncodeInventory(own))};
+    } else {
+      waiting.push_back(i);
     }
-    ParseInventoryRange(roster, texts, 0, std::min(roster.size(), share), parsed, errors);
   }
+  size_t rounds = 0;
+  while (!waiting.empty()) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const bool all_in = store.WaitCounter(kPublishedKey, int64_t(roster.size()) - 1,
+                                          std::clamp(left, std::chrono::milliseconds(0), kArrivalSlice));
+    std::vector<std::string> keys;
+    keys.reserve(waiting.size());
+    for (size_t i : waiting) keys.push_back(InventoryKey(roster[i].rank));
+    auto values = store.Peek(keys);
+    std::vector<size_t> arrived, still_waiting;
+    for (size_t at = 0; at < waiting.size(); ++at) {
+      if (values[at]) {
+        texts[waiting[at]] = std::move(values[at]);
+        arrived.push_back(waiting[at]);
+      } else {
+        still_waiting.push_back(waiting[at]);
+      }
+    }
+    ++rounds;
+    ParseInventories(roster, texts, arrived, parsed, errors);
+    for (size_t i : arrived) texts[i].reset();  // parsed: the bytes are not needed any more
+    waiting.swap(still_waiting);
+    if (all_in || std::chrono::steady_clock::now() >= deadline) break;
+  }
+  for (size_t i : waiting) errors[i] = roster[i].Label() + " never published its inventory";
+  spdlog::debug("fabric: every inventory read and parsed {:.1f} ms after node 0 began waiting, in {} rounds",
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count(), rounds);
   for (const std::string& error : errors) {
     if (!error.empty()) throw LaunchFailure(kExitUnavailable, "fabric: " + error);
   }
   return parsed;
-}
-
-// Node 0: every node's inventory, in rank order, once all are in. It waits for the count of
-// published inventories to be complete, then reads every inventory at once; node 0's store
-// does both on its own server's table, without a request (a get per node was a round trip
-// each, 63 s for 1,024 nodes on a leader short of CPU; an mget over its own socket encoded
-// and decoded 6 MB twice). A node that never published, or whose inventory does not parse,
-// is named.
-// Node 0's own inventory is the one in hand: it publishes it after the plan, so that its
-// request does not queue behind every other node's (720 ms at 16,384 nodes).
-std::vector<fabric::NodeFabric> CollectInventories(rendezvous::Store& store, const std::vector<rendezvous::NodeInfo>& roster,
-                                                   int own_rank, const fabric::Inventory& own) {
-  const auto started = std::chrono::steady_clock::now();
-  // false: who is missing is named below
-  store.WaitCounter(kPublishedKey, int64_t(roster.size()) - 1, kExchangeTimeout);
-  const auto published = std::chrono::steady_clock::now();
-  std::vector<std::string> keys;
-  for (const auto& node : roster) keys.push_back(InventoryKey(node.rank));
-  auto texts = store.Peek(keys);
-  for (size_t i = 0; i < roster.size(); ++i) {
-    if (roster[i].rank == own_rank) texts[i] = EncodeInventory(own);
-  }
-  auto inventories = ParseInventories(roster, texts);
-  spdlog::debug("fabric: every inventory in after {:.1f} ms, read and parsed in {:.1f} ms",
-                std::chrono::duration<double, std::milli>(published - started).count(),
-                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - published).count());
-  return inventories;
 }
 
 size_t RailsOnEveryNode(const fabric::FabricPlan& plan) {
