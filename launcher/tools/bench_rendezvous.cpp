@@ -108,6 +108,7 @@ struct Timer {
 struct RunFigures {
   double phase_s[kMaxPhases] = {};
   uint64_t bytes_from_leader = 0;  // everything nodes 1..N-1 read
+  uint64_t heartbeat_bytes_from_leader = 0;  // of which heartbeats: they grow with the run's length, not with N
   int connect_retries = 0;  // refused, timed out or shed connects
   double leader_cpu_s = 0;  // user + system time of the leader process
 };
@@ -376,7 +377,10 @@ class Swarm {
 
   void OnMessage(SimulatedNode& node, const Message& message) {
     const std::string op = rendezvous::StringField(message, "op");
-    if (op == "hb") return;
+    if (op == "hb") {
+      figures_.heartbeat_bytes_from_leader += heartbeat_frame_.size();  // the leader's is the same frame
+      return;
+    }
     switch (node.phase) {
       case Phase::kHello:
         node.nonce = rendezvous::RandomNonce();
@@ -566,9 +570,9 @@ int BenchRendezvous(const CliOptions& cli) {
   const std::string inventory_json = rendezvous::fabric::ReadInventory(sysfs_root).ToJson().dump();
   std::printf("%-6s %-4s", "nodes", "run");
   for (const auto& name : names) std::printf(" %10s", (name + "_s").c_str());
-  std::printf(" %13s %8s %14s\n", "leader_cpu_s", "retries", "leader_B/node");
+  std::printf(" %13s %8s %14s %10s\n", "leader_cpu_s", "retries", "leader_B/node", "of_it_hb");
   std::vector<std::vector<double>> phases(names.size());
-  std::vector<double> leader_cpu, bytes_per_node;
+  std::vector<double> leader_cpu, bytes_per_node, heartbeat_bytes_per_node;
   for (int run = 1; run <= runs; ++run) {
     const RunFigures figures = RunOnce(shape, count, sysfs_root, inventory_json);
     std::printf("%-6d %-4d", count, run);
@@ -578,7 +582,9 @@ int BenchRendezvous(const CliOptions& cli) {
     }
     leader_cpu.push_back(figures.leader_cpu_s);
     bytes_per_node.push_back(double(figures.bytes_from_leader) / double(count - 1));
-    std::printf(" %13.3f %8d %14.0f\n", figures.leader_cpu_s, figures.connect_retries, bytes_per_node.back());
+    heartbeat_bytes_per_node.push_back(double(figures.heartbeat_bytes_from_leader) / double(count - 1));
+    std::printf(" %13.3f %8d %14.0f %10.0f\n", figures.leader_cpu_s, figures.connect_retries, bytes_per_node.back(),
+                heartbeat_bytes_per_node.back());
     std::fflush(stdout);
   }
   nlohmann::json summary = {{"nodes", count},
@@ -586,7 +592,8 @@ int BenchRendezvous(const CliOptions& cli) {
                             {"shape", shape == Shape::kRun ? "run" : "protocol"},
                             {"p50_s", Median(phases.back())},
                             {"leader_cpu_p50_s", Median(leader_cpu)},
-                            {"leader_bytes_per_node_p50", Median(bytes_per_node)}};
+                            {"leader_bytes_per_node_p50", Median(bytes_per_node)},
+                            {"leader_heartbeat_bytes_per_node_p50", Median(heartbeat_bytes_per_node)}};
   for (size_t phase = 0; phase < names.size(); ++phase) summary[names[phase] + "_p50_s"] = Median(phases[phase]);
   std::printf("%s\n", summary.dump().c_str());
   return 0;
