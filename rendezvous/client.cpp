@@ -281,6 +281,7 @@ StoreClient::~StoreClient() {
 void StoreClient::SendFrame(const Message& message) {
   std::lock_guard lock(send_mutex_);
   WriteAll(fd_, EncodeFrame(message));
+  last_sent_ns_ = Clock::now().time_since_epoch().count();
 }
 
 Message StoreClient::Request(Message request, std::chrono::milliseconds timeout) {
@@ -438,12 +439,19 @@ void StoreClient::ReaderLoop() {
   while (true) {
     auto now = Clock::now();
     if (now >= next_heartbeat) {
-      try {
-        SendFrame({{"op", "hb"}});
-      } catch (const StoreError& error) {
-        return FailAll(error.what());
+      // Any frame tells the leader this node lives: a heartbeat only when nothing else was
+      // sent within the interval (a node busy with requests sends none).
+      const auto last_sent = Clock::time_point(Clock::duration(last_sent_ns_.load()));
+      if (now - last_sent >= options_.heartbeat_interval) {
+        try {
+          SendFrame({{"op", "hb"}});
+        } catch (const StoreError& error) {
+          return FailAll(error.what());
+        }
+        next_heartbeat = now + options_.heartbeat_interval;
+      } else {
+        next_heartbeat = last_sent + options_.heartbeat_interval;
       }
-      next_heartbeat = now + options_.heartbeat_interval;
     }
     if (now - last_heard > options_.heartbeat_timeout) {
       return FailAll("no heartbeat for " +

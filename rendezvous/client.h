@@ -11,6 +11,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <atomic>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -128,6 +129,7 @@ class StoreClient final : public Store {
   ClientOptions options_;
   std::thread reader_;
   std::mutex send_mutex_;
+  std::atomic<int64_t> last_sent_ns_{0};  // steady_clock, when the last frame went out
   std::mutex mutex_;
   std::condition_variable answered_;
   std::map<int64_t, std::optional<Message>> pending_;

@@ -1,6 +1,8 @@
+#include <algorithm>
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "rendezvous/store.h"
 
@@ -79,6 +81,16 @@ int64_t AddToCounter(const std::string& key, const std::string* stored, int64_t 
   } catch (const std::exception&) {
   }
   throw StoreError("add on key \"" + key + "\": its value is not an integer");
+}
+
+bool Store::WaitCounter(const std::string& key, int64_t at_least, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (Add(key, 0) < at_least) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left <= std::chrono::milliseconds(0)) return false;
+    std::this_thread::sleep_for(std::min(left, kCounterPoll));
+  }
+  return true;
 }
 
 void Store::Barrier(const std::string& name, int64_t participants, std::chrono::milliseconds timeout) {

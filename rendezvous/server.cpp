@@ -155,6 +155,8 @@ struct Connection {
   std::string output;
   size_t output_sent = 0;
   bool watching_writable = false;  // EPOLLOUT is in its epoll mask
+  bool queued_for_flush = false;   // in to_flush_: output waits for the end of this turn
+  Clock::time_point last_sent{};   // the last frame queued to it (a heartbeat is skipped within the interval)
   std::string nonce;
   bool authenticated = false;
   bool said_goodbye = false;
@@ -242,6 +244,7 @@ class StoreServer::Loop {
       int ready = epoll_wait(epoll_fd_, events, kEpollBatch, timeout);
       for (int i = 0; i < ready; ++i) HandleEvent(events[i]);
       OnTimers();
+      FlushQueued();
       CloseDead();
       if (IsDrained()) {
         std::lock_guard lock(mutex_);
@@ -252,7 +255,11 @@ class StoreServer::Loop {
   }
 
   void RequestStop() {
-    stop_requested_ = true;
+    {
+      std::lock_guard lock(store_mutex_);
+      stop_requested_ = true;
+    }
+    values_changed_.notify_all();
     uint64_t one = 1;
     [[maybe_unused]] ssize_t ignored = write(wake_fd_, &one, sizeof one);
   }
@@ -267,13 +274,51 @@ class StoreServer::Loop {
     return verdict_;
   }
 
-  std::vector<NodeInfo> roster() const {
+  std::vector<NodeInfo> roster(bool with_addresses = true) const {
     std::lock_guard lock(mutex_);
     std::vector<NodeInfo> nodes;
+    nodes.reserve(joined_.size());
     for (size_t rank = 0; rank < joined_.size(); ++rank) {
-      if (!infos_[rank].host.empty()) nodes.push_back(infos_[rank]);  // set when the rank joined
+      const NodeInfo& info = infos_[rank];
+      if (info.host.empty()) continue;  // set when the rank joined
+      if (with_addresses) {
+        nodes.push_back(info);
+      } else {
+        nodes.push_back({info.rank, info.host, {}, info.pid, info.seen_from, info.joined_after_s});
+      }
     }
     return nodes;
+  }
+
+  // Node 0's own reads, from its launcher's thread: the values under store_mutex_, never a
+  // request over its own socket (encoding, a loopback round trip and decoding megabytes).
+  std::vector<std::optional<std::string>> Peek(const std::vector<std::string>& keys) const {
+    std::vector<std::optional<std::string>> values;
+    values.reserve(keys.size());
+    std::lock_guard lock(store_mutex_);
+    for (const std::string& key : keys) {
+      auto it = values_.find(key);
+      values.push_back(it == values_.end() ? std::nullopt : std::optional<std::string>(it->second));
+    }
+    return values;
+  }
+
+  bool WaitCounter(const std::string& key, int64_t at_least, std::chrono::milliseconds timeout) {
+    std::unique_lock lock(store_mutex_);
+    ++counter_watchers_;
+    const bool reached = values_changed_.wait_for(lock, timeout, [&] {
+      if (stop_requested_) return true;
+      auto it = values_.find(key);
+      if (it == values_.end()) return at_least <= 0;
+      try {
+        return AddToCounter(key, &it->second, 0) >= at_least;
+      } catch (const StoreError&) {
+        return false;
+      }
+    });
+    --counter_watchers_;
+    if (stop_requested_) throw StoreError("the leader's store has stopped");
+    return reached;
   }
 
   std::vector<int> unreported() const {
@@ -478,13 +523,25 @@ class StoreServer::Loop {
                       {"time_ns", wall_ns}});
   }
 
+  // Every write of the table: under store_mutex_ (node 0's own thread reads it), and a
+  // wake-up for node 0's thread when it waits for a counter.
+  void StoreValue(const std::string& key, std::string value) {
+    bool watched = false;
+    {
+      std::lock_guard lock(store_mutex_);
+      values_[key] = std::move(value);
+      watched = counter_watchers_ > 0;
+    }
+    if (watched) values_changed_.notify_all();
+  }
+
   void OnSet(Connection& connection, const Message& message) {
     const std::string key = StringField(message, "key");
     std::string value = BytesField(message, "value");
     if (auto why = KeySizeRefusal(key)) return Refuse(connection, message, *why);
     if (auto why = ValueSizeRefusal(key, value.size())) return Refuse(connection, message, *why);
     if (auto why = WriteRefusal(key, KeyWrite::kSet, connection.rank)) return Refuse(connection, message, *why);
-    values_[key] = std::move(value);
+    StoreValue(key, std::move(value));
     Reply(connection, message, {{"op", "ok"}});
     WakeWaiters(key);
   }
@@ -495,6 +552,7 @@ class StoreServer::Loop {
     spdlog::warn("rendezvous: refused a request from {}{}: {}", connection.peer,
                  connection.rank >= 0 ? " (node " + std::to_string(connection.rank) + ")" : "", why);
     Reply(connection, request, {{"op", "error"}, {"message", "refused: " + why}});
+    Flush(connection);
     shutdown(connection.fd, SHUT_WR);
     Kill(connection, "refused: " + why);
   }
@@ -589,7 +647,7 @@ class StoreServer::Loop {
     } catch (const StoreError& error) {
       return Reply(connection, message, {{"op", "error"}, {"message", error.what()}});
     }
-    values_[key] = std::to_string(value);
+    StoreValue(key, std::to_string(value));
     Reply(connection, message, {{"op", "ok"}, {"value", value}});
     WakeWaiters(key);
   }
@@ -599,14 +657,20 @@ class StoreServer::Loop {
     if (it == waiters_.end()) return;
     const ParkedOnKey waiters = std::move(it->second);
     waiters_.erase(it);
+    // The value is encoded once for every waiter (a plan read by thousands of nodes): each
+    // answer is its own small head and this shared tail.
+    std::string value;
+    for (const auto& parked : waiters) {
+      if (parked.second.wants_value && value.empty()) value = EncodeBin(values_[key]);
+    }
     for (const auto& parked : waiters) {
       const Waiter& waiter = parked.second;
       auto connection = connections_.find(waiter.fd);
       if (connection == connections_.end()) continue;
       Unpark(*connection->second, waiter);
-      Message reply = {{"op", "ok"}, {"id", waiter.id}};
-      if (waiter.wants_value) reply["value"] = BytesValue(values_[key]);
-      Send(*connection->second, reply);
+      if (connection->second->dead) continue;
+      AppendOkFrame(connection->second->output, waiter.id, waiter.wants_value ? &value : nullptr);
+      MarkToFlush(*connection->second);
     }
   }
 
@@ -715,7 +779,7 @@ class StoreServer::Loop {
 
   void PublishRoster() {
     // Hosts are bytes from the nodes, not always UTF-8: replace what is not, never throw.
-    values_[kRosterKey] = RosterToJson(roster()).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    StoreValue(kRosterKey, RosterToJson(roster()).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     WakeWaiters(kRosterKey);
   }
 
@@ -862,7 +926,7 @@ class StoreServer::Loop {
     if (now < next_tick_) return;
     next_tick_ = now + options_.heartbeat_interval;
     CloseSilentUnauthenticated(now);
-    Broadcast({{"op", "hb"}});
+    SendHeartbeats(now);
     if (verdict_.kind != ServerVerdict::Kind::kPending) return;
     for (size_t rank = 0; rank < joined_.size(); ++rank) {
       if (joined_[rank] < 0 || reported_[rank]) continue;
@@ -961,15 +1025,48 @@ class StoreServer::Loop {
     if (verdict_.kind == ServerVerdict::Kind::kPending) awaiting_rejoin_[size_t(rank)] = true;
   }
 
+  // Queued, and sent with whatever else the connection gets in this turn of the loop
+  // (FlushQueued): one send() per connection per turn, not one per message.
   void Send(Connection& connection, const Message& message) {
     if (connection.dead) return;
     connection.output += EncodeFrame(message);
-    Flush(connection);
+    MarkToFlush(connection);
+  }
+
+  void MarkToFlush(Connection& connection) {
+    connection.last_sent = Clock::now();
+    if (connection.queued_for_flush) return;
+    connection.queued_for_flush = true;
+    to_flush_.push_back(connection.fd);
+  }
+
+  void FlushQueued() {
+    std::vector<int> fds;
+    fds.swap(to_flush_);
+    for (int fd : fds) {
+      auto it = connections_.find(fd);
+      if (it == connections_.end()) continue;
+      it->second->queued_for_flush = false;
+      Flush(*it->second);
+    }
   }
 
   void Reply(Connection& connection, const Message& request, Message reply) {
     reply["id"] = IntField(request, "id");
     Send(connection, reply);
+  }
+
+  // A heartbeat to every node that was sent nothing else within the interval: any frame
+  // tells a node that the leader lives, and at 16,384 nodes heartbeats are most of what the
+  // leader sends while nodes are busy talking to it.
+  void SendHeartbeats(Clock::time_point now) {
+    static const std::string frame = EncodeFrame({{"op", "hb"}});
+    for (auto& [fd, connection] : connections_) {
+      if (!connection->authenticated || connection->dead) continue;
+      if (now - connection->last_sent < options_.heartbeat_interval) continue;
+      connection->output += frame;
+      MarkToFlush(*connection);
+    }
   }
 
   void Broadcast(const Message& message) {
@@ -984,7 +1081,7 @@ class StoreServer::Loop {
       if (it == connections_.end()) continue;
       if (it->second->dead) continue;
       it->second->output += frame;
-      Flush(*it->second);
+      MarkToFlush(*it->second);
     }
   }
 
@@ -1017,6 +1114,7 @@ class StoreServer::Loop {
   }
 
   void FlushAndClose(Connection& connection) {
+    Flush(connection);
     shutdown(connection.fd, SHUT_WR);
     Kill(connection, "rejected");
   }
@@ -1047,7 +1145,13 @@ class StoreServer::Loop {
   std::unordered_map<std::string, size_t> refusals_;  // "peer: reason" -> count
   std::unordered_map<int, std::unique_ptr<Connection>> connections_;
   std::vector<int> dead_;
+  std::vector<int> to_flush_;  // connections with output queued in this turn of the loop
+  // Written by the loop only, under store_mutex_; read by the loop without it, and by node
+  // 0's launcher thread (Peek, WaitCounter) with it.
   std::unordered_map<std::string, std::string> values_;
+  mutable std::mutex store_mutex_;
+  std::condition_variable values_changed_;
+  int counter_watchers_ = 0;  // node 0's threads in WaitCounter
   std::unordered_map<std::string, ParkedOnKey> waiters_;
   std::multimap<Clock::time_point, ParkedRequest> wait_deadlines_;  // when parked requests expire
   uint64_t next_arrival_ = 0;
@@ -1101,6 +1205,13 @@ void StoreServer::WaitUntilDrained() { loop_->WaitUntilDrained(); }
 ServerVerdict StoreServer::verdict() const { return loop_->verdict(); }
 std::vector<int> StoreServer::unreported() const { return loop_->unreported(); }
 std::vector<NodeInfo> StoreServer::roster() const { return loop_->roster(); }
+std::vector<NodeInfo> StoreServer::brief_roster() const { return loop_->roster(false); }
+std::vector<std::optional<std::string>> StoreServer::Peek(const std::vector<std::string>& keys) const {
+  return loop_->Peek(keys);
+}
+bool StoreServer::WaitCounter(const std::string& key, int64_t at_least, std::chrono::milliseconds timeout) {
+  return loop_->WaitCounter(key, at_least, timeout);
+}
 
 std::optional<std::string> PortUnavailable(uint16_t port) {
   try {

@@ -39,6 +39,12 @@ class Store {
   // progress reports that read many nodes' keys at once (one request, not one a key).
   virtual std::vector<std::optional<std::string>> Peek(const std::vector<std::string>& keys) = 0;
 
+  // Blocks until the integer counter `key` is at least `at_least` (true) or `timeout`
+  // passed (false). This default reads the counter every kCounterPoll; node 0's own store
+  // waits on its server's table instead, woken by the add that reaches it.
+  virtual bool WaitCounter(const std::string& key, int64_t at_least, std::chrono::milliseconds timeout);
+  static constexpr std::chrono::milliseconds kCounterPoll{20};
+
   // Returns once `participants` callers have entered the barrier `name`. Each name is
   // used once per job (the keys are not reset).
   void Barrier(const std::string& name, int64_t participants, std::chrono::milliseconds timeout);

@@ -29,6 +29,13 @@ class FrameError : public std::runtime_error {
 
 std::string EncodeFrame(const Message& message);
 
+// `bytes` as a MessagePack bin (its header and the bytes), to be shared by several frames.
+std::string EncodeBin(std::string_view bytes);
+// Appends the frame {"op":"ok","id":id} or, with `encoded_value` (EncodeBin's), the frame
+// {"op":"ok","id":id,"value":bin}: what a parked request gets when its key is set, the value
+// encoded once for all of them. The same bytes as EncodeFrame of that message would decode to.
+void AppendOkFrame(std::string& out, int64_t id, const std::string* encoded_value);
+
 // Reassembles frames from a byte stream that arrives in arbitrary pieces.
 class FrameDecoder {
  public:
@@ -43,6 +50,10 @@ class FrameDecoder {
   size_t consumed_ = 0;
   uint32_t max_frame_bytes_;
 };
+
+// Parses one MessagePack value that fills `bytes` exactly (strict, as nlohmann's
+// from_msgpack), copying bin/str/ext payloads in one piece. Throws FrameError.
+Message DecodeMsgpack(std::string_view bytes);
 
 // Parses one payload (version byte + MessagePack map). Throws FrameError.
 Message DecodePayload(std::string_view payload);

@@ -29,5 +29,6 @@ ours = json.loads(open(sys.argv[1]).read().splitlines()[-1])
 peer = json.loads(open(sys.argv[2]).read().splitlines()[-1])
 print(json.dumps({"nodes": ours["nodes"], "shape": ours.get("shape", "protocol"), "p50_s": ours["p50_s"],
                   "tcpstore_p50_s": peer["p50_s"], "speedup": round(peer["p50_s"] / ours["p50_s"], 1),
-                  "leader_bytes_per_node": ours.get("leader_bytes_per_node_p50")}))
+                  "leader_bytes_per_node": ours.get("leader_bytes_per_node_p50"),
+                  "of_it_heartbeats": ours.get("leader_heartbeat_bytes_per_node_p50")}))
 PY

@@ -13,9 +13,6 @@ using Clock = std::chrono::steady_clock;
 constexpr std::chrono::seconds kPublishEvery{1};
 constexpr std::chrono::seconds kWaitLogEvery{10};
 constexpr std::chrono::milliseconds kReadyCheck{500};
-// How often node 0 reads the ready count until every node is in: it opens the barrier
-// within this of the last node's arrival, at one request per interval.
-constexpr std::chrono::milliseconds kLeaderCountPoll{20};
 constexpr const char* kReadyCount = "bt/ready";
 constexpr const char* kAllReady = "bt/ready/all";
 // Node 0's summary of the nodes not ready yet, for the others' progress lines.
@@ -83,8 +80,9 @@ std::string ProgressText(Peers& peers, const env::NodeIdentity& identity, bool i
   }
 }
 
-// Waits up to `slice` for the barrier to open. Node 0 opens it: it reads the ready count
-// until every node is in, then sets kAllReady, which the others wait for on the leader.
+// Waits up to `slice` for the barrier to open. Node 0 opens it: it waits for the ready count
+// to reach every node (on its own server's table, woken by the last node's add), then sets
+// kAllReady, which the others wait for on the leader.
 bool AllReady(rendezvous::Store& store, const env::NodeIdentity& identity, std::chrono::milliseconds slice) {
   if (identity.rank != 0) {
     try {
@@ -94,10 +92,7 @@ bool AllReady(rendezvous::Store& store, const env::NodeIdentity& identity, std::
       return false;
     }
   }
-  if (store.Add(kReadyCount, 0) < identity.count) {
-    std::this_thread::sleep_for(std::min(slice, kLeaderCountPoll));
-    return false;
-  }
+  if (!store.WaitCounter(kReadyCount, identity.count, slice)) return false;
   store.Set(kAllReady, "1");
   return true;
 }
@@ -129,6 +124,12 @@ class StopAwareStore final : public rendezvous::Store {
     std::string value;
     if (Sliced(Clock::now() + timeout, [&](std::chrono::milliseconds slice) { value = store_.Get(key, slice); })) return value;
     throw rendezvous::StoreTimeout("timed out after " + std::to_string(timeout.count()) + " ms waiting for " + key);
+  }
+
+  bool WaitCounter(const std::string& key, int64_t at_least, std::chrono::milliseconds timeout) override {
+    return Sliced(Clock::now() + timeout, [&](std::chrono::milliseconds slice) {
+      if (!store_.WaitCounter(key, at_least, slice)) throw rendezvous::StoreTimeout(key);
+    });
   }
 
   void Wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {

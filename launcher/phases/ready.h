@@ -45,6 +45,7 @@ class PreRunPeers final : public Peers {
   int Finish(const JobOutcome& outcome, SignalRouter& signals) override { return peers_.Finish(outcome, signals); }
   void Report(const JobOutcome& outcome) override { peers_.Report(outcome); }
   std::vector<rendezvous::NodeInfo> Roster() override { return peers_.Roster(); }
+  std::vector<rendezvous::NodeInfo> BriefRoster() override { return peers_.BriefRoster(); }
   rendezvous::Store* store() override { return store_.get(); }
   std::string LocalAddress() override { return peers_.LocalAddress(); }
   int fd() const override { return peers_.fd(); }

@@ -47,6 +47,9 @@ class Peers : public StopRequests {
   // Finish then only waits for the verdict.
   virtual void Report(const JobOutcome& outcome) = 0;
   virtual std::vector<rendezvous::NodeInfo> Roster() = 0;
+  // The roster without each node's addresses: cheap on node 0 (its own server's), the
+  // whole roster elsewhere.
+  virtual std::vector<rendezvous::NodeInfo> BriefRoster() { return Roster(); }
   // The rendezvous store during the run (null for backends without one).
   virtual rendezvous::Store* store() { return nullptr; }
   // This node's address on its connection to the leader ("" when there is none).
@@ -103,7 +106,10 @@ class TcpPeers final : public Peers {
   int Finish(const JobOutcome& outcome, SignalRouter& signals) override;
   void Report(const JobOutcome& outcome) override;
   std::vector<rendezvous::NodeInfo> Roster() override;
-  rendezvous::Store* store() override { return client_.get(); }
+  std::vector<rendezvous::NodeInfo> BriefRoster() override { return server_ ? server_->brief_roster() : Roster(); }
+  // Node 0's: its client, with reads of what is there now served by its own server
+  // in-process (LeaderStore); every other node's: its client.
+  rendezvous::Store* store() override;
   std::string LocalAddress() override { return client_->LocalAddress(); }
   int StopExitCode() override;
   void BeginCycle(int64_t cycle) override;
@@ -128,6 +134,7 @@ class TcpPeers final : public Peers {
   env::NodeIdentity identity_;
   std::unique_ptr<rendezvous::StoreServer> server_;
   std::unique_ptr<rendezvous::StoreClient> client_;
+  std::unique_ptr<rendezvous::Store> leader_store_;  // node 0 only; uses server_ and client_
   bool complete_ = false;
   std::optional<rendezvous::PeerEvent> verdict_;
   bool stop_delivered_ = false;

@@ -5,8 +5,8 @@
 // then its exit: connect (retrying as real nodes do), authenticate, join with ~2 KiB of
 // node info, hear "complete"; publish the fabric inventory, read node 0's plan, count
 // itself a reader (fabric); publish its phase, count itself in and wait for node 0 to open
-// the ready barrier (ready); report success and hear the result (exit); heartbeats every
-// second throughout, and blocking reads re-issued in the slices `run` uses. Figures: the
+// the ready barrier (ready); report success and hear the result (exit); a heartbeat after
+// each second without another frame, as the client sends them, and blocking reads re-issued in the slices `run` uses. Figures: the
 // time from the leader listening until the last node finished each phase, the bytes node 0
 // sent each node; median of --runs.
 // --protocol-only keeps the earlier shape (node 0 `rendezvous --serve` with the fabric
@@ -23,6 +23,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
+#include <queue>
 #include <random>
 #include <chrono>
 #include <cstdio>
@@ -88,12 +90,25 @@ struct SimulatedNode {
   Clock::time_point next_heartbeat = Clock::time_point::max();
   Clock::time_point retry_at{};
   Clock::time_point connect_deadline{};
+  Clock::time_point last_sent{};  // a heartbeat is due only after an interval without any frame
   int attempts = 0;
+};
+
+// What a node must do at `at`: the timers of every node in one heap, so that a turn of the
+// loop costs what is due, not a pass over 16,384 nodes (which, every 10 ms, took a fair part
+// of the core the leader shares). A timer that no longer matches its node's state is stale.
+enum class TimerKind { kHeartbeat, kResend, kConnectDeadline, kRetry };
+struct Timer {
+  Clock::time_point at;
+  int rank;
+  TimerKind kind;
+  bool operator>(const Timer& other) const { return at > other.at; }
 };
 
 struct RunFigures {
   double phase_s[kMaxPhases] = {};
   uint64_t bytes_from_leader = 0;  // everything nodes 1..N-1 read
+  uint64_t heartbeat_bytes_from_leader = 0;  // of which heartbeats: they grow with the run's length, not with N
   int connect_retries = 0;  // refused, timed out or shed connects
   double leader_cpu_s = 0;  // user + system time of the leader process
 };
@@ -209,7 +224,8 @@ class Swarm {
       device["node_guid"] = guid;
       device["sys_image_guid"] = guid;
     }
-    return inventory.dump();
+    const auto packed = nlohmann::json::to_msgpack(inventory);  // as `run` publishes it (launcher/phases/fabric.cpp)
+    return std::string(packed.begin(), packed.end());
   }
 
   // What a follower's `run` asks between "complete" and its report (launcher/phases/
@@ -240,6 +256,7 @@ class Swarm {
     else if (step.id == 13) SendBytes(node, phase_frames_[size_t(node.rank - 1)]);
     else SendBytes(node, step.frame);
     node.resend_at = step.slice.count() > 0 ? Clock::now() + step.slice : Clock::time_point::max();
+    if (step.slice.count() > 0) timers_.push({node.resend_at, node.rank, TimerKind::kResend});
   }
 
   // An answer to the node's current step: the next one, or the report after the last.
@@ -254,16 +271,26 @@ class Swarm {
     SendBytes(node, report_frame_);
   }
 
-  // Heartbeats and re-sent slices that are due (run shape).
-  void SendDue(Clock::time_point now) {
-    if (shape_ != Shape::kRun) return;
-    for (auto& node : nodes_) {
-      if (node.fd < 0 || node.phase < Phase::kJoin || node.phase == Phase::kDone) continue;
-      if (now >= node.next_heartbeat) {
-        SendBytes(node, heartbeat_frame_);
-        node.next_heartbeat = now + kHeartbeatInterval;
-      }
-      if (node.phase == Phase::kSteps && now >= node.resend_at) SendStep(node);
+  // One due timer: a heartbeat (as the real client, only after an interval in which the
+  // node sent nothing), a blocking read's next slice, a connect that waited too long, a retry.
+  void OnTimer(const Timer& timer, Clock::time_point now) {
+    SimulatedNode& node = nodes_[size_t(timer.rank)];
+    switch (timer.kind) {
+      case TimerKind::kHeartbeat:
+        if (node.fd < 0 || node.phase < Phase::kJoin || node.phase == Phase::kDone || timer.at != node.next_heartbeat) return;
+        if (now - node.last_sent >= kHeartbeatInterval) SendBytes(node, heartbeat_frame_);
+        node.next_heartbeat = std::max(now, node.last_sent) + kHeartbeatInterval;
+        timers_.push({node.next_heartbeat, node.rank, TimerKind::kHeartbeat});
+        return;
+      case TimerKind::kResend:
+        if (node.fd >= 0 && node.phase == Phase::kSteps && timer.at == node.resend_at) SendStep(node);
+        return;
+      case TimerKind::kConnectDeadline:
+        if (node.fd >= 0 && node.phase == Phase::kConnecting && timer.at == node.connect_deadline) Reconnect(node);
+        return;
+      case TimerKind::kRetry:
+        if (node.fd < 0 && node.phase == Phase::kConnecting && timer.at == node.retry_at) Connect(node);
+        return;
     }
   }
 
@@ -284,6 +311,7 @@ class Swarm {
     address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     node.phase = Phase::kConnecting;
     node.connect_deadline = Clock::now() + rendezvous::ConnectSchedule::AttemptTimeout(node.attempts + 1);
+    timers_.push({node.connect_deadline, node.rank, TimerKind::kConnectDeadline});
     node.decoder = rendezvous::FrameDecoder(rendezvous::kMaxFrameBytes);
     node.pending.clear();
     node.watching_writable = true;  // EPOLLOUT says how the connect went
@@ -305,26 +333,19 @@ class Swarm {
     close(node.fd);
     node.fd = -1;
     ++figures_.connect_retries;
+    node.phase = Phase::kConnecting;
     node.retry_at = Clock::now() + rendezvous::ConnectSchedule::Backoff(++node.attempts, uint32_t(random_()));
-    retrying_.push_back(node.rank);
+    timers_.push({node.retry_at, node.rank, TimerKind::kRetry});
   }
 
-  // Retries that are due, and connects that waited past their attempt timeout.
+  // Every timer that is due.
   void RetryDue() {
     const auto now = Clock::now();
-    if (now >= next_timeout_scan_) {
-      next_timeout_scan_ = now + std::chrono::milliseconds(10);
-      for (auto& node : nodes_) {
-        if (node.fd >= 0 && node.phase == Phase::kConnecting && now >= node.connect_deadline) Reconnect(node);
-      }
-      SendDue(now);
+    while (!timers_.empty() && timers_.top().at <= now) {
+      const Timer timer = timers_.top();
+      timers_.pop();
+      OnTimer(timer, now);
     }
-    std::vector<int> later;
-    for (int rank : retrying_) {
-      if (nodes_[size_t(rank)].retry_at <= now) Connect(nodes_[size_t(rank)]);
-      else later.push_back(rank);
-    }
-    retrying_.swap(later);
   }
 
   void OnEvent(SimulatedNode& node, uint32_t events) {
@@ -356,7 +377,10 @@ class Swarm {
 
   void OnMessage(SimulatedNode& node, const Message& message) {
     const std::string op = rendezvous::StringField(message, "op");
-    if (op == "hb") return;
+    if (op == "hb") {
+      figures_.heartbeat_bytes_from_leader += heartbeat_frame_.size();  // the leader's is the same frame
+      return;
+    }
     switch (node.phase) {
       case Phase::kHello:
         node.nonce = rendezvous::RandomNonce();
@@ -370,6 +394,7 @@ class Swarm {
         }
         node.phase = Phase::kJoin;
         node.next_heartbeat = Clock::now() + kHeartbeatInterval;  // the real client's reader starts now
+        if (shape_ == Shape::kRun) timers_.push({node.next_heartbeat, node.rank, TimerKind::kHeartbeat});
         return SendBytes(node, join_frames_[size_t(node.rank - 1)]);
       case Phase::kJoin:
         Expect(node, message, "ok");
@@ -422,6 +447,7 @@ class Swarm {
   void Send(SimulatedNode& node, const Message& message) { SendBytes(node, rendezvous::EncodeFrame(message)); }
 
   void SendBytes(SimulatedNode& node, const std::string& frame) {
+    node.last_sent = Clock::now();
     node.pending += frame;
     Flush(node);
   }
@@ -457,9 +483,8 @@ class Swarm {
   std::vector<std::string> join_frames_, inventory_frames_, phase_frames_;
   std::vector<Step> steps_;
   std::string add_frame_, set_frame_, wait_frame_, report_frame_, bye_frame_, heartbeat_frame_;
-  std::vector<int> retrying_;
+  std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> timers_;
   std::mt19937 random_{std::random_device{}()};
-  Clock::time_point next_timeout_scan_{};
   int epoll_fd_ = -1;
   std::vector<int> finished_ = std::vector<int>(kMaxPhases, 0);
   Clock::time_point start_;
@@ -545,9 +570,9 @@ int BenchRendezvous(const CliOptions& cli) {
   const std::string inventory_json = rendezvous::fabric::ReadInventory(sysfs_root).ToJson().dump();
   std::printf("%-6s %-4s", "nodes", "run");
   for (const auto& name : names) std::printf(" %10s", (name + "_s").c_str());
-  std::printf(" %13s %8s %14s\n", "leader_cpu_s", "retries", "leader_B/node");
+  std::printf(" %13s %8s %14s %10s\n", "leader_cpu_s", "retries", "leader_B/node", "of_it_hb");
   std::vector<std::vector<double>> phases(names.size());
-  std::vector<double> leader_cpu, bytes_per_node;
+  std::vector<double> leader_cpu, bytes_per_node, heartbeat_bytes_per_node;
   for (int run = 1; run <= runs; ++run) {
     const RunFigures figures = RunOnce(shape, count, sysfs_root, inventory_json);
     std::printf("%-6d %-4d", count, run);
@@ -557,7 +582,9 @@ int BenchRendezvous(const CliOptions& cli) {
     }
     leader_cpu.push_back(figures.leader_cpu_s);
     bytes_per_node.push_back(double(figures.bytes_from_leader) / double(count - 1));
-    std::printf(" %13.3f %8d %14.0f\n", figures.leader_cpu_s, figures.connect_retries, bytes_per_node.back());
+    heartbeat_bytes_per_node.push_back(double(figures.heartbeat_bytes_from_leader) / double(count - 1));
+    std::printf(" %13.3f %8d %14.0f %10.0f\n", figures.leader_cpu_s, figures.connect_retries, bytes_per_node.back(),
+                heartbeat_bytes_per_node.back());
     std::fflush(stdout);
   }
   nlohmann::json summary = {{"nodes", count},
@@ -565,7 +592,8 @@ int BenchRendezvous(const CliOptions& cli) {
                             {"shape", shape == Shape::kRun ? "run" : "protocol"},
                             {"p50_s", Median(phases.back())},
                             {"leader_cpu_p50_s", Median(leader_cpu)},
-                            {"leader_bytes_per_node_p50", Median(bytes_per_node)}};
+                            {"leader_bytes_per_node_p50", Median(bytes_per_node)},
+                            {"leader_heartbeat_bytes_per_node_p50", Median(heartbeat_bytes_per_node)}};
   for (size_t phase = 0; phase < names.size(); ++phase) summary[names[phase] + "_p50_s"] = Median(phases[phase]);
   std::printf("%s\n", summary.dump().c_str());
   return 0;

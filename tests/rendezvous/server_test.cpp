@@ -319,6 +319,96 @@ TEST(Server, WaitsOfAClosedConnectionDoNotFollowItsFdNumber) {
   EXPECT_EQ(client->Get("still", 1s), "connected");
 }
 
+// A key's value is encoded once for all the requests parked on it: each waiter still gets
+// its own id and the whole value, whether it asked with get (the value) or wait (none),
+// over several connections and ids of every width.
+TEST(Server, WaitersWokenByOneSetEachGetTheirOwnIdAndTheWholeValue) {
+  StoreServer server(Options(1));
+  std::vector<std::unique_ptr<RawPeer>> peers;
+  const std::vector<int64_t> ids = {1, 200, 70000, 5000000000ll};
+  for (int i = 0; i < 3; ++i) {
+    peers.push_back(std::make_unique<RawPeer>(server.port()));
+    ASSERT_TRUE(peers.back()->Authenticate());
+    std::string frames;
+    for (int64_t id : ids) {
+      frames += EncodeFrame({{"op", (id + i) % 2 ? "get" : "wait"}, {"id", id + i}, {"key", "shared"}, {"timeout_ms", 10000}});
+    }
+    peers.back()->Send(frames);
+  }
+  std::this_thread::sleep_for(200ms);  // every request parked
+  std::string value(100000, '\0');
+  for (size_t i = 0; i < value.size(); ++i) value[i] = char(i * 7 + 3);
+  auto writer = Connect(server);
+  writer->Set("shared", value);
+  for (int i = 0; i < 3; ++i) {
+    for (int64_t id : ids) {
+      auto answer = peers[size_t(i)]->ReadMessage(5s);
+      while (answer && StringField(*answer, "op") == "hb") answer = peers[size_t(i)]->ReadMessage(5s);
+      ASSERT_TRUE(answer) << "connection " << i << " id " << id + i;
+      EXPECT_EQ(StringField(*answer, "op"), "ok");
+      EXPECT_EQ(IntField(*answer, "id"), id + i);
+      if ((id + i) % 2) {
+        EXPECT_EQ(BytesField(*answer, "value"), value);
+      } else {
+        EXPECT_FALSE(answer->contains("value"));
+      }
+    }
+  }
+}
+
+// Node 0 reads its own server's table in-process: what a node set is there at once, a
+// key not set is nullopt, and a wait for a counter returns when a node's add reaches it.
+TEST(Server, NodeZeroReadsItsOwnTableWithoutARequest) {
+  StoreServer server(Options(1));
+  auto client = Connect(server);
+  client->Set("a", std::string("x\0y", 3));
+  auto values = server.Peek({"a", "missing"});
+  ASSERT_EQ(values.size(), 2u);
+  EXPECT_EQ(values[0], std::string("x\0y", 3));
+  EXPECT_FALSE(values[1]);
+  EXPECT_FALSE(server.WaitCounter("count", 2, 100ms));
+  client->Add("count", 1);
+  EXPECT_FALSE(server.WaitCounter("count", 2, 100ms));
+  std::thread adder([&] {
+    std::this_thread::sleep_for(200ms);
+    client->Add("count", 1);
+  });
+  const auto started = std::chrono::steady_clock::now();
+  EXPECT_TRUE(server.WaitCounter("count", 2, 5s));
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 2s);
+  adder.join();
+  EXPECT_TRUE(server.WaitCounter("count", 1, 0ms));
+  server.Stop();
+  EXPECT_THROW(server.WaitCounter("count", 5, 1s), StoreError);
+}
+
+// Any frame shows the leader lives: a connection it answered within the heartbeat interval
+// gets no heartbeat, and one it sent nothing gets them again.
+TEST(Server, NoHeartbeatToAConnectionThatWasJustAnswered) {
+  StoreServer server(Options(1));  // heartbeats every 100 ms
+  RawPeer peer(server.port());
+  ASSERT_TRUE(peer.Authenticate());
+  int heartbeats = 0, answers = 0;
+  const auto until = std::chrono::steady_clock::now() + 1s;
+  for (int id = 1; std::chrono::steady_clock::now() < until; ++id) {
+    peer.Send(EncodeFrame({{"op", "add"}, {"id", id}, {"key", "busy"}, {"delta", 1}}));
+    for (auto message = peer.ReadMessage(1s); message; message = peer.ReadMessage(1s)) {
+      if (StringField(*message, "op") == "hb") {
+        ++heartbeats;
+        continue;
+      }
+      ++answers;
+      break;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_GT(answers, 10);
+  EXPECT_LE(heartbeats, 2) << "answered every 20 ms, yet sent " << heartbeats << " heartbeats in 1 s";
+  auto idle = peer.ReadMessage(2s);  // nothing else to say: the heartbeats resume
+  ASSERT_TRUE(idle);
+  EXPECT_EQ(StringField(*idle, "op"), "hb");
+}
+
 TEST(Server, ConnectionThatNeverAuthenticatesIsClosedAfterTheDeadline) {
   StoreServer server(Options(1));
   RawPeer silent(server.port());  // reads the hello, then says nothing

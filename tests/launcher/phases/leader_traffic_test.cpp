@@ -145,6 +145,71 @@ TEST(FabricPhase, NodeZeroPlansEveryNodeInRankOrder) {
   for (int rank = 0; rank < 300; ++rank) EXPECT_EQ(result.plan.nodes[size_t(rank)].rank, rank);
 }
 
+// Nodes publish their inventory as MessagePack; node 0 also reads the JSON text (a node of
+// an earlier build), and names a node whose bytes are neither.
+TEST(FabricPhase, NodeZeroReadsInventoriesPublishedAsMessagePackOrJson) {
+  auto packed = [](int rank) {
+    const auto bytes = nlohmann::json::to_msgpack(nlohmann::json::parse(PublishedInventory(rank)));
+    return std::string(bytes.begin(), bytes.end());
+  };
+  auto store = rendezvous::MakeMemoryStore();
+  const FabricResult result = PlanOnNodeZero(*store, 200, [&](int rank) { return rank % 2 ? packed(rank) : PublishedInventory(rank); });
+  ASSERT_TRUE(result.plan.ok) << result.plan.failure;
+  ASSERT_EQ(result.plan.nodes.size(), 200u);
+  for (int rank = 0; rank < 200; ++rank) EXPECT_EQ(result.plan.nodes[size_t(rank)].rank, rank);
+  // Node 0 publishes its own after reading the others', before the plan.
+  EXPECT_TRUE(store->Peek({"bt/fabric/inventory/0"}).front());
+  EXPECT_EQ(store->Add("bt/fabric/published", 0), 200);
+
+  auto broken = rendezvous::MakeMemoryStore();
+  try {
+    PlanOnNodeZero(*broken, 50, [&](int rank) { return rank == 17 ? packed(rank).substr(0, 40) : packed(rank); });
+    FAIL() << "node 0 planned with a truncated inventory";
+  } catch (const LaunchFailure& failure) {
+    EXPECT_NE(std::string(failure.what()).find("the inventory of node 17 (host-17"), std::string::npos) << failure.what();
+  }
+}
+
+// Node 0 parses the inventories that arrived while it waits for the rest: inventories that
+// arrive in batches, out of rank order, all end up in the plan in rank order; a node counted
+// as published whose inventory is not there is named.
+TEST(FabricPhase, NodeZeroParsesInventoriesAsTheyArrive) {
+  constexpr int kNodes = 400;
+  auto store = rendezvous::MakeMemoryStore();
+  std::thread publisher([&] {
+    for (int batch = 4; batch >= 0; --batch) {  // the highest ranks first
+      std::this_thread::sleep_for(std::chrono::milliseconds(80));
+      for (int rank = 1; rank < kNodes; ++rank) {
+        if (rank % 5 != batch) continue;
+        store->Set("bt/fabric/inventory/" + std::to_string(rank), PublishedInventory(rank));
+        store->Add("bt/fabric/published", 1);
+      }
+    }
+  });
+  CountingPeers peers(*store, kNodes);
+  env::JobEnvironment environment;
+  const FabricResult result =
+      PlanFabricPhase(env::JobConfig{}, env::NodeIdentity{0, kNodes, "127.0.0.1"}, &peers, EthernetOnly(0), environment);
+  publisher.join();
+  ASSERT_TRUE(result.plan.ok) << result.plan.failure;
+  ASSERT_EQ(result.plan.nodes.size(), size_t(kNodes));
+  for (int rank = 0; rank < kNodes; ++rank) EXPECT_EQ(result.plan.nodes[size_t(rank)].rank, rank);
+
+  auto counted_but_missing = rendezvous::MakeMemoryStore();
+  for (int rank = 1; rank < 30; ++rank) {
+    if (rank != 11) counted_but_missing->Set("bt/fabric/inventory/" + std::to_string(rank), PublishedInventory(rank));
+    counted_but_missing->Add("bt/fabric/published", 1);
+  }
+  CountingPeers few(*counted_but_missing, 30);
+  try {
+    PlanFabricPhase(env::JobConfig{}, env::NodeIdentity{0, 30, "127.0.0.1"}, &few, EthernetOnly(0), environment);
+    FAIL() << "node 0 planned without node 11's inventory";
+  } catch (const LaunchFailure& failure) {
+    EXPECT_NE(std::string(failure.what()).find("node 11 (host-11"), std::string::npos) << failure.what();
+    EXPECT_NE(std::string(failure.what()).find("never published"), std::string::npos) << failure.what();
+  }
+}
+
 // Of several malformed inventories, parsed on different threads, the first by rank is named.
 TEST(FabricPhase, NodeZeroNamesTheFirstNodeWhoseInventoryIsMalformed) {
   auto store = rendezvous::MakeMemoryStore();
