@@ -121,7 +121,7 @@ TEST_F(CheckpointJob, ANameThatIsNotUtf8IsCommittedByteForByte) {
 // The job id is joined into every destination path: "../../outside" wrote checkpoints,
 // manifests and `latest` outside the destination.
 TEST_F(CheckpointJob, AJobIdThatIsNotOnePathComponentIsAConfigError) {
-  for (const std::string job_id : {"../../outside", "a/b", ".hidden", ".."}) {
+  for (const std::string job_id : {"../../outside", "a/b", ".hidden", "..", "job-\xff"}) {
     LaunchSpec spec = Run(Config({HfSave(1)}));
     spec.set_env["BT_TRAINING_JOB_ID"] = job_id;
     ProcessResult result = RunLauncher(spec);
@@ -135,6 +135,34 @@ TEST_F(CheckpointJob, AJobIdThatIsNotOnePathComponentIsAConfigError) {
   ProcessResult from_config = RunLauncher(Run(dir_.Write("bad-id.json", config.dump())));
   EXPECT_EQ(from_config.exit_code, 65) << from_config.err;
   EXPECT_NE(from_config.err.find("launcher.job_id"), std::string::npos) << from_config.err;
+}
+
+// `checkpoints --job-id` and a load's job id are joined into destination paths as `run`'s is.
+TEST_F(CheckpointJob, AJobIdFromTheCommandLineOrALoadReferenceThatIsNotOnePathComponentIsAConfigError) {
+  const std::string config = Config({"true"});
+  for (const std::string job_id : {"../x", "a/b", ".hidden", "..", "job-\xff"}) {
+    ProcessResult result = RunLauncher({{"checkpoints", "--config", config, "--root", dir_.path() + "/root", "--job-id", job_id}});
+    EXPECT_EQ(result.exit_code, 65) << job_id << "\n" << result.err;
+    EXPECT_NE(result.err.find("--job-id: job id"), std::string::npos) << job_id << "\n" << result.err;
+  }
+  LaunchSpec from_environment{{"checkpoints", "--config", config, "--root", dir_.path() + "/root"}};
+  from_environment.set_env["BT_TRAINING_JOB_ID"] = "../../outside";
+  ProcessResult listing = RunLauncher(from_environment);
+  EXPECT_EQ(listing.exit_code, 65) << listing.err;
+  EXPECT_NE(listing.err.find("BT_TRAINING_JOB_ID: job id"), std::string::npos) << listing.err;
+
+  for (const std::string typ : {"baseten_latest_checkpoint", "baseten_named_checkpoint"}) {
+    nlohmann::json reference = {{"typ", typ}, {"job_id", "../escape"}};
+    if (typ == "baseten_named_checkpoint") reference["checkpoint_name"] = "checkpoint-1";
+    nlohmann::json load = nlohmann::json::parse(ReadFile(config));
+    load["runtime"]["load_checkpoint_config"] = {{"enabled", true}, {"checkpoints", {reference}}};
+    ProcessResult result = RunLauncher(Run(dir_.Write("bad-load-" + typ + ".json", load.dump())));
+    EXPECT_EQ(result.exit_code, 65) << typ << "\n" << result.err;
+    EXPECT_NE(result.err.find("runtime.load_checkpoint_config.checkpoints[0].job_id: job id"), std::string::npos)
+        << typ << "\n" << result.err;
+  }
+  EXPECT_FALSE(fs::exists(dir_.path() + "/escape"));
+  EXPECT_FALSE(fs::exists(dir_.path() + "/outside"));
 }
 
 TEST_F(CheckpointJob, ACheckpointDeletedFileByFileIsNotUploadedAgain) {
