@@ -165,6 +165,26 @@ TEST_F(CheckpointJob, AJobIdFromTheCommandLineOrALoadReferenceThatIsNotOnePathCo
   EXPECT_FALSE(fs::exists(dir_.path() + "/outside"));
 }
 
+// The journal on the checkpoint volume names each version's staging directory. A record
+// naming one outside the volume's staging (a corrupt journal, or one from another mount)
+// had the launcher upload that directory and then remove it as staging.
+TEST_F(CheckpointJob, AJournalRecordNamingAStagingDirectoryElsewhereLeavesItAlone) {
+  const std::string victim = dir_.path() + "/victim";
+  WriteFile(victim + "/keep.txt", "precious");
+  nlohmann::json snapshot = {{"seq", 1},           {"name", "checkpoint-9"}, {"layout", "plain"},
+                             {"is_directory", true}, {"staging_dir", victim}, {"pointers", nlohmann::json::object()},
+                             {"total_bytes", 8},    {"fingerprint", "f9"},
+                             {"files", {{{"path", "keep.txt"}, {"size", 8}, {"mtime_ns", 1}, {"method", "copy"}}}}};
+  nlohmann::json record = {{"seq", 1},           {"job_id", kJob},           {"destination", "file://" + Remote()},
+                           {"name", "checkpoint-9"}, {"state", "snapshotted"}, {"at", 1},
+                           {"snapshot", snapshot}};
+  WriteFile(CheckpointDir() + "/.bt-checkpoint/journal.jsonl", record.dump() + "\n");
+  ProcessResult result = RunLauncher(Run(Config({"true"})));
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(ReadFile(victim + "/keep.txt"), "precious") << result.err;
+  EXPECT_FALSE(fs::exists(Remote() + "/" + kJob + "/latest")) << "a directory outside the staging was uploaded";
+}
+
 TEST_F(CheckpointJob, ACheckpointDeletedFileByFileIsNotUploadedAgain) {
   // Rotation removes a committed checkpoint one file at a time, the marker last; each step
   // leaves a "complete" directory with fewer files, which must not replace the upload.
