@@ -165,6 +165,30 @@ TEST_F(CheckpointJob, AJobIdFromTheCommandLineOrALoadReferenceThatIsNotOnePathCo
   EXPECT_FALSE(fs::exists(dir_.path() + "/outside"));
 }
 
+// A committed part whose manifest is gone cannot be loaded: `--verify` skipped it, and
+// said every checkpoint was verified.
+TEST_F(CheckpointJob, VerifyReportsACommittedPartWithoutItsManifest) {
+  ProcessResult result = RunLauncher(Run(Config({HfSave(1)})));
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const std::string manifest = Part("checkpoint-1") + "/checkpoint-1.bt-manifest.json";
+  ASSERT_TRUE(fs::remove(manifest));
+  ProcessResult verified = Checkpoints(true);
+  EXPECT_EQ(verified.exit_code, 74) << verified.out << verified.err;
+  const std::string relative = manifest.substr(Remote().size() + 1);
+  EXPECT_NE(verified.err.find(relative), std::string::npos) << verified.err;
+  auto json = nlohmann::json::parse(verified.out);
+  ASSERT_EQ(json["checkpoints"].size(), 1u) << json.dump();
+  const auto& row = json["checkpoints"][0];
+  EXPECT_EQ(row["rank"], 0) << row.dump();
+  EXPECT_EQ(row["name"], "checkpoint-1") << row.dump();
+  EXPECT_FALSE(row["verified"].get<bool>()) << row.dump();
+  EXPECT_NE(row["problems"][0].get<std::string>().find(relative), std::string::npos) << row.dump();
+  EXPECT_NE(row["problems"][0].get<std::string>().find("node 0"), std::string::npos) << row.dump();
+  ProcessResult listed = Checkpoints(false);
+  EXPECT_EQ(listed.exit_code, 0) << "only --verify fails on it:\n" << listed.err;
+  EXPECT_NE(listed.err.find(relative), std::string::npos) << listed.err;
+}
+
 // The journal on the checkpoint volume names each version's staging directory. A record
 // naming one outside the volume's staging (a corrupt journal, or one from another mount)
 // had the launcher upload that directory and then remove it as staging.
