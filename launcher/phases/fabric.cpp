@@ -102,18 +102,22 @@ constexpr size_t kMaxParseThreads = 32;
 constexpr size_t kInventoriesPerThread = 64;
 
 // Parses each node's published inventory into `parsed`, or says in `errors` why it cannot.
+// Runs on helper threads, where an exception would call std::terminate: nothing leaves it.
 void ParseInventoryRange(const std::vector<rendezvous::NodeInfo>& roster, const std::vector<std::optional<std::string>>& texts,
-                         size_t first, size_t end, std::vector<fabric::NodeFabric>& parsed, std::vector<std::string>& errors) {
+                         size_t first, size_t end, std::vector<fabric::NodeFabric>& parsed,
+                         std::vector<std::string>& errors) noexcept {
   for (size_t i = first; i < end; ++i) {
     const rendezvous::NodeInfo& node = roster[i];
-    if (!texts[i]) {
-      errors[i] = node.Label() + " never published its inventory";
-      continue;
-    }
     try {
+      if (!texts[i]) {
+        errors[i] = node.Label() + " never published its inventory";
+        continue;
+      }
       parsed[i] = {node.rank, node.host, fabric::Inventory::FromJson(nlohmann::json::parse(*texts[i]))};
     } catch (const std::exception& error) {
       errors[i] = "the inventory of " + node.Label() + " is malformed: " + error.what();
+    } catch (...) {
+      errors[i] = "the inventory of " + node.Label() + " could not be parsed";
     }
   }
 }
