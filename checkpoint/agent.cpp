@@ -124,6 +124,8 @@ class CheckpointAgent::Impl {
   };
 
   bool is_leader() const { return options_.node_rank == 0; }
+  // Where version `seq` is staged; RemoveStaleStaging reads the seq back from the name.
+  std::string StagingDir(uint64_t seq) const { return staging_root_ + "/" + std::to_string(seq); }
 
   void StartUploader() {
     UploaderConfig config{options_.destination.uri, options_.job_id, options_.node_rank};
@@ -150,7 +152,11 @@ class CheckpointAgent::Impl {
   void Resume() {
     std::set<std::string> keep;
     for (const JournalEntry& entry : journal_.Unfinished()) {
-      const Snapshot& snapshot = *entry.snapshot;
+      // A version is staged in StagingDir(seq) (Handoff), whatever directory the record
+      // names: the volume may be mounted elsewhere now, and a record naming a directory
+      // outside would have it uploaded, then removed as staging.
+      Snapshot snapshot = *entry.snapshot;
+      snapshot.staging_dir = StagingDir(entry.seq);
       if (entry.state == HandoffState::kSnapshotted && access(snapshot.staging_dir.c_str(), F_OK) != 0) {
         journal_.Record(entry.seq, entry.name, HandoffState::kAbandoned, "its staging directory is gone");
         continue;
@@ -387,7 +393,7 @@ class CheckpointAgent::Impl {
     if (RefusedByDestination(candidate, fingerprint)) return;
     const auto started = Clock::now();
     const uint64_t seq = journal_.NextSeq();
-    const std::string staging = staging_root_ + "/" + std::to_string(seq);
+    const std::string staging = StagingDir(seq);
     Snapshot snapshot;
     try {
       snapshot = TakeSnapshot(options_.checkpoint_dir, candidate, staging, seq);

@@ -1,6 +1,7 @@
 #include "checkpoint/journal.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -42,8 +43,18 @@ const char* HandoffStateName(HandoffState state) {
 
 HandoffJournal::HandoffJournal(std::string path) : path_(std::move(path)) {
   Replay();
-  fd_ = open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  fd_ = open(path_.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd_ < 0) throw std::runtime_error("cannot open the checkpoint journal " + path_ + ": " + std::strerror(errno));
+  EndTornLine();
+}
+
+// A launcher killed mid-append leaves a last line without its newline: the next record
+// would be appended to it, and skipped with it by every later replay.
+void HandoffJournal::EndTornLine() {
+  struct stat info {};
+  char last = '\n';
+  if (fstat(fd_, &info) != 0 || info.st_size == 0 || pread(fd_, &last, 1, info.st_size - 1) != 1 || last == '\n') return;
+  storage::WriteAll(fd_, "\n", "the checkpoint journal " + path_);
 }
 
 HandoffJournal::~HandoffJournal() {

@@ -31,7 +31,8 @@ struct JournalEntry {
 class HandoffJournal {
  public:
   // Opens (creating) `path` and replays it. Lines that do not parse (a crash mid-append)
-  // are skipped with a warning naming the line.
+  // are skipped with a warning naming the file and the line; a last line cut short is
+  // ended, so that the next record starts a line of its own.
   explicit HandoffJournal(std::string path);
   ~HandoffJournal();
   HandoffJournal(const HandoffJournal&) = delete;
@@ -65,6 +66,7 @@ class HandoffJournal {
 
  private:
   void Replay();
+  void EndTornLine();
 
   std::string path_;
   int fd_ = -1;

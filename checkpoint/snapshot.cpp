@@ -12,6 +12,7 @@
 #include "storage/file_copy.h"
 #include "storage/hash.h"
 #include "storage/json_bytes.h"
+#include "storage/manifest.h"
 #include "storage/paths.h"
 
 namespace bt::checkpoint {
@@ -92,6 +93,8 @@ Snapshot Snapshot::FromJson(const nlohmann::json& value) {
   Snapshot snapshot;
   snapshot.seq = value.at("seq").get<uint64_t>();
   snapshot.name = storage::BytesFromJson(value.at("name"));
+  // What is read back is uploaded from staging_dir/<path>: a path that leaves it is refused.
+  storage::ValidateCheckpointName(snapshot.name, "snapshot name");
   snapshot.layout = value.at("layout").get<std::string>();
   snapshot.is_directory = value.at("is_directory").get<bool>();
   snapshot.staging_dir = storage::BytesFromJson(value.at("staging_dir"));
@@ -99,6 +102,7 @@ Snapshot Snapshot::FromJson(const nlohmann::json& value) {
     snapshot.files.push_back(SnapshotFile{storage::BytesFromJson(file.at("path")), file.at("size").get<uint64_t>(),
                                           file.at("mtime_ns").get<int64_t>(),
                                           MethodFromName(file.at("method").get<std::string>())});
+    storage::ValidateCheckpointName(snapshot.files.back().path, "snapshot file");
   }
   snapshot.pointers = storage::BytesMapFromJson(value.at("pointers"));
   snapshot.total_bytes = value.at("total_bytes").get<uint64_t>();

@@ -50,7 +50,9 @@ struct Snapshot {
   // saved again (new mtimes and inodes) goes somewhere new.
   std::string VersionId() const;
   nlohmann::json ToJson() const;
-  static Snapshot FromJson(const nlohmann::json& value);  // throws nlohmann::json::exception
+  // Throws nlohmann::json::exception, or storage::ManifestError for a name or file path
+  // that is not a relative path inside the checkpoint.
+  static Snapshot FromJson(const nlohmann::json& value);
 };
 
 // Files up to this size are copied, not linked: frameworks rewrite small files (`latest`,

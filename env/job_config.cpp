@@ -624,6 +624,17 @@ std::string Fnv1aHex(const std::string& text) {
   return out;
 }
 
+// The records that name the job (manifest, journal, commit record, spool, the seed lease)
+// are JSON, whose strings are UTF-8: writing any other throws.
+bool IsUtf8(const std::string& text) {
+  try {
+    static_cast<void>(json(text).dump());
+    return true;
+  } catch (const json::type_error&) {
+    return false;
+  }
+}
+
 }  // namespace
 
 ConfigError::ConfigError(std::string path, const std::string& expectation)
@@ -632,9 +643,10 @@ ConfigError::ConfigError(std::string path, const std::string& expectation)
 void ValidateJobId(const std::string& job_id, const std::string& origin) {
   const bool one_component = !job_id.empty() && job_id.find('/') == std::string::npos &&
                              job_id.find('\0') == std::string::npos && job_id.front() != '.';
-  if (one_component) return;
-  throw ConfigError(origin, "job id \"" + job_id + "\" is not usable as a path component (it may not be empty, "
-                            "contain '/' or NUL, or start with '.')");
+  if (one_component && IsUtf8(job_id)) return;
+  const std::string shown = json(job_id).dump(-1, ' ', false, json::error_handler_t::replace);
+  throw ConfigError(origin, "job id " + shown + " is not usable as a path component (it may not be empty, "
+                            "contain '/' or NUL, start with '.' or be other than UTF-8 text)");
 }
 
 JobConfig ParseJobConfig(const std::string& json_text, bool require_start_command) {

@@ -184,7 +184,8 @@ struct JobConfig {
 JobConfig ParseJobConfig(const std::string& json_text, bool require_start_command);
 
 // A job id is joined into every checkpoint path (<destination>/<job_id>/..., the spool's
-// record names): it must be one path component, not "..", "." or hidden, and carry no NUL.
+// record names): it must be one path component, not "..", "." or hidden, and carry no NUL;
+// and UTF-8 text, as the JSON records that name it (manifest, journal, spool) must be.
 // Throws ConfigError naming `origin` (the variable, flag or config field it came from).
 void ValidateJobId(const std::string& job_id, const std::string& origin);
 

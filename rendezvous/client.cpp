@@ -266,7 +266,20 @@ StoreClient::StoreClient(int fd, ClientOptions options)
     if (stop_fd_ >= 0) close(stop_fd_);
     throw StoreError("eventfd: " + why + " (out of file descriptors?)");
   }
-  reader_ = std::thread([this] { ReaderLoop(); });
+  reader_ = std::thread([this] { ReaderGuarded(); });
+}
+
+// An exception leaving the reader's thread would call std::terminate and end the launcher
+// (PID 1) with its training. Whatever escapes the loop is a broken connection instead:
+// every request fails, and the launcher hears that the leader is lost, with the cause.
+void StoreClient::ReaderGuarded() {
+  try {
+    ReaderLoop();
+  } catch (const std::exception& error) {
+    FailAll(std::string("this node's connection failed on an internal error: ") + error.what());
+  } catch (...) {
+    FailAll("this node's connection failed on an internal error");
+  }
 }
 
 StoreClient::~StoreClient() {

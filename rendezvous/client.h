@@ -118,6 +118,7 @@ class StoreClient final : public Store {
   StoreClient(int fd, ClientOptions options);
   Message Request(Message request, std::chrono::milliseconds timeout);
   void SendFrame(const Message& message);
+  void ReaderGuarded();
   void ReaderLoop();
   void OnMessage(const Message& message);
   void PushEvent(PeerEvent event);

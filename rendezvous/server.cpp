@@ -254,6 +254,19 @@ class StoreServer::Loop {
     }
   }
 
+  // An exception leaving the server's thread would call std::terminate: node 0's launcher
+  // (PID 1) and its training would end without a word, and the other nodes would wait for
+  // their heartbeat timeout. Whatever escapes the loop ends the job instead, with its cause.
+  void RunGuarded() {
+    try {
+      Run();
+    } catch (const std::exception& error) {
+      FailJob(error.what());
+    } catch (...) {
+      FailJob("an exception that is not a std::exception");
+    }
+  }
+
   void RequestStop() {
     {
       std::lock_guard lock(store_mutex_);
@@ -821,7 +834,15 @@ class StoreServer::Loop {
     std::string refusal;
     if (restartable && verdict_.kind == ServerVerdict::Kind::kPending) {
       const CycleFailure failure{cycles_.current(), rank, infos_[size_t(rank)].host, message, exit_code};
-      if (auto restart = cycles_.Decide(failure, refusal)) return BeginCycle(*restart);
+      std::optional<Message> restart;
+      try {
+        restart = cycles_.Decide(failure, refusal);
+      } catch (const std::exception& error) {
+        // The policy is node 0's launcher's (it reads `latest` at the destination): its
+        // failure ends the job as a refusal would, and is not blamed on the reporting node.
+        refusal = std::string("no restart: the restart policy failed: ") + error.what();
+      }
+      if (restart) return BeginCycle(*restart);
     }
     Abort(rank, refusal.empty() ? message : message + "; " + refusal, exit_code);
   }
@@ -909,6 +930,27 @@ class StoreServer::Loop {
     spdlog::error("rendezvous: aborting the job: {}", message);
     SetVerdict(ServerVerdict::Kind::kAbort, rank, message, exit_code);
     Broadcast({{"op", "abort"}, {"rank", rank}, {"message", message}, {"code", exit_code}});
+  }
+
+  // The loop has stopped: every node is told why (best effort: nothing flushes what the
+  // sockets do not take now) and sees its connection end, new ones are refused, and node 0's
+  // launcher, waiting for the drain, gets the verdict at once.
+  void FailJob(const std::string& what) {
+    const std::string message = "the rendezvous server on node 0 stopped on an internal error (" + what +
+                                "); the job cannot go on";
+    spdlog::error("rendezvous: {}", message);
+    try {
+      if (verdict_.kind == ServerVerdict::Kind::kPending) {
+        SetVerdict(ServerVerdict::Kind::kAbort, -1, message);
+        Broadcast({{"op", "abort"}, {"rank", -1}, {"message", message}, {"code", 0}});
+      }
+    } catch (...) {  // the state that failed the loop may fail this too: the rest must happen
+    }
+    for (const auto& [fd, connection] : connections_) shutdown(fd, SHUT_WR);
+    for (int fd : listen_fds_) shutdown(fd, SHUT_RDWR);
+    std::lock_guard lock(mutex_);
+    drained_ = true;
+    drained_changed_.notify_all();
   }
 
   void SetVerdict(ServerVerdict::Kind kind, int rank, const std::string& message, int exit_code = 0) {
@@ -1190,7 +1232,7 @@ size_t RaiseOpenFileLimit(size_t wanted) {
 
 StoreServer::StoreServer(ServerOptions options) : loop_(std::make_unique<Loop>(std::move(options))) {
   port_ = loop_->port();
-  thread_ = std::thread([this] { loop_->Run(); });
+  thread_ = std::thread([this] { loop_->RunGuarded(); });
 }
 
 StoreServer::~StoreServer() { Stop(); }

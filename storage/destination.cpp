@@ -21,6 +21,7 @@
 #include "storage/hash.h"
 #include "storage/json_bytes.h"
 #include "storage/paths.h"
+#include "storage/spool.h"
 #include "storage/subprocess.h"
 
 namespace bt::storage {
@@ -385,14 +386,7 @@ class SpoolDestination final : public Destination {
   Manifest Upload(const StagedFiles& staged, Manifest manifest, const std::string& rank_dir,
                   const Progress& progress) override {
     HashStagedFiles(staged, manifest);
-    nlohmann::json record = {{"type", "checkpoint"},
-                             {"job_id", manifest.job_id},
-                             {"node_rank", manifest.node_rank},
-                             {"name", BytesToJson(manifest.name)},
-                             {"local_dir", BytesToJson(staged.dir)},
-                             {"remote_dir", BytesToJson(JoinPath(rank_dir, manifest.base()))},
-                             {"manifest_path", BytesToJson(JoinPath(rank_dir, ManifestName(manifest.name)))},
-                             {"manifest", manifest.ToJson()}};
+    const nlohmann::json record = SpoolCheckpointRecord(manifest, staged.dir, rank_dir);
     const std::string stem = manifest.job_id + "--rank-" + std::to_string(manifest.node_rank) + "--" +
                              std::to_string(staged.version);
     HandOff(stem, record);
@@ -403,14 +397,7 @@ class SpoolDestination final : public Destination {
   // The sidecar writes `commit_path` (its content given whole), then, when `move_latest`,
   // `remote_path`, each as one atomic write.
   void Commit(const CommitRecord& commit, bool move_latest) override {
-    HandOff(commit.job_id + "--latest--" + std::to_string(++latest_count_),
-            {{"type", "latest"},
-             {"job_id", commit.job_id},
-             {"name", BytesToJson(commit.name)},
-             {"commit_path", CommitRecordPath(commit.job_id, commit.name)},
-             {"commit", commit.ToText()},
-             {"move_latest", move_latest},
-             {"remote_path", commit.job_id + "/latest"}});
+    HandOff(commit.job_id + "--latest--" + std::to_string(++latest_count_), SpoolCommitRecord(commit, move_latest));
   }
 
   std::optional<std::string> ReadText(const std::string&) override { throw WriteOnly(); }
@@ -433,10 +420,18 @@ class SpoolDestination final : public Destination {
     WriteDurably(path, record.dump(2) + "\n");
     while (true) {
       if (auto answer = ReadWholeFile(ack)) {
-        nlohmann::json value = nlohmann::json::parse(*answer, nullptr, false);
-        if (value.is_object() && value.contains("error")) {
+        // Removed when it is no success: the record is written again after the backoff,
+        // and only the answer to that one counts.
+        std::optional<std::string> error;
+        try {
+          error = ReadSpoolAck(*answer, ack);
+        } catch (const DestinationError&) {
           unlink(ack.c_str());
-          throw DestinationError("the spool's uploader failed " + stem + ": " + value["error"].dump());
+          throw;
+        }
+        if (error) {
+          unlink(ack.c_str());
+          throw DestinationError("the spool's uploader failed " + stem + ": " + *error);
         }
         return;
       }

@@ -156,14 +156,22 @@ class SeedLease {
     return true;
   }
 
-  void Renew() {
-    nlohmann::json lease = {{"host", me_.host},       {"pid", me_.pid},
-                            {"job_id", me_.job_id},   {"renewed_unix", int64_t(std::time(nullptr))},
-                            {"renewals", ++renewals_}};
+  // Runs on the renewer's thread too, where an exception would call std::terminate and end
+  // the launcher (PID 1): a renewal that fails is logged, and the next one tried. A lease
+  // left unrenewed for lease_s is taken over by another job, which the log then explains.
+  // A host name that is not UTF-8 is written with U+FFFD rather than not at all.
+  void Renew() noexcept {
     try {
-      WriteAtomically(lease_path_, lease.dump());
+      nlohmann::json lease = {{"host", me_.host},       {"pid", me_.pid},
+                              {"job_id", me_.job_id},   {"renewed_unix", int64_t(std::time(nullptr))},
+                              {"renewals", ++renewals_}};
+      WriteAtomically(lease_path_, lease.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     } catch (const LaunchFailure& failure) {
       spdlog::warn("{}", failure.what());
+    } catch (const std::exception& error) {
+      spdlog::warn("cache seed: cannot renew the lease {}: {}", lease_path_, error.what());
+    } catch (...) {
+      spdlog::warn("cache seed: cannot renew the lease {}", lease_path_);
     }
   }
 

@@ -159,6 +159,8 @@ storage::CommitRecord FindCommitted(storage::Destination& destination, const env
 struct CommittedManifest {
   std::string path;       // of the manifest, under the destination
   std::string rank_root;  // what the manifest's paths are relative to
+  int rank = -1;          // what the commit record says: who is missing when the manifest is
+  std::string name;
 };
 
 // Every committed part of every checkpoint of `job_id`: the versions the commit records
@@ -174,12 +176,12 @@ std::vector<CommittedManifest> CommittedManifests(storage::Destination& destinat
     commit.job_id = job_id;
     for (const auto& [rank, version] : commit.parts) {
       const std::string root = *storage::PartRoot(commit, rank);
-      found.push_back({root + "/" + storage::ManifestName(commit.name), root});
+      found.push_back({root + "/" + storage::ManifestName(commit.name), root, rank, commit.name});
     }
   }
   for (const std::string& path : destination.List(job_id, storage::kManifestSuffix)) {
     if (path.find("/.bt-versions/") != std::string::npos) continue;
-    found.push_back({job_id + "/" + path, job_id + "/" + path.substr(0, path.find('/'))});
+    found.push_back({job_id + "/" + path, job_id + "/" + path.substr(0, path.find('/')), -1, ""});  // listed: it is there
   }
   return found;
 }
@@ -467,6 +469,26 @@ bool DrainCheckpoints(CheckpointPhase& phase, const env::JobConfig& config, cons
   return result.committed;
 }
 
+namespace {
+
+// The listing's row for a committed part without its manifest, with the error logged.
+nlohmann::json MissingManifestRow(const CommittedManifest& committed, const std::string& uri,
+                                  const std::optional<std::string>& latest, bool verify) {
+  const std::string problem = "the manifest " + uri + "/" + committed.path + " of node " + std::to_string(committed.rank) +
+                              "'s committed part is missing";
+  spdlog::error("checkpoint {}: {}", committed.name, problem);
+  nlohmann::json row = {{"rank", committed.rank}, {"name", committed.name}, {"layout", "?"},
+                        {"files", 0},            {"bytes", 0},            {"committed_at", "?"},
+                        {"latest", latest == committed.name}};
+  if (verify) {
+    row["verified"] = false;
+    row["problems"] = {problem};
+  }
+  return row;
+}
+
+}  // namespace
+
 int ListCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment, const CliOptions& cli) {
   const std::string job_id = cli.job_id.value_or(environment.variables.at("BT_TRAINING_JOB_ID"));
   try {
@@ -483,7 +505,13 @@ int ListCheckpoints(const env::JobConfig& config, const env::JobEnvironment& env
     if (auto commit = storage::ReadLatestCommit(*destination, job_id)) latest = commit->name;
     for (const CommittedManifest& committed : CommittedManifests(*destination, job_id)) {
       auto text = destination->ReadText(committed.path);
-      if (!text) continue;
+      if (!text) {
+        // A committed part whose manifest is gone cannot be loaded: never left out as if
+        // there were nothing to verify.
+        rows.push_back(MissingManifestRow(committed, spec.uri, latest, cli.verify));
+        all_verified &= !cli.verify;
+        continue;
+      }
       Manifest manifest = Manifest::FromJson(*text, spec.uri + "/" + committed.path);
       nlohmann::json row = {{"rank", manifest.node_rank},        {"name", manifest.name},
                             {"layout", manifest.layout},         {"files", manifest.files.size()},

@@ -107,10 +107,11 @@ constexpr size_t kMaxParseThreads = 32;
 constexpr size_t kInventoriesPerThread = 64;
 
 // Parses the inventories of nodes `indices[first, end)` into `parsed`, or says in `errors` why
-// one cannot be.
+// one cannot be. Runs on helper threads, where an exception would call std::terminate:
+// nothing leaves it.
 void ParseInventoryRange(const std::vector<rendezvous::NodeInfo>& roster, const std::vector<std::optional<std::string>>& texts,
                          const std::vector<size_t>& indices, size_t first, size_t end, std::vector<fabric::NodeFabric>& parsed,
-                         std::vector<std::string>& errors) {
+                         std::vector<std::string>& errors) noexcept {
   for (size_t at = first; at < end; ++at) {
     const size_t i = indices[at];
     const rendezvous::NodeInfo& node = roster[i];
@@ -118,6 +119,8 @@ void ParseInventoryRange(const std::vector<rendezvous::NodeInfo>& roster, const 
       parsed[i] = {node.rank, node.host, DecodeInventory(*texts[i])};
     } catch (const std::exception& error) {
       errors[i] = "the inventory of " + node.Label() + " is malformed: " + error.what();
+    } catch (...) {
+      errors[i] = "the inventory of " + node.Label() + " could not be parsed";
     }
   }
 }

@@ -16,6 +16,7 @@ namespace bt::checkpoint {
 namespace {
 
 using testing::OnlyCandidate;
+using testing::ReadFile;
 using testing::TempDir;
 using testing::WriteBytes;
 
@@ -51,6 +52,49 @@ TEST(Journal, ResumesUnfinishedAndSkipsACorruptTail) {
   EXPECT_EQ(journal.NextSeq(), 3u);
   journal.SetScope("another-job", "file:///x");  // another job on the same volume starts clean
   EXPECT_TRUE(journal.Unfinished().empty());
+}
+
+// A launcher killed mid-append left a last line without its newline: the next launcher's
+// first record was appended to it, and every later replay skipped both (found by the
+// handoff_records fuzz target).
+TEST(Journal, ARecordAppendedAfterATornLineIsReplayed) {
+  TempDir dir;
+  const std::string path = dir.path() + "/journal.jsonl";
+  WriteBytes(path, R"({"seq": 1, "job_id": "job", "destination": "file:///x", "name": "checkpoint-1", "sta)");
+  {
+    HandoffJournal journal(path);
+    journal.SetScope("job", "file:///x");
+    journal.Record(journal.NextSeq(), "checkpoint-2", HandoffState::kCommitted);
+  }
+  HandoffJournal journal(path);
+  journal.SetScope("job", "file:///x");
+  auto entries = journal.Entries();
+  ASSERT_EQ(entries.size(), 1u) << ReadFile(path);
+  EXPECT_EQ(entries[0].name, "checkpoint-2");
+  EXPECT_EQ(entries[0].state, HandoffState::kCommitted);
+}
+
+// The uploader reads each file at <staging_dir>/<path>: a replayed snapshot naming a path
+// outside its checkpoint is no record.
+TEST(Journal, ASnapshotNamingAPathOutsideItsCheckpointIsSkipped) {
+  TempDir dir;
+  const std::string path = dir.path() + "/journal.jsonl";
+  for (const std::string bad : {"../../etc/passwd", "/etc/passwd", "a/../../b", ""}) {
+    Snapshot snapshot;
+    snapshot.seq = 1;
+    snapshot.name = "checkpoint-1";
+    snapshot.staging_dir = dir.path() + "/staging/1";
+    snapshot.files = {{bad, 5, 1, StagingMethod::kCopy}};
+    {
+      std::filesystem::remove(path);
+      HandoffJournal journal(path);
+      journal.SetScope("job", "file:///x");
+      journal.Record(1, "checkpoint-1", HandoffState::kSnapshotted, "", snapshot);
+    }
+    HandoffJournal journal(path);
+    journal.SetScope("job", "file:///x");
+    EXPECT_TRUE(journal.Unfinished().empty()) << bad;
+  }
 }
 
 TEST(Journal, AVersionLosingFilesIsBeingDeletedAndAnotherJobsCommitStaysItsOwn) {

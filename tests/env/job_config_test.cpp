@@ -71,6 +71,11 @@ std::vector<BadConfig> BadConfigs() {
        "runtime.load_checkpoint_config.checkpoints[0].typ: required field is missing"},
       {keep(WithRuntime(R"("load_checkpoint_config": {"checkpoints": [{"typ": "baseten_latest_checkpoint"}]})")),
        "runtime.load_checkpoint_config.checkpoints[0].job_id: required"},
+      {keep(WithRuntime(R"("load_checkpoint_config": {"checkpoints": [{"typ": "baseten_latest_checkpoint", "job_id": "../x"}]})")),
+       "runtime.load_checkpoint_config.checkpoints[0].job_id: job id \"../x\" is not usable as a path component"},
+      {keep(WithRuntime(R"("load_checkpoint_config": {"checkpoints": [{"typ": "baseten_named_checkpoint", "job_id": ".j", "checkpoint_name": "c"}]})")),
+       "runtime.load_checkpoint_config.checkpoints[0].job_id: job id \".j\" is not usable as a path component"},
+      {keep(R"({"launcher": {"job_id": "a/b"}})"), "launcher.job_id: job id \"a/b\" is not usable as a path component"},
       {keep(WithRuntime(R"("load_checkpoint_config": {"checkpoints": [{"typ": "loops_checkpoint", "run_id": "r"}]})")),
        "runtime.load_checkpoint_config.checkpoints[0].typ: expected one of baseten_latest_checkpoint, baseten_named_checkpoint"},
       {keep(R"({"launcher": {"checkpoint": {"drain_timeout_s": 0}}})"),
@@ -227,6 +232,21 @@ TEST(JobConfig, NullMeansAbsentForOptionalFields) {
   JobConfig config = ParseJobConfig(R"({"name": null, "runtime": {"start_commands": ["x"], "cache_config": null}})", true);
   EXPECT_FALSE(config.name);
   EXPECT_FALSE(config.runtime.cache_config.enabled);
+}
+
+// Every record that names the job is JSON: a job id that is not UTF-8 made writing them throw.
+TEST(JobConfig, AJobIdIsOneComponentOfUtf8Text) {
+  for (const std::string good : {"job-1", "trainingjob_abc", "ünïcode", "a..b"}) {
+    EXPECT_NO_THROW(ValidateJobId(good, "BT_TRAINING_JOB_ID")) << good;
+  }
+  for (const std::string& bad : std::vector<std::string>{"", "..", ".", ".hidden", "a/b", "../x", std::string("a\0b", 3), "job-\xff"}) {
+    try {
+      ValidateJobId(bad, "BT_TRAINING_JOB_ID");
+      ADD_FAILURE() << "accepted: " << bad;
+    } catch (const ConfigError& error) {
+      EXPECT_EQ(std::string(error.what()).rfind("BT_TRAINING_JOB_ID: job id ", 0), 0u) << error.what();
+    }
+  }
 }
 
 TEST(JobConfig, StartCommandMayComeFromTheCommandLine) {

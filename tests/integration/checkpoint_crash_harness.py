@@ -18,7 +18,9 @@ the launcher again on the same volume. After every round it checks the invariant
 
 Usage: checkpoint_crash_harness.py BT_LAUNCH file|s3
   SEED=n      replays a run (each run logs its seed)
-  ROUNDS=n    rounds per node count (default 2); CRASH_SOAK=1 makes it 40
+  ROUNDS=n    rounds per node count (default 2); CRASH_SOAK=1 makes it 40, which outlasts
+              ctest's 900 s TIMEOUT: run a soak with this script itself, e.g.
+              CRASH_SOAK=1 python3 tests/integration/checkpoint_crash_harness.py build/launcher/bt-launch s3
 """
 import hashlib
 import json

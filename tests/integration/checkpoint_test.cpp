@@ -121,7 +121,7 @@ TEST_F(CheckpointJob, ANameThatIsNotUtf8IsCommittedByteForByte) {
 // The job id is joined into every destination path: "../../outside" wrote checkpoints,
 // manifests and `latest` outside the destination.
 TEST_F(CheckpointJob, AJobIdThatIsNotOnePathComponentIsAConfigError) {
-  for (const std::string job_id : {"../../outside", "a/b", ".hidden", ".."}) {
+  for (const std::string job_id : {"../../outside", "a/b", ".hidden", "..", "job-\xff"}) {
     LaunchSpec spec = Run(Config({HfSave(1)}));
     spec.set_env["BT_TRAINING_JOB_ID"] = job_id;
     ProcessResult result = RunLauncher(spec);
@@ -135,6 +135,78 @@ TEST_F(CheckpointJob, AJobIdThatIsNotOnePathComponentIsAConfigError) {
   ProcessResult from_config = RunLauncher(Run(dir_.Write("bad-id.json", config.dump())));
   EXPECT_EQ(from_config.exit_code, 65) << from_config.err;
   EXPECT_NE(from_config.err.find("launcher.job_id"), std::string::npos) << from_config.err;
+}
+
+// `checkpoints --job-id` and a load's job id are joined into destination paths as `run`'s is.
+TEST_F(CheckpointJob, AJobIdFromTheCommandLineOrALoadReferenceThatIsNotOnePathComponentIsAConfigError) {
+  const std::string config = Config({"true"});
+  for (const std::string job_id : {"../x", "a/b", ".hidden", "..", "job-\xff"}) {
+    ProcessResult result = RunLauncher({{"checkpoints", "--config", config, "--root", dir_.path() + "/root", "--job-id", job_id}});
+    EXPECT_EQ(result.exit_code, 65) << job_id << "\n" << result.err;
+    EXPECT_NE(result.err.find("--job-id: job id"), std::string::npos) << job_id << "\n" << result.err;
+  }
+  LaunchSpec from_environment{{"checkpoints", "--config", config, "--root", dir_.path() + "/root"}};
+  from_environment.set_env["BT_TRAINING_JOB_ID"] = "../../outside";
+  ProcessResult listing = RunLauncher(from_environment);
+  EXPECT_EQ(listing.exit_code, 65) << listing.err;
+  EXPECT_NE(listing.err.find("BT_TRAINING_JOB_ID: job id"), std::string::npos) << listing.err;
+
+  for (const std::string typ : {"baseten_latest_checkpoint", "baseten_named_checkpoint"}) {
+    nlohmann::json reference = {{"typ", typ}, {"job_id", "../escape"}};
+    if (typ == "baseten_named_checkpoint") reference["checkpoint_name"] = "checkpoint-1";
+    nlohmann::json load = nlohmann::json::parse(ReadFile(config));
+    load["runtime"]["load_checkpoint_config"] = {{"enabled", true}, {"checkpoints", {reference}}};
+    ProcessResult result = RunLauncher(Run(dir_.Write("bad-load-" + typ + ".json", load.dump())));
+    EXPECT_EQ(result.exit_code, 65) << typ << "\n" << result.err;
+    EXPECT_NE(result.err.find("runtime.load_checkpoint_config.checkpoints[0].job_id: job id"), std::string::npos)
+        << typ << "\n" << result.err;
+  }
+  EXPECT_FALSE(fs::exists(dir_.path() + "/escape"));
+  EXPECT_FALSE(fs::exists(dir_.path() + "/outside"));
+}
+
+// A committed part whose manifest is gone cannot be loaded: `--verify` skipped it, and
+// said every checkpoint was verified.
+TEST_F(CheckpointJob, VerifyReportsACommittedPartWithoutItsManifest) {
+  ProcessResult result = RunLauncher(Run(Config({HfSave(1)})));
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const std::string manifest = Part("checkpoint-1") + "/checkpoint-1.bt-manifest.json";
+  ASSERT_TRUE(fs::remove(manifest));
+  ProcessResult verified = Checkpoints(true);
+  EXPECT_EQ(verified.exit_code, 74) << verified.out << verified.err;
+  const std::string relative = manifest.substr(Remote().size() + 1);
+  EXPECT_NE(verified.err.find(relative), std::string::npos) << verified.err;
+  auto json = nlohmann::json::parse(verified.out);
+  ASSERT_EQ(json["checkpoints"].size(), 1u) << json.dump();
+  const auto& row = json["checkpoints"][0];
+  EXPECT_EQ(row["rank"], 0) << row.dump();
+  EXPECT_EQ(row["name"], "checkpoint-1") << row.dump();
+  EXPECT_FALSE(row["verified"].get<bool>()) << row.dump();
+  EXPECT_NE(row["problems"][0].get<std::string>().find(relative), std::string::npos) << row.dump();
+  EXPECT_NE(row["problems"][0].get<std::string>().find("node 0"), std::string::npos) << row.dump();
+  ProcessResult listed = Checkpoints(false);
+  EXPECT_EQ(listed.exit_code, 0) << "only --verify fails on it:\n" << listed.err;
+  EXPECT_NE(listed.err.find(relative), std::string::npos) << listed.err;
+}
+
+// The journal on the checkpoint volume names each version's staging directory. A record
+// naming one outside the volume's staging (a corrupt journal, or one from another mount)
+// had the launcher upload that directory and then remove it as staging.
+TEST_F(CheckpointJob, AJournalRecordNamingAStagingDirectoryElsewhereLeavesItAlone) {
+  const std::string victim = dir_.path() + "/victim";
+  WriteFile(victim + "/keep.txt", "precious");
+  nlohmann::json snapshot = {{"seq", 1},           {"name", "checkpoint-9"}, {"layout", "plain"},
+                             {"is_directory", true}, {"staging_dir", victim}, {"pointers", nlohmann::json::object()},
+                             {"total_bytes", 8},    {"fingerprint", "f9"},
+                             {"files", {{{"path", "keep.txt"}, {"size", 8}, {"mtime_ns", 1}, {"method", "copy"}}}}};
+  nlohmann::json record = {{"seq", 1},           {"job_id", kJob},           {"destination", "file://" + Remote()},
+                           {"name", "checkpoint-9"}, {"state", "snapshotted"}, {"at", 1},
+                           {"snapshot", snapshot}};
+  WriteFile(CheckpointDir() + "/.bt-checkpoint/journal.jsonl", record.dump() + "\n");
+  ProcessResult result = RunLauncher(Run(Config({"true"})));
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(ReadFile(victim + "/keep.txt"), "precious") << result.err;
+  EXPECT_FALSE(fs::exists(Remote() + "/" + kJob + "/latest")) << "a directory outside the staging was uploaded";
 }
 
 TEST_F(CheckpointJob, ACheckpointDeletedFileByFileIsNotUploadedAgain) {

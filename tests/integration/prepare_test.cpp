@@ -14,6 +14,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -222,6 +223,46 @@ TEST_F(PrepareWithRclone, TheDeadlineCuttingATransferSaysSoWithTheBytesStaged) {
   EXPECT_NE(result.err.find("still staging, 300 B of 1000 B"), std::string::npos) << result.err;
   EXPECT_EQ(result.err.find("bad credentials"), std::string::npos) << result.err;
   EXPECT_FALSE(fs::exists(Mount() + "/.complete"));
+}
+
+// An rclone stand-in whose `copy` exits 0 but leaves model.bin as the test asks (`mode`):
+// a link to nothing, or cut short. rclone says it copied; the mount must not be marked
+// complete on its word.
+class PrepareWithLyingRclone : public PrepareWithRclone {
+ protected:
+  void SetUp() override {
+    WriteFile(Bin() + "/rclone", "#!/usr/bin/env python3\n"
+                                 "import os, sys\n"
+                                 "args = sys.argv[1:]\n"
+                                 "if 'lsf' in args:\n"
+                                 "    print('1000\\tmodel.bin')\n"
+                                 "    print('5\\tconfig.json')\n"
+                                 "    sys.exit(0)\n"
+                                 "open(os.path.join(args[-1], 'config.json'), 'w').write('{\"a\"}')\n"
+                                 "model = os.path.join(args[-1], 'model.bin')\n"
+                                 "if open('" + dir_.path() + "/mode').read() == 'dangling':\n"
+                                 "    os.symlink('/nonexistent/blob', model)\n"
+                                 "else:\n"
+                                 "    open(model, 'wb').write(bytes(300))\n");
+    fs::permissions(Bin() + "/rclone", fs::perms::owner_all);
+  }
+};
+
+TEST_F(PrepareWithLyingRclone, AMountWhoseFileDoesNotOpenIsNotMarkedComplete) {
+  json weights = {{"source", "s3://bucket/model"}, {"mount_location", Mount()}};
+  const std::string config = Save(WithWeights(Config({"echo the job ran"}), weights));
+  const std::map<std::string, std::string> expected = {{"dangling", "model.bin does not open"},
+                                                       {"short", "model.bin is not the 1000-byte file the source listed"}};
+  for (const auto& [mode, message] : expected) {
+    WriteFile(dir_.path() + "/mode", mode);
+    ProcessResult result = RunLauncher(RunWithStandIn(config));
+    EXPECT_EQ(result.exit_code, 74) << mode << "\n" << result.err;
+    EXPECT_NE(result.err.find(message), std::string::npos) << mode << "\n" << result.err;
+    EXPECT_NE(result.err.find("weights[0]: staged "), std::string::npos) << mode << "\n" << result.err;
+    EXPECT_EQ(result.out.find("the job ran"), std::string::npos) << mode;
+    EXPECT_FALSE(fs::exists(Mount() + "/.complete")) << mode;
+    EXPECT_FALSE(fs::exists(Mount() + "/model.bin")) << mode;
+  }
 }
 
 TEST_F(Prepare, MissingFileSourceExits65NamingIt) {

@@ -871,5 +871,46 @@ TEST(Server, AReportOfAnEarlierCycleChangesNothing) {
   EXPECT_TRUE(NextEvent(*nodes[0], PeerEvent::Kind::kResult));
 }
 
+// The policy reads `latest` at the destination, which can fail: the failure was taken for a
+// bad frame of the reporting node, whose connection was dropped, and since that node had
+// reported, no verdict came at all: the other nodes waited for their exit barrier.
+TEST(Server, ARestartPolicyThatFailsEndsTheJobWithTheFailedNodesCode) {
+  ServerOptions options = Options(2);
+  options.restart_policy = [](const CycleFailure&) -> RestartAnswer {
+    throw std::runtime_error("cannot read s3://bucket/job/latest");
+  };
+  StoreServer server(options);
+  auto nodes = JoinAll(server, 2);
+  nodes[1]->Report(3, "exit code 3", 0, true);
+  auto abort = NextEvent(*nodes[0], PeerEvent::Kind::kAbort);
+  ASSERT_TRUE(abort);
+  EXPECT_EQ(abort->rank, 1);
+  EXPECT_EQ(abort->exit_code, 3) << abort->message;
+  EXPECT_NE(abort->message.find("the restart policy failed: cannot read s3://bucket/job/latest"), std::string::npos)
+      << abort->message;
+  EXPECT_TRUE(NextEvent(*nodes[1], PeerEvent::Kind::kAbort)) << "the reporting node was cut off";
+}
+
+// An exception escaping the server's loop called std::terminate on its thread: node 0's
+// launcher, PID 1 of its container, ended with its training and said nothing.
+TEST(Server, AnExceptionEscapingTheLoopEndsTheJobNotTheProcess) {
+  ServerOptions options = Options(2);
+  options.restart_policy = [](const CycleFailure&) -> RestartAnswer { throw 42; };  // not a std::exception
+  StoreServer server(options);
+  auto nodes = JoinAll(server, 2);
+  nodes[1]->Report(3, "exit code 3", 0, true);
+  for (auto& node : nodes) {
+    auto abort = NextEvent(*node, PeerEvent::Kind::kAbort);
+    ASSERT_TRUE(abort);
+    EXPECT_NE(abort->message.find("the rendezvous server on node 0 stopped on an internal error"), std::string::npos)
+        << abort->message;
+    EXPECT_TRUE(NextEvent(*node, PeerEvent::Kind::kLeaderLost)) << "the connection stays open to nothing";
+  }
+  EXPECT_EQ(server.verdict().kind, ServerVerdict::Kind::kAbort);
+  server.WaitUntilDrained();
+  EXPECT_THROW(StoreClient::Connect(ClientOptions{"127.0.0.1", server.port(), kToken, 1s, 100ms, 5s, -1}), StoreError)
+      << "the port still accepts";
+}
+
 }  // namespace
 }  // namespace bt::rendezvous

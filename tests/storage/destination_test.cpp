@@ -19,6 +19,7 @@
 #include "storage/destination.h"
 #include "storage/hash.h"
 #include "storage/manifest.h"
+#include "storage/spool.h"
 #include "storage/subprocess.h"
 #include "tests/support/launcher_process.h"
 
@@ -143,6 +144,46 @@ TEST(SpoolDestination, HandsOffARecordAndWaitsForTheAck) {
   destination->Upload(staged, HeaderOf(staged), "job/rank-0", [](uint64_t, uint64_t) {});
   sidecar.join();
   EXPECT_THROW(destination->ReadText("job/latest"), DestinationError);
+}
+
+// An ack that is not a JSON object (here an error ack read before the sidecar finished
+// writing it) was taken for a success: the checkpoint counted as uploaded.
+TEST(SpoolDestination, AnAckThatIsNoJsonObjectIsAnErrorNamingIt) {
+  TempDir dir;
+  StagedFiles staged = StageOne(dir);
+  std::filesystem::create_directories(dir.path() + "/spool");
+  auto destination = OpenDestination(ParseDestination("spool://" + dir.path() + "/spool", "test"));
+  const std::string ack = dir.path() + "/spool/job--rank-0--4.json.ack";
+  for (const std::string answer : {R"({"error": "AccessDen)", "", "ok", "[]"}) {
+    std::thread sidecar([&] {
+      while (!std::filesystem::exists(dir.path() + "/spool/job--rank-0--4.json")) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      WriteFile(ack, answer);
+    });
+    try {
+      destination->Upload(staged, HeaderOf(staged), "job/rank-0", [](uint64_t, uint64_t) {});
+      ADD_FAILURE() << "taken for a success: \"" << answer << "\"";
+    } catch (const DestinationError& error) {
+      EXPECT_NE(std::string(error.what()).find(ack + " is not a JSON object"), std::string::npos) << error.what();
+    }
+    sidecar.join();
+    EXPECT_FALSE(std::filesystem::exists(ack)) << "the retry would read the same answer";
+    std::filesystem::remove(dir.path() + "/spool/job--rank-0--4.json");
+  }
+}
+
+TEST(ReadSpoolAck, SuccessFailureOrAnErrorNamingTheFile) {
+  EXPECT_EQ(ReadSpoolAck("{}\n", "a.ack"), std::nullopt);
+  EXPECT_EQ(ReadSpoolAck(R"({"ok": true})", "a.ack"), std::nullopt);
+  EXPECT_EQ(ReadSpoolAck(R"({"error": "AccessDenied"})", "a.ack"), "AccessDenied");
+  EXPECT_EQ(ReadSpoolAck(R"({"error": {"code": 403}})", "a.ack"), R"({"code":403})");
+  try {
+    ReadSpoolAck("\xff\xfe", "/spool/a.ack");
+    FAIL();
+  } catch (const DestinationError& error) {
+    EXPECT_NE(std::string(error.what()).find("/spool/a.ack is not a JSON object"), std::string::npos) << error.what();
+  }
 }
 
 // rclone's --files-from-raw reads one name a line: a file named "a\nb" was left out of the
