@@ -148,14 +148,6 @@ std::optional<std::string> ReadWholeFile(const std::string& path) {
   return buffer.str();
 }
 
-// A mkstemp template in $TMPDIR (else /tmp). The uploader runs with TMPDIR inside the job's
-// state directory: what a SIGKILLed uploader leaves there is the job's, removed when the
-// launcher starts it again, never litter in /tmp.
-std::string TemporaryTemplate(const char* stem) {
-  const char* directory = getenv("TMPDIR");
-  return std::string(directory != nullptr && *directory != '\0' ? directory : "/tmp") + "/" + stem + ".XXXXXX";
-}
-
 class FileDestination final : public Destination {
  public:
   explicit FileDestination(DestinationSpec spec) : spec_(std::move(spec)) {}

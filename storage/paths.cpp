@@ -1,6 +1,7 @@
 #include "storage/paths.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <stdexcept>
 #include <system_error>
@@ -46,6 +47,11 @@ std::string FormatBytes(uint64_t bytes) {
   char text[32];
   std::snprintf(text, sizeof text, unit == 0 ? "%.0f %s" : "%.1f %s", value, units[unit]);
   return text;
+}
+
+std::string TemporaryTemplate(const char* stem) {
+  const char* directory = getenv("TMPDIR");
+  return std::string(directory != nullptr && *directory != '\0' ? directory : "/tmp") + "/" + stem + ".XXXXXX";
 }
 
 }  // namespace bt::storage

@@ -19,4 +19,9 @@ void RemoveTree(const std::string& path);
 // "1.2 GiB", "512 B": sizes in the logs and progress lines.
 std::string FormatBytes(uint64_t bytes);
 
+// A mkstemp/mkdtemp template in $TMPDIR (else /tmp). The uploader runs with TMPDIR inside
+// the job's state directory: what a SIGKILLed uploader leaves there is the job's, removed
+// when the launcher starts it again, never litter in /tmp.
+std::string TemporaryTemplate(const char* stem);
+
 }  // namespace bt::storage

@@ -518,8 +518,8 @@ int ListCheckpoints(const env::JobConfig& config, const env::JobEnvironment& env
                             {"bytes", manifest.total_bytes},     {"committed_at", IsoTime(manifest.created_unix)},
                             {"latest", latest == manifest.name}};
       if (cli.verify) {
-        char temporary[] = "/tmp/bt-launch-verify.XXXXXX";
-        if (mkdtemp(temporary) == nullptr) throw std::runtime_error("cannot create a directory in /tmp");
+        std::string temporary = storage::TemporaryTemplate("bt-launch-verify");
+        if (mkdtemp(temporary.data()) == nullptr) throw std::runtime_error("cannot create " + temporary);
         const std::string remote = storage::JoinPath(committed.rank_root, manifest.base());
         std::vector<std::string> problems;
         try {
