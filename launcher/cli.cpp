@@ -17,7 +17,7 @@ constexpr const char* kUsage =
     "       bt-launch fabric [--sysfs-root DIR] [--format text|json]   this node's RDMA devices and the NCCL variables it would set\n"
     "       bt-launch doctor [options] [--format table|json]   why a multi-node job will not start: one line per check, with the fix\n"
     "       bt-launch bench checkpoint [--dir DIR] [--format table|json]   checkpoint hashing, handoff and upload figures\n"
-    "       bt-launch bench rendezvous [--nodes N] [--runs R] [--protocol-only] [--sysfs-root DIR]   N nodes starting a job together\n"
+    "       bt-launch bench rendezvous [--nodes N] [--runs R] [--protocol-only | --restart] [--sysfs-root DIR]   N nodes starting a job together\n"
     "       bt-launch --version\n";
 
 Subcommand ParseSubcommand(const std::string& word) {
@@ -83,6 +83,8 @@ CliOptions ParseCommandLine(int argc, char** argv) {
       ("runs", "bench rendezvous: runs; the JSON line has the median (default 3)", cxxopts::value<int>())
       ("protocol-only", "bench rendezvous: the protocol alone (join, a store barrier, exit) under `rendezvous --serve`, "
                         "instead of what `run` does before its first command")
+      ("restart", "bench rendezvous: then one node's job fails and every node restarts in place: the restart phase "
+                  "is the failure's report to the last node's go for cycle 1")
       ("bytes", "nccl-preflight-worker: all-reduce size per GPU", cxxopts::value<size_t>())
       ("sysfs-root", "run, rendezvous, fabric, doctor: read RDMA devices from DIR/class/infiniband (default: BT_SYSFS_ROOT, else /sys)",
        cxxopts::value<std::string>())
@@ -125,6 +127,7 @@ CliOptions ParseCommandLine(int argc, char** argv) {
   if (result.count("nodes")) cli.bench_nodes = result["nodes"].as<int>();
   if (result.count("runs")) cli.bench_runs = result["runs"].as<int>();
   cli.bench_protocol_only = result.count("protocol-only") > 0;
+  cli.bench_restart = result.count("restart") > 0;
   if (cli.bench_nodes < 2 || cli.bench_nodes > 1'000'000) throw LaunchFailure(kExitUsage, "--nodes: expected 2 to 1000000");
   if (cli.bench_runs < 1 || cli.bench_runs > 100) throw LaunchFailure(kExitUsage, "--runs: expected 1 to 100");
   if (result.count("bytes")) cli.preflight_bytes = result["bytes"].as<size_t>();

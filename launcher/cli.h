@@ -30,6 +30,7 @@ struct CliOptions {
   int bench_nodes = 1024;                  // bench rendezvous --nodes
   int bench_runs = 3;                      // bench rendezvous --runs
   bool bench_protocol_only = false;        // bench rendezvous --protocol-only
+  bool bench_restart = false;              // bench rendezvous --restart: one restart in place after the start
   int parent_pid = 0;                      // upload-worker
   size_t preflight_bytes = size_t(1) << 28;  // nccl-preflight-worker --bytes
   std::optional<std::string> sysfs_root;   // run, rendezvous, fabric, doctor: read devices from DIR/class/infiniband

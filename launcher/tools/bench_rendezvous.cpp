@@ -11,6 +11,11 @@
 // sent each node; median of --runs.
 // --protocol-only keeps the earlier shape (node 0 `rendezvous --serve` with the fabric
 // check off, no heartbeats, a store barrier instead of fabric and ready) for comparison.
+// --restart adds restart in place to the run shape (launcher.restart.max_restarts 1): once
+// every node runs its job, the last node reports a failure; node 0 pushes cycle 1 to every
+// node, stops its own job (a `sleep`, gone at the SIGTERM) and passes the barrier; each
+// node answers the push with cycle_ready; "restart" is the time from the failure's report
+// to the last node's go for cycle 1. Then every node reports cycle 1's success.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -54,13 +59,18 @@ constexpr const char* kToken = "bench-rendezvous-token";
 constexpr const char* kBarrierCount = "barrier/bench/count";
 constexpr const char* kBarrierDone = "barrier/bench/done";
 
-enum class Phase { kConnecting, kHello, kWelcome, kJoin, kComplete, kBarrierAdd, kBarrierWait, kSteps, kResult, kDone };
-enum class Shape { kRun, kProtocol };
-constexpr int kMaxPhases = 5;
+enum class Phase { kConnecting, kHello, kWelcome, kJoin, kComplete, kBarrierAdd, kBarrierWait, kSteps, kRunning,
+                   kCycleReady, kResult, kDone };
+enum class Shape { kRun, kProtocol, kRestart };
+constexpr int kMaxPhases = 6;
 // What the table shows, per shape.
 const std::vector<std::string> kRunPhases = {"join", "complete", "fabric", "ready", "exit"};
 const std::vector<std::string> kProtocolPhases = {"join", "complete", "barrier", "exit"};
-const std::vector<std::string>& PhaseNames(Shape shape) { return shape == Shape::kRun ? kRunPhases : kProtocolPhases; }
+const std::vector<std::string> kRestartPhases = {"join", "complete", "fabric", "ready", "restart", "exit"};
+constexpr int kRestartPhase = 4;  // timed from the failure's report, not from the start
+const std::vector<std::string>& PhaseNames(Shape shape) {
+  return shape == Shape::kRun ? kRunPhases : shape == Shape::kRestart ? kRestartPhases : kProtocolPhases;
+}
 // As `run` sends them (launcher/phases/ready.cpp, StopAwareStore in the same file): the
 // heartbeat at the default interval, blocking reads in slices.
 constexpr auto kHeartbeatInterval = std::chrono::seconds(1);
@@ -149,6 +159,10 @@ pid_t StartLeader(const std::string& binary, Shape shape, int count, uint16_t po
   if (shape == Shape::kRun) {
     config["enable_baseten_workdir"] = false;
     config["runtime"] = {{"start_commands", nlohmann::json::array({"true"})}};
+  } else if (shape == Shape::kRestart) {
+    config["enable_baseten_workdir"] = false;
+    config["runtime"] = {{"start_commands", nlohmann::json::array({"[ \"$BT_RESTART_COUNT\" = 1 ] || exec sleep 600"})}};
+    config["launcher"]["restart"] = {{"max_restarts", 1}};
   } else {
     config["launcher"]["fabric"] = {{"require", "none"}};
     config["launcher"]["rendezvous"].update({{"heartbeat_interval_s", 30}, {"heartbeat_timeout_s", 600}});
@@ -186,9 +200,15 @@ class Swarm {
     set_frame_ = rendezvous::EncodeFrame({{"op", "set"}, {"id", 3}, {"key", kBarrierDone}, {"value", rendezvous::BytesValue("1")}});
     wait_frame_ = rendezvous::EncodeFrame({{"op", "wait"}, {"id", 4}, {"key", kBarrierDone}, {"timeout_ms", 600000}});
     report_frame_ = rendezvous::EncodeFrame({{"op", "report"}, {"id", 5}, {"code", 0}, {"cause", "exit code 0"}});
+    if (shape_ == Shape::kRestart) {  // cycle 0 fails on one node; cycle 1 succeeds everywhere
+      fail_frame_ = rendezvous::EncodeFrame(
+          {{"op", "report"}, {"id", 21}, {"code", 1}, {"cause", "exit code 1"}, {"cycle", 0}, {"restartable", true}});
+      cycle_ready_frame_ = rendezvous::EncodeFrame({{"op", "cycle_ready"}, {"id", 22}, {"cycle", 1}, {"stopped_s", 0.0}});
+      report_frame_ = rendezvous::EncodeFrame({{"op", "report"}, {"id", 5}, {"code", 0}, {"cause", "exit code 0"}, {"cycle", 1}});
+    }
     bye_frame_ = rendezvous::EncodeFrame({{"op", "bye"}});
     heartbeat_frame_ = rendezvous::EncodeFrame({{"op", "hb"}});
-    if (shape_ == Shape::kRun) BuildRunSteps(inventory_json);
+    if (shape_ != Shape::kProtocol) BuildRunSteps(inventory_json);
   }
   ~Swarm() {
     for (auto& node : nodes_) {
@@ -267,6 +287,31 @@ class Swarm {
     if (step.finishes_phase >= 0) Finished(step.finishes_phase);
     node.resend_at = Clock::time_point::max();
     if (++node.step < steps_.size()) return SendStep(node);
+    if (shape_ == Shape::kRestart) return StartRunning(node);
+    node.phase = Phase::kResult;
+    SendBytes(node, report_frame_);
+  }
+
+  // Restart shape: the node's job runs until node 0 pushes cycle 1; once every node's does,
+  // the last node reports its failure.
+  void StartRunning(SimulatedNode& node) {
+    node.phase = Phase::kRunning;
+    if (++running_ < count_ - 1) return;
+    fault_at_ = Clock::now();
+    SendBytes(nodes_[size_t(count_ - 1)], fail_frame_);
+  }
+
+  // The push for cycle 1 (this node's job stops at once: it is simulated), then its go.
+  void OnCycleMessage(SimulatedNode& node, const Message& message) {
+    const std::string op = rendezvous::StringField(message, "op");
+    if (op == "ok") return;  // the failed report's or cycle_ready's answer
+    if (node.phase == Phase::kRunning) {
+      Expect(node, message, "restart");
+      node.phase = Phase::kCycleReady;
+      return SendBytes(node, cycle_ready_frame_);
+    }
+    Expect(node, message, "cycle_go");
+    Finished(kRestartPhase);
     node.phase = Phase::kResult;
     SendBytes(node, report_frame_);
   }
@@ -394,7 +439,7 @@ class Swarm {
         }
         node.phase = Phase::kJoin;
         node.next_heartbeat = Clock::now() + kHeartbeatInterval;  // the real client's reader starts now
-        if (shape_ == Shape::kRun) timers_.push({node.next_heartbeat, node.rank, TimerKind::kHeartbeat});
+        if (shape_ != Shape::kProtocol) timers_.push({node.next_heartbeat, node.rank, TimerKind::kHeartbeat});
         return SendBytes(node, join_frames_[size_t(node.rank - 1)]);
       case Phase::kJoin:
         Expect(node, message, "ok");
@@ -404,7 +449,7 @@ class Swarm {
       case Phase::kComplete:
         Expect(node, message, "complete");
         Finished(1);
-        if (shape_ == Shape::kRun) {
+        if (shape_ != Shape::kProtocol) {
           node.phase = Phase::kSteps;
           return SendStep(node);
         }
@@ -423,6 +468,9 @@ class Swarm {
         return SendBytes(node, report_frame_);
       case Phase::kSteps:
         return OnStepAnswer(node, message);
+      case Phase::kRunning:
+      case Phase::kCycleReady:
+        return OnCycleMessage(node, message);
       case Phase::kResult:
         if (op == "ok") return;  // the report's answer
         Expect(node, message, "result");
@@ -441,7 +489,9 @@ class Swarm {
   }
 
   void Finished(int phase) {
-    if (++finished_[size_t(phase)] == count_ - 1) figures_.phase_s[phase] = std::chrono::duration<double>(Clock::now() - start_).count();
+    if (++finished_[size_t(phase)] < count_ - 1) return;
+    const Clock::time_point origin = shape_ == Shape::kRestart && phase == kRestartPhase ? fault_at_ : start_;
+    figures_.phase_s[phase] = std::chrono::duration<double>(Clock::now() - origin).count();
   }
 
   void Send(SimulatedNode& node, const Message& message) { SendBytes(node, rendezvous::EncodeFrame(message)); }
@@ -483,6 +533,9 @@ class Swarm {
   std::vector<std::string> join_frames_, inventory_frames_, phase_frames_;
   std::vector<Step> steps_;
   std::string add_frame_, set_frame_, wait_frame_, report_frame_, bye_frame_, heartbeat_frame_;
+  std::string fail_frame_, cycle_ready_frame_;  // restart shape
+  int running_ = 0;                             // restart shape: nodes whose job runs
+  Clock::time_point fault_at_;
   std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> timers_;
   std::mt19937 random_{std::random_device{}()};
   int epoll_fd_ = -1;
@@ -557,7 +610,10 @@ double Median(std::vector<double> values) {
 int BenchRendezvous(const CliOptions& cli) {
   const int count = cli.bench_nodes;
   const int runs = cli.bench_runs;
-  const Shape shape = cli.bench_protocol_only ? Shape::kProtocol : Shape::kRun;
+  if (cli.bench_protocol_only && cli.bench_restart) {
+    throw LaunchFailure(kExitUsage, "bench rendezvous: --protocol-only and --restart do not go together");
+  }
+  const Shape shape = cli.bench_protocol_only ? Shape::kProtocol : cli.bench_restart ? Shape::kRestart : Shape::kRun;
   const std::vector<std::string>& names = PhaseNames(shape);
   const size_t file_limit = rendezvous::RaiseOpenFileLimit(size_t(count) + 1024);
   if (size_t(count) + 64 > file_limit) {
@@ -589,7 +645,7 @@ int BenchRendezvous(const CliOptions& cli) {
   }
   nlohmann::json summary = {{"nodes", count},
                             {"runs", runs},
-                            {"shape", shape == Shape::kRun ? "run" : "protocol"},
+                            {"shape", shape == Shape::kRun ? "run" : shape == Shape::kRestart ? "restart" : "protocol"},
                             {"p50_s", Median(phases.back())},
                             {"leader_cpu_p50_s", Median(leader_cpu)},
                             {"leader_bytes_per_node_p50", Median(bytes_per_node)},

@@ -185,6 +185,22 @@ TEST(Cli, BenchRendezvousPrintsATableAndTheMedianAsTheLastLine) {
   EXPECT_EQ(RunLauncher({{"bench", "rendezvous", "--nodes", "1"}}).exit_code, 64);
 }
 
+// --restart: one node fails once every node runs, node 0 pushes cycle 1 and every node
+// passes the barrier; the restart phase is timed from the failure, the exit from the start.
+TEST(Cli, BenchRendezvousRestartTimesOneRestartInPlace) {
+  ProcessResult result =
+      RunLauncher({{"bench", "rendezvous", "--restart", "--nodes", "24", "--runs", "1"}, {}, {}, {}, std::chrono::seconds(60)});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const std::string last = result.out.substr(result.out.rfind('\n', result.out.size() - 2) + 1);
+  const auto summary = nlohmann::json::parse(last);
+  EXPECT_EQ(summary.at("shape"), "restart");
+  const double restart = summary.at("restart_p50_s").get<double>();
+  EXPECT_GT(restart, 0);
+  EXPECT_GT(summary.at("exit_p50_s").get<double>(), summary.at("ready_p50_s").get<double>());
+  EXPECT_NE(result.err.find("restarting every node in cycle 1: node 23 ("), std::string::npos) << result.err;
+  EXPECT_EQ(RunLauncher({{"bench", "rendezvous", "--restart", "--protocol-only"}}).exit_code, 64);
+}
+
 TEST(Cli, JsonLogsCarryTheNodeRankOnEveryLine) {
   TempDir dir;
   ProcessResult result = RunLauncher({{"run", "--root", dir.path(), "--log-format", "json", "--", "true"}});
