@@ -944,6 +944,7 @@ class StoreServer::Loop {
         SetVerdict(ServerVerdict::Kind::kAbort, -1, message);
         Broadcast({{"op", "abort"}, {"rank", -1}, {"message", message}, {"code", 0}});
       }
+      FlushQueued();  // frames wait for the end of a loop turn, which this turn never reaches
     } catch (...) {  // the state that failed the loop may fail this too: the rest must happen
     }
     for (const auto& [fd, connection] : connections_) shutdown(fd, SHUT_WR);

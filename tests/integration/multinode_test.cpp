@@ -689,6 +689,29 @@ TEST(Restart, ARetriedJobResumesFromItsOwnCommittedCheckpoint) {
   }
 }
 
+// Node 1's job dies by a signal in cycles 0 and 1, each after a new checkpoint is committed:
+// a signal is a failure like an exit code, and cycle 2 finds only cycle 1's checkpoint in
+// BT_LOAD_CHECKPOINT_DIR/rank-<r>/, nothing of cycle 1's own load beside it.
+TEST(Restart, AJobKilledByASignalRestartsAndEachCycleLoadsOnlyItsCheckpoint) {
+  TempDir scratch;
+  const std::string latest = scratch.path() + "/remote/" + kJobId + "/latest";
+  auto cycle = [&](int step) {
+    return Save(step) + " && for i in $(seq 300); do grep -qx checkpoint-" + std::to_string(step) + " " + latest +
+           " && break; sleep 0.1; done; if [ $BT_NODE_RANK = 1 ]; then kill -KILL $$; fi; exec sleep 60";
+  };
+  const std::string commands = nlohmann::json::array(
+      {"case $BT_RESTART_COUNT in 0) " + cycle(1) + ";; 1) " + cycle(2) + ";; *) " + kReportResume + ";; esac"}).dump();
+  Job job(2, commands, "", true, RestartSettings(scratch, 2), FreePort());
+  auto processes = job.StartAll();
+  auto results = Job::FinishAll(processes);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(results[rank].exit_code, 0) << "node " << rank << ":\n" << results[rank].err;
+    EXPECT_NE(results[rank].out.find("cycle 2 torchelastic 2 resume checkpoint-2 {\"global_step\": 2} checkpoint-2 \n"),
+              std::string::npos) << "node " << rank << ":\n" << results[rank].out << results[rank].err;
+    EXPECT_NE(results[rank].err.find("failed: killed by signal KILL"), std::string::npos) << results[rank].err;
+  }
+}
+
 // Node 1's own copy of checkpoint-3 was changed in place since its upload (same size, other
 // bytes): its identity no longer matches the version it uploaded, so it is checked against
 // the manifest, found to differ, and the committed bytes are downloaded instead. Node 0's
