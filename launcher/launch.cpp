@@ -38,9 +38,11 @@ std::string DescribeOutcome(const JobOutcome& outcome) {
 }
 
 // After the rendezvous, before the first command: weights and loaded checkpoints, the
-// ready barrier (its deadline is the weights deadline), then the cache seed.
+// ready barrier (its deadline is the weights deadline), then the cache seed. A launcher
+// that replaced a lost one (`rejoining`) loads nothing here: its first cycle's checkpoint
+// is loaded at that cycle's barrier.
 void PrepareNode(const PreparedJob& job, const std::optional<storage::DestinationSpec>& destination,
-                 const std::string& resume, Peers* peers, SignalRouter& signals, Timeline& timeline) {
+                 const std::string& resume, bool rejoining, Peers* peers, SignalRouter& signals, Timeline& timeline) {
   const auto ready_deadline = std::chrono::steady_clock::now() +
                               std::chrono::milliseconds(int64_t(job.config.launcher.weights.timeout_s * 1000));
   NodePhase phase(peers, job.identity.rank);
@@ -60,7 +62,7 @@ void PrepareNode(const PreparedJob& job, const std::optional<storage::Destinatio
                  job.config.runtime.load_checkpoint_config.enabled ? "; runtime.load_checkpoint_config is not loaded" : "");
     LoadOwnCheckpoint(job.environment, *destination, job.job_id(), job.identity.rank, resume,
                       job.config.launcher.checkpoint.marker);
-  } else if (job.config.runtime.load_checkpoint_config.enabled) {
+  } else if (job.config.runtime.load_checkpoint_config.enabled && !rejoining) {
     timeline.Begin("load checkpoints");
     phase.Publish("loading checkpoints");
     LoadCheckpoints(job.config, job.environment, *destination, job.identity.rank, [&] { CheckStop(peers, signals); });
@@ -79,7 +81,7 @@ void PrepareNode(const PreparedJob& job, const std::optional<storage::Destinatio
 // lost leader ends any of them at once, and a store failure names the phase it hit.
 void PrepareAfterRendezvous(PreparedJob& job, std::optional<rendezvous::fabric::Inventory> inventory,
                             const std::optional<storage::DestinationSpec>& destination, const std::string& resume,
-                            Peers* peers, SignalRouter& signals, Timeline& timeline) {
+                            bool rejoining, Peers* peers, SignalRouter& signals, Timeline& timeline) {
   std::optional<PreRunPeers> pre_run;
   if (peers) pre_run.emplace(*peers, signals);
   Peers* phase_peers = pre_run ? &*pre_run : nullptr;
@@ -92,8 +94,20 @@ void PrepareAfterRendezvous(PreparedJob& job, std::optional<rendezvous::fabric::
       timeline.Begin("nccl preflight");
       RunNcclPreflight(job.config, job.identity, phase_peers, job.environment, [&] { CheckStop(phase_peers, signals); });
     }
-    PrepareNode(job, destination, resume, phase_peers, signals, timeline);
+    PrepareNode(job, destination, resume, rejoining, phase_peers, signals, timeline);
   });
+}
+
+// Node 0 tells its server the job's commands start: from now on a lost launcher is a failed
+// cycle that restarts, not a failed start (rendezvous::kRunStartedKey).
+void MarkRunStarted(const PreparedJob& job, Peers* peers) {
+  if (peers == nullptr || peers->store() == nullptr || job.identity.rank != 0) return;
+  if (job.config.launcher.restart.max_restarts == 0) return;
+  try {
+    peers->store()->Set(rendezvous::kRunStartedKey, "1");
+  } catch (const std::runtime_error& error) {
+    spdlog::warn("cannot tell the rendezvous server that the run started ({}): a lost node ends the job", error.what());
+  }
 }
 
 bool UsesCheckpoints(const env::JobConfig& config) {
@@ -160,7 +174,8 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   std::optional<rendezvous::PeerEvent> rejoin = peers ? peers->TakeRejoin() : std::nullopt;
   const std::string resume = rejoin ? "" : ResumePoint(job, destination);
   try {
-    PrepareAfterRendezvous(job, std::move(inventory), destination, resume, peers.get(), signals, timeline);
+    PrepareAfterRendezvous(job, std::move(inventory), destination, resume, rejoin.has_value(), peers.get(), signals,
+                           timeline);
   } catch (const LaunchFailure& failure) {
     // The others are waiting in the ready barrier or for the seed: tell them now.
     if (peers) {
@@ -173,6 +188,7 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   }
   CheckpointPhase checkpoints;
   if (destination) checkpoints = StartCheckpoints(job.config, job.environment, *destination, job.identity, peers ? peers->store() : nullptr);
+  MarkRunStarted(job, peers.get());
 
   timeline.Begin("run");
   std::vector<CycleRecord> cycles;

@@ -741,6 +741,7 @@ class StoreServer::Loop {
       infos_[rank] = info;
     }
     awaiting_rejoin_[rank] = false;
+    rejoined_.push_back(info.rank);
     Reply(connection, message, {{"op", "ok"}});
     spdlog::warn("rendezvous: {} joined again from {} (was {}): it meets the others in cycle {}", info.Label(),
                  info.seen_from, before, cycles_.current());
@@ -854,6 +855,7 @@ class StoreServer::Loop {
       std::fill(reported_.begin(), reported_.end(), false);
     }
     reported_count_ = 0;
+    rejoined_.clear();
     last_restart_ = restart;
     barrier_opened_ = Clock::now();
     next_barrier_log_ = barrier_opened_ + kAwaitedLogEvery;
@@ -873,6 +875,8 @@ class StoreServer::Loop {
                                  : 0.0;
     if (auto go = cycles_.Arrive(connection.rank, stopped_s)) {
       last_restart_.reset();  // the barrier has passed: nobody is awaited any more
+      // A lost launcher never said when its job stopped: the figure covers the others.
+      if (!rejoined_.empty()) (*go)["lost"] = FormatRanks(rejoined_);
       Broadcast(*go);
     }
   }
@@ -1064,6 +1068,7 @@ class StoreServer::Loop {
   // waits for a launcher to join again with it (a replaced pod, a requeued task);
   // otherwise the job ends, as it does without restarts.
   void LoseNode(int rank, const std::string& message) {
+    if (!values_.count(kRunStartedKey)) return Abort(rank, message);
     FailCycle(rank, message, 0, true);
     if (verdict_.kind == ServerVerdict::Kind::kPending) awaiting_rejoin_[size_t(rank)] = true;
   }
@@ -1203,6 +1208,7 @@ class StoreServer::Loop {
   std::vector<bool> reported_;
   std::vector<bool> awaiting_rejoin_;       // lost in a cycle that restarted: a launcher may join again
   std::optional<Message> last_restart_;     // the current cycle's push while its barrier waits
+  std::vector<int> rejoined_;               // ranks that joined again at the current barrier
   Clock::time_point barrier_opened_;
   Clock::time_point next_barrier_log_;
   int joined_count_ = 0;

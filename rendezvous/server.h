@@ -39,6 +39,12 @@ struct ServerOptions {
   std::chrono::milliseconds rejoin_timeout{600'000};
 };
 
+// Node 0 sets it as it starts the job's commands (with restarts on): a launcher lost before
+// then is a failed start (the others are still preparing: a restart would stop a weights
+// wait or a cache seed and spend the budget on a cycle that never ran), lost after it a
+// failed cycle.
+inline constexpr const char* kRunStartedKey = "bt/run/started";
+
 // What the leader concluded, once it has.
 struct ServerVerdict {
   enum class Kind { kPending, kResult, kAbort, kJoinTimeout } kind = Kind::kPending;

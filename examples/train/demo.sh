@@ -5,9 +5,9 @@
 # torchrun with two gloo workers per node, Trainer-layout checkpoints uploaded to a file://
 # destination. Then resume.json loads the latest checkpoint and trains on from its step, and
 # restart.json shows a restart in place: node 1's worker dies at step 50 of the first cycle,
-# every node restarts the job from the last committed checkpoint, and it finishes (in a
-# checkpoint directory of its own: the Trainer's rotation would delete its checkpoint-20
-# beside job 2's newer checkpoint-90).
+# every node restarts the job from the last committed checkpoint, and it finishes (with
+# checkpoint and load directories of its own: the Trainer's rotation would delete its
+# checkpoint-20 beside job 2's newer checkpoint-90, and job 2's load stays as it was).
 #   examples/train/demo.sh [BT_LAUNCH]      (every path under /tmp/bt-launch-demo)
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -216,6 +216,14 @@ void SeedOnLeader(const env::JobConfig& config, const env::JobEnvironment& envir
   Supervisor supervisor(signals, std::chrono::milliseconds(int64_t(config.launcher.grace_period_s * 1000)),
                         std::chrono::milliseconds(int64_t(config.launcher.peer_failure_grace_s * 1000)));
   JobOutcome outcome = supervisor.Run(commands, environment.ToEnviron(), environment.working_dir, peers, "cache seed command");
+  if (outcome.stop_reason) {
+    // Another node's failure (or a lost node) stopped the seed, maybe before its first
+    // command: nothing is marked done, and the job goes no further (the stop was this one's
+    // to take: a later supervisor would not hear of it again).
+    lease.Release();
+    throw LaunchFailure(peers != nullptr ? peers->StopExitCode() : kExitUnavailable,
+                        "stopping during the cache seed: " + *outcome.stop_reason);
+  }
   if (outcome.exit_code != 0) {
     lease.Release();
     std::string what = outcome.failed_command

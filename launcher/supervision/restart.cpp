@@ -140,6 +140,7 @@ std::optional<PeerEvent> MeetAtBarrier(const env::JobConfig& config, Peers& peer
       const rendezvous::Message go = peers.CycleGo();
       record.every_job_stopped_s = go.value("stopped_s", -1.0);
       record.every_node_restarted_s = go.value("restarted_s", -1.0);
+      record.lost_ranks = go.value("lost", "");
       return restart;
     }
     if (signal_number != 0) {
@@ -175,9 +176,10 @@ std::string RenderCycles(const std::vector<CycleRecord>& cycles) {
     if (!text.empty()) text += "; ";
     text += "cycle " + std::to_string(record.cycle) + " (" + record.cause + "): ";
     if (record.every_node_restarted_s >= 0) {
-      text += "fault → every job stopped " + FormatSeconds(record.every_job_stopped_s) + " → every node restarted " +
-              FormatSeconds(record.every_node_restarted_s) + " (this node: stopped → all ready " +
-              FormatDuration(record.all_ready - record.stopped) + ")";
+      text += "fault → every job stopped " + FormatSeconds(record.every_job_stopped_s);
+      if (!record.lost_ranks.empty()) text += " (but lost node " + record.lost_ranks + "'s, whose stop is not known)";
+      text += " → every node restarted " + FormatSeconds(record.every_node_restarted_s) +
+              " (this node: stopped → all ready " + FormatDuration(record.all_ready - record.stopped) + ")";
     } else {
       text += "never restarted";
     }

@@ -39,6 +39,7 @@ struct CycleRecord {
   // gone, and every node ready to start again; negative when the cycle never started.
   double every_job_stopped_s = -1;
   double every_node_restarted_s = -1;
+  std::string lost_ranks;  // ranks whose launcher was lost: not in every_job_stopped_s
 };
 
 // "cycle 1 (node 2 (host, addr) failed: exit code 1): fault → every job stopped 40.1 ms →

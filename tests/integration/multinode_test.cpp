@@ -577,6 +577,33 @@ TEST(Restart, ALauncherLostDuringTheRestartThatNeverRejoinsEndsTheJobAtTheRejoin
   }
 }
 
+// Node 2's launcher is lost while node 0 still seeds the cache: the job never ran, so the
+// loss ends it (69, naming node 2) instead of spending a restart on a cycle that never ran.
+TEST(Restart, ALauncherLostBeforeTheRunEndsTheJobWithoutARestart) {
+  TempDir scratch;
+  nlohmann::json settings = RestartSettings(scratch, 1, 3);
+  settings["cache"] = {{"seed_commands", nlohmann::json::array({"sleep 3"})}};
+  Job job(3, R"(["echo ran"])", "", false, settings, FreePort());
+  auto processes = job.StartAll();
+  ASSERT_TRUE(processes[2]->WaitForLog("cache seed: waiting for node 0", 20s));
+  processes[2]->Signal(SIGKILL);
+  processes[2]->Finish();
+  for (int rank : {0, 1}) {
+    const ProcessResult result = processes[rank]->Finish();
+    EXPECT_EQ(result.exit_code, 69) << "node " << rank << ":\n" << result.err;
+    EXPECT_NE(result.err.find("lost: connection closed"), std::string::npos) << result.err;
+    EXPECT_EQ(result.err.find("restarting every node"), std::string::npos) << result.err;
+    EXPECT_EQ(result.out.find("ran"), std::string::npos) << result.out << result.err;
+  }
+  // The seed was stopped: nothing says it is done, or the next job would skip it.
+  const std::string seeds = job.dir().path() + "/root/root/.cache/user_artifacts/.bt-seed";
+  if (std::filesystem::is_directory(seeds)) {
+    for (const auto& entry : std::filesystem::directory_iterator(seeds)) {
+      EXPECT_NE(entry.path().extension(), ".done") << entry.path();
+    }
+  }
+}
+
 // A node's launcher is SIGKILLed (its job dies with it). The others stop theirs, and the
 // leader waits for rank 2, saying every 10 s on every node that it does. A new launcher
 // with rank 2 joins, and all three run cycle 1. A launcher that then claims rank 2 (a
