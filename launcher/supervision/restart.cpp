@@ -131,7 +131,8 @@ std::optional<PeerEvent> MeetAtBarrier(const env::JobConfig& config, Peers& peer
     spdlog::info("this node's job is stopped; waiting for every node to be ready for cycle {}", restart.cycle);
     LoadForCycle(peers, hooks, cycles.back().resume);
     int signal_number = 0;
-    // A node whose own job failed had stopped before the push came: 0.
+    // 0 for a launcher that rejoined (no job to stop); a node whose own job failed had
+    // stopped before the push came: 0 too.
     const double stopped_s =
         restart.received == Clock::time_point{} ? 0 : std::max(0.0, Seconds(cycles.back().stopped - restart.received));
     if (peers.AwaitCycleStart(restart.cycle, stopped_s, Clock::now() + wait, signals, signal_number)) {
@@ -212,7 +213,10 @@ JobOutcome RunCycles(const env::JobConfig& config, Peers* peers, SignalRouter& s
   int64_t cycle = 0;
   std::string resume = first_resume;
   std::optional<PeerEvent> restart = std::move(rejoin);
-  if (restart) spdlog::warn("this launcher replaces a lost one: it meets the other nodes in cycle {}", restart->cycle);
+  if (restart) {
+    spdlog::warn("this launcher replaces a lost one: it meets the other nodes in cycle {}", restart->cycle);
+    restart->received = {};  // it had no job for the push to stop (not the time its preparation took)
+  }
   JobOutcome outcome;
   while (true) {
     if (!restart) {
