@@ -69,9 +69,7 @@ storage::StagedFiles Snapshot::Staged() const {
   return staged;
 }
 
-std::string VersionIdOf(const std::string& fingerprint) { return storage::HashBytes(fingerprint.data(), fingerprint.size()); }
-
-std::string Snapshot::VersionId() const { return VersionIdOf(fingerprint); }
+std::string Snapshot::VersionId() const { return storage::HashBytes(fingerprint.data(), fingerprint.size()); }
 
 nlohmann::json Snapshot::ToJson() const {
   nlohmann::json files_json = nlohmann::json::array();

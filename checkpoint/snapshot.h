@@ -68,7 +68,4 @@ Snapshot TakeSnapshot(const std::string& root, const Candidate& candidate, const
 // same version of a checkpoint.
 std::string Fingerprint(const Candidate& candidate);
 
-// The version id (Snapshot::VersionId) a snapshot of `fingerprint` has.
-std::string VersionIdOf(const std::string& fingerprint);
-
 }  // namespace bt::checkpoint

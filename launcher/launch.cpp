@@ -52,7 +52,6 @@ void PrepareNode(const PreparedJob& job, const std::optional<storage::Destinatio
     PrepareWeights(job.config, job.environment,
                    {[&](const std::string& line) { phase.Publish(line); }, [&] { CheckStop(peers, signals); }});
   }
-  ClearEarlierLoads(job.environment, job.identity.rank);
   if (!resume.empty()) {
     // The job's own checkpoint (a retried job) is where training stands: it wins over
     // load_checkpoint_config, which names another job's starting point.
@@ -60,9 +59,9 @@ void PrepareNode(const PreparedJob& job, const std::optional<storage::Destinatio
     phase.Publish("loading checkpoint " + resume);
     spdlog::info("resuming from checkpoint {}: this job's destination already holds it as committed (latest){}", resume,
                  job.config.runtime.load_checkpoint_config.enabled ? "; runtime.load_checkpoint_config is not loaded" : "");
-    LoadOwnCheckpoint(job.environment, *destination, job.job_id(), job.identity.rank, resume,
-                      job.config.launcher.checkpoint.marker);
+    LoadOwnCheckpoint(job.environment, *destination, job.job_id(), job.identity.rank, resume);
   } else if (job.config.runtime.load_checkpoint_config.enabled && !rejoining) {
+    ClearEarlierLoads(job.environment, job.identity.rank);
     timeline.Begin("load checkpoints");
     phase.Publish("loading checkpoints");
     LoadCheckpoints(job.config, job.environment, *destination, job.identity.rank, [&] { CheckStop(peers, signals); });
@@ -145,8 +144,7 @@ CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, const std
   };
   hooks.load_resume = [&job, destination](const std::string& name) {
     if (!destination) return;
-    LoadOwnCheckpoint(job.environment, *destination, job.job_id(), job.identity.rank, name,
-                      job.config.launcher.checkpoint.marker);
+    LoadOwnCheckpoint(job.environment, *destination, job.job_id(), job.identity.rank, name);
   };
   return hooks;
 }

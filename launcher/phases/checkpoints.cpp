@@ -10,9 +10,6 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "checkpoint/layout.h"
-#include "checkpoint/snapshot.h"
-#include "checkpoint/tree.h"
 #include "launcher/exit_codes.h"
 #include "storage/commit_record.h"
 #include "storage/durable_file.h"
@@ -249,33 +246,11 @@ storage::DestinationSpec ResolveCheckpointDestination(const env::JobConfig& conf
 
 namespace {
 
-// Where this node wrote its own checkpoints, and how its watcher told them apart: the copy
-// a restart in place can resume from without a download.
-struct LocalCheckpoints {
-  std::string root;  // "" when the checkpoint is another job's
-  std::string marker;
-};
-
-// Whether this node's copy of checkpoint `name` is, file by file (path, size, mtime, inode),
-// the one it snapshotted as `version`: then it holds the bytes the manifest's hashes were
-// taken from at the upload, and a restart need not read 2 GiB again to know it.
-bool UnchangedSinceUpload(const LocalCheckpoints& local, const std::string& name, const std::string& version) {
-  const checkpoint::DirectoryTree tree = checkpoint::ScanTree(local.root, local.marker);
-  for (const checkpoint::Candidate& candidate : checkpoint::FindCandidates(tree, local.root, local.marker)) {
-    if (candidate.name == name) return checkpoint::VersionIdOf(checkpoint::Fingerprint(candidate)) == version;
-  }
-  return false;
-}
-
 // The files of `manifest` that this node still holds, unchanged, under `local_dir` (the
-// node restarted in place): hard-linked into `incoming` instead of downloaded. Unchanged
-// means the same files as the version it uploaded (`unchanged_since_upload`), else the same
-// bytes as the manifest's hashes. False when any is missing or differs; then nothing was
-// linked.
-bool LinkLocalCopy(const Manifest& manifest, const std::string& local_dir, bool unchanged_since_upload,
-                   const std::string& incoming) {
-  if (local_dir.empty()) return false;
-  if (!unchanged_since_upload && !CompareWithManifest(manifest, local_dir).empty()) return false;
+// node restarted in place): hard-linked into `incoming` instead of downloaded. False when
+// any is missing or differs; then nothing was linked.
+bool LinkLocalCopy(const Manifest& manifest, const std::string& local_dir, const std::string& incoming) {
+  if (local_dir.empty() || !CompareWithManifest(manifest, local_dir).empty()) return false;
   for (const auto& file : manifest.files) {
     const std::string to = incoming + "/" + file.path;
     storage::MakeDirectories(storage::ParentOf(to));
@@ -286,9 +261,10 @@ bool LinkLocalCopy(const Manifest& manifest, const std::string& local_dir, bool 
   return true;
 }
 
-// This node's part of the committed version `commit` into `rank_dir`, verified.
+// This node's part of the committed version `commit` into `rank_dir`, verified. `local_root`
+// is where this node wrote its own checkpoints ("" when it is another job's).
 void LoadPart(storage::Destination& destination, const storage::DestinationSpec& destination_spec,
-              const storage::CommitRecord& commit, int node_rank, const std::string& rank_dir, const LocalCheckpoints& local,
+              const storage::CommitRecord& commit, int node_rank, const std::string& rank_dir, const std::string& local_root,
               const std::string& where, const std::function<void()>& check_stop) {
   const std::string& name = commit.name;
   const std::string& job_id = commit.job_id;
@@ -305,11 +281,8 @@ void LoadPart(storage::Destination& destination, const storage::DestinationSpec&
   const std::string incoming = rank_dir + "/.bt-loading-" + std::to_string(getpid());
   storage::RemoveTree(incoming);
   storage::MakeDirectories(incoming);
-  const std::string local_dir = local.root.empty() ? "" : storage::JoinPath(local.root, manifest.base());
-  auto own_version = commit.parts.find(node_rank);
-  const bool unchanged = !local_dir.empty() && own_version != commit.parts.end() &&
-                         UnchangedSinceUpload(local, name, own_version->second);
-  const bool reused = LinkLocalCopy(manifest, local_dir, unchanged, incoming);
+  const std::string local_dir = local_root.empty() ? "" : storage::JoinPath(local_root, manifest.base());
+  const bool reused = LinkLocalCopy(manifest, local_dir, incoming);
   try {
     if (!reused) {
       DownloadLogged(destination, storage::JoinPath(remote_rank, manifest.base()), manifest, incoming,
@@ -336,11 +309,8 @@ void LoadPart(storage::Destination& destination, const storage::DestinationSpec&
   // Renamed into place, never written through: a symlink at the pointer's path must
   // not carry the write into a verified file (the manifest cannot name one, see FromJson).
   for (const auto& [path, content] : manifest.pointers) storage::WriteFileAtomically(rank_dir + "/" + path, content);
-  spdlog::info("loaded checkpoint {} of job {} ({} files, {} bytes, {}) into {}", name, job_id, manifest.files.size(),
-               manifest.total_bytes,
-               !reused    ? "verified"
-               : unchanged ? "linked from this node's own copy, the files it uploaded"
-                           : "verified, linked from this node's own copy",
+  spdlog::info("loaded checkpoint {} of job {} ({} files, {} bytes, verified{}) into {}", name, job_id, manifest.files.size(),
+               manifest.total_bytes, reused ? ", linked from this node's own copy" : "",
                storage::JoinPath(rank_dir, manifest.name));
 }
 
@@ -373,7 +343,8 @@ void ClearEarlierLoads(const env::JobEnvironment& environment, int node_rank) {
   const std::string rank_dir = LoadRankDir(environment, node_rank);
   std::error_code error;
   if (std::filesystem::is_empty(rank_dir, error) || error) return;  // absent, or nothing in it
-  spdlog::info("checkpoints: emptying {}, what an earlier run loaded there: this run starts from its own load", rank_dir);
+  spdlog::info("checkpoints: emptying {} before loading into it: nothing else may lie beside what this job loads",
+               rank_dir);
   storage::RemoveTree(rank_dir);
 }
 
@@ -391,7 +362,7 @@ void LoadCheckpoints(const env::JobConfig& config, const env::JobEnvironment& en
     const std::string where = reference.config_path + ": ";
     AsLoadFailure(where, destination_spec.uri, [&] {
       const storage::CommitRecord commit = FindCommitted(*destination, reference, where);
-      LoadPart(*destination, destination_spec, commit, node_rank, rank_dir, LocalCheckpoints{}, where, check_stop);
+      LoadPart(*destination, destination_spec, commit, node_rank, rank_dir, "", where, check_stop);
     });
   }
 }
@@ -409,7 +380,7 @@ std::optional<std::string> LatestCommittedCheckpoint(const storage::DestinationS
 }
 
 void LoadOwnCheckpoint(const env::JobEnvironment& environment, const storage::DestinationSpec& destination_spec,
-                       const std::string& job_id, int node_rank, const std::string& name, const std::string& marker) {
+                       const std::string& job_id, int node_rank, const std::string& name) {
   const std::string rank_dir = LoadRankDir(environment, node_rank);
   const std::string where = "resuming from checkpoint " + name + ": ";
   AsLoadFailure(where, destination_spec.uri, [&] {
@@ -421,7 +392,7 @@ void LoadOwnCheckpoint(const env::JobEnvironment& environment, const storage::De
     // The version committed under `name` now: node 0 chose the name from `latest` a moment ago.
     storage::CommitRecord commit = storage::ReadCommit(*destination, job_id, name)
                                        .value_or(storage::CommitRecord::Unversioned(job_id, name));
-    LoadPart(*destination, destination_spec, commit, node_rank, rank_dir, LocalCheckpoints{local_root, marker}, where, [] {});
+    LoadPart(*destination, destination_spec, commit, node_rank, rank_dir, local_root, where, [] {});
   });
 }
 

@@ -29,9 +29,10 @@ storage::DestinationSpec ResolveCheckpointDestination(const env::JobConfig& conf
                                                          const std::optional<std::string>& root,
                                                          const std::optional<std::string>& uri_override = std::nullopt);
 
-// Empties BT_LOAD_CHECKPOINT_DIR/rank-<r>/ as a job starts: what an earlier job on this
-// volume loaded there (a Slurm node's /tmp, a reused root) must not be taken for this job's
-// starting point, nor lie beside what this job loads. Logged when something was there.
+// Empties BT_LOAD_CHECKPOINT_DIR/rank-<r>/ before the launcher loads into it: what an earlier
+// job on this volume loaded there (a Slurm node's /tmp, a reused root) must not lie beside
+// what this job loads. Only then: a job that loads nothing leaves the directory (perhaps the
+// user's) alone. Logged when something was there.
 void ClearEarlierLoads(const env::JobEnvironment& environment, int node_rank);
 
 // Each load_checkpoint_config reference, this node's part, into
@@ -50,11 +51,9 @@ std::optional<std::string> LatestCommittedCheckpoint(const storage::DestinationS
 // This job's own committed checkpoint `name` (a restart, a retried job), this node's part,
 // into BT_LOAD_CHECKPOINT_DIR/rank-<r>/, emptied first so that nothing of an earlier load
 // lies beside it. Files this node still holds unchanged under BT_CHECKPOINT_DIR are
-// hard-linked, not downloaded, and not hashed again when they are the very files it
-// uploaded (`marker`: launcher.checkpoint.marker, as its watcher found them). Throws
-// LaunchFailure(74).
+// hard-linked, not downloaded. Throws LaunchFailure(74).
 void LoadOwnCheckpoint(const env::JobEnvironment& environment, const storage::DestinationSpec& destination,
-                       const std::string& job_id, int node_rank, const std::string& name, const std::string& marker);
+                       const std::string& job_id, int node_rank, const std::string& name);
 
 // The agent and the cross-node commit it uses; empty when checkpointing is off.
 struct CheckpointPhase {
