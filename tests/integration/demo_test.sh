@@ -72,9 +72,11 @@ echo "== job 3 restarted in place when node 1 failed at step 50, from its own la
 job3=$(sed -n '/=== job 3/,$p' "$out")
 grep -q "train: 4 workers on 2 nodes, steps 1..60" <<<"$job3" || fail "job 3 took job 2's load for its starting point"
 grep -q "train: node 1 fails at step 50" <<<"$job3" || fail "job 3's injected failure did not happen"
-for rank in 0 1; do
-  grep -q "^\[node $rank\] .*restarts: cycle 1 (node 1 (" <<<"$job3" || fail "node $rank did not restart in cycle 1 naming node 1"
-done
+# Node 1's worker exits 3; node 0's gloo collectives fail within milliseconds of it, so
+# either torchrun may end first: the cycle names the failure node 0 heard of first.
+culprit=$(grep -o "^\[node 0\] .*restarts: cycle 1 (node [01] (" <<<"$job3" | grep -o "node [01] ($" || true)
+[ -n "$culprit" ] || fail "node 0 did not restart in cycle 1 naming a failed node"
+grep -q "^\[node 1\] .*restarts: cycle 1 ($culprit" <<<"$job3" || fail "node 1 did not restart in cycle 1 naming $culprit"
 resumed=$(grep -o "^\[node 0\] .*every node is ready: running cycle 1 (BT_RESTART_COUNT=1), resuming from checkpoint checkpoint-[0-9]*" \
   <<<"$job3" | grep -o "checkpoint-[0-9]*$" || true)
 [ "$resumed" = checkpoint-20 ] || [ "$resumed" = checkpoint-40 ] || fail "cycle 1 resumed from '$resumed', not checkpoint-20 or -40"
