@@ -552,9 +552,35 @@ RestartSettings ReadRestartSettings(const json& value, const std::string& path) 
   return settings;
 }
 
+// A duration that may be 0 (the check is off).
+double ReadSecondsOrOff(const json& value, const std::string& path) {
+  if (!value.is_number() || value.get<double>() < 0 || value.get<double>() > 1e7) {
+    throw ConfigError(path, "expected a number of seconds in [0, 1e7] (0: off), got " + value.dump());
+  }
+  return value.get<double>();
+}
+
+WatchdogSettings ReadWatchdogSettings(const json& value, const std::string& path) {
+  StrictObject object(value, path, {"stall_timeout_s", "auto_min_s", "startup_timeout_s", "stack_timeout_s", "report_dir"});
+  WatchdogSettings settings;
+  if (const json* v = object.Find("stall_timeout_s")) {
+    if (!(v->is_string() && v->get<std::string>() == "auto")) {
+      if (!v->is_number()) Fail(object.PathOf("stall_timeout_s"), "expected \"auto\" or a number of seconds (0: off)", *v);
+      settings.stall_timeout_s = ReadSecondsOrOff(*v, object.PathOf("stall_timeout_s"));
+    }
+  }
+  if (const json* v = object.Find("auto_min_s")) settings.auto_min_s = ReadSeconds(*v, object.PathOf("auto_min_s"), 0);
+  if (const json* v = object.Find("startup_timeout_s")) {
+    settings.startup_timeout_s = ReadSecondsOrOff(*v, object.PathOf("startup_timeout_s"));
+  }
+  if (const json* v = object.Find("stack_timeout_s")) settings.stack_timeout_s = ReadSeconds(*v, object.PathOf("stack_timeout_s"), 0);
+  if (const json* v = object.Find("report_dir")) settings.report_dir = ReadNonEmptyString(*v, object.PathOf("report_dir"));
+  return settings;
+}
+
 LauncherSettings ReadLauncherSettings(const json& value, const std::string& path) {
   StrictObject object(value, path, {"job_id", "project_id", "project_name", "grace_period_s", "peer_failure_grace_s",
-                                             "master_port", "rendezvous", "checkpoint", "weights", "cache", "fabric", "restart"});
+                                             "master_port", "rendezvous", "checkpoint", "weights", "cache", "fabric", "restart", "watchdog"});
   LauncherSettings launcher;
   if (const json* v = object.Find("job_id")) {
     launcher.job_id = ReadNonEmptyString(*v, object.PathOf("job_id"));
@@ -573,6 +599,7 @@ LauncherSettings ReadLauncherSettings(const json& value, const std::string& path
   if (const json* v = object.Find("cache")) launcher.cache = ReadCacheSeedSettings(*v, object.PathOf("cache"));
   if (const json* v = object.Find("fabric")) launcher.fabric = ReadFabricSettings(*v, object.PathOf("fabric"));
   if (const json* v = object.Find("restart")) launcher.restart = ReadRestartSettings(*v, object.PathOf("restart"));
+  if (const json* v = object.Find("watchdog")) launcher.watchdog = ReadWatchdogSettings(*v, object.PathOf("watchdog"));
   return launcher;
 }
 

@@ -152,6 +152,18 @@ struct RestartSettings {
   int max_cycles_without_progress = 3;  // cycles in a row without a new committed checkpoint
 };
 
+// launcher.watchdog: when a job that neither exits nor makes progress is called hung.
+struct WatchdogSettings {
+  // nullopt: "auto", the larger of auto_min_s and 5x the longest gap between progress seen
+  // in the cycle; 0: no stall check.
+  std::optional<double> stall_timeout_s;
+  double auto_min_s = 900;
+  double startup_timeout_s = 3600;  // before the cycle's first progress; 0: none
+  double stack_timeout_s = 20;      // how long the stacks of a hung job are waited for
+  std::string report_dir;           // "": <BT_SCRATCH_DIR>/bt-launch
+  bool enabled() const { return !stall_timeout_s || *stall_timeout_s > 0 || startup_timeout_s > 0; }
+};
+
 struct LauncherSettings {
   std::optional<std::string> job_id;
   std::optional<std::string> project_id;
@@ -165,6 +177,7 @@ struct LauncherSettings {
   CacheSeedSettings cache;
   FabricSettings fabric;
   RestartSettings restart;
+  WatchdogSettings watchdog;
 };
 
 struct JobConfig {

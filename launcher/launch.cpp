@@ -1,5 +1,7 @@
 #include "launcher/launch.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -18,8 +20,10 @@
 #include "launcher/supervision/peers.h"
 #include "launcher/supervision/restart.h"
 #include "launcher/supervision/signals.h"
+#include "launcher/supervision/stop_union.h"
 #include "launcher/supervision/supervisor.h"
 #include "launcher/timeline.h"
+#include "launcher/watchdog/watchdog.h"
 
 namespace bt::launcher {
 namespace {
@@ -130,17 +134,45 @@ rendezvous::RestartPolicy RestartPolicyOf(const PreparedJob& job, const std::opt
   return MakeRestartPolicy(job.config.launcher.restart, std::move(latest));
 }
 
-// Each cycle's commands under a fresh supervisor (a stopped one stays stopped), and the
-// load of the checkpoint the next cycle resumes from.
+// The hang watch of the run (launcher.watchdog): the job's side (heartbeat file, stack
+// hook, NCCL flight recorder) goes into its environment; null when it is off.
+std::unique_ptr<watchdog::Watchdog> ArmWatchdog(PreparedJob& job, Peers* peers, watchdog::Progress& progress) {
+  const env::WatchdogSettings& settings = job.config.launcher.watchdog;
+  if (!settings.enabled()) return nullptr;
+  watchdog::WatchdogPaths paths = watchdog::PathsFor(settings, job.environment, job.identity.rank);
+  auto checkpoint_dir = job.environment.variables.find("BT_CHECKPOINT_DIR");
+  if (job.config.runtime.checkpointing_config.enabled && checkpoint_dir != job.environment.variables.end()) {
+    paths.checkpoint_dir = checkpoint_dir->second;
+  }
+  try {
+    watchdog::ArmJobEnvironment(paths, job.environment);
+  } catch (const std::runtime_error& error) {
+    throw LaunchFailure(kExitIo, std::string("launcher.watchdog: ") + error.what());
+  }
+  char host[256] = "";
+  gethostname(host, sizeof host - 1);
+  return std::make_unique<watchdog::Watchdog>(settings, paths, watchdog::WatchdogNode{job.identity.rank, job.identity.count, host},
+                                              peers, progress);
+}
+
+// Each cycle's commands under a fresh supervisor (a stopped one stays stopped), watched
+// for hangs, and the load of the checkpoint the next cycle resumes from.
 CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, const std::optional<storage::DestinationSpec>& destination,
-                        Peers* peers, SignalRouter& signals) {
+                        Peers* peers, watchdog::Watchdog* watch, SignalRouter& signals) {
   CycleHooks hooks;
-  hooks.run = [&cli, &job, peers, &signals](int64_t cycle, const std::string& resume) {
+  hooks.run = [&cli, &job, peers, watch, &signals](int64_t cycle, const std::string& resume) {
     auto grace = std::chrono::milliseconds(int64_t(job.config.launcher.grace_period_s * 1000));
     auto peer_grace = std::chrono::milliseconds(int64_t(job.config.launcher.peer_failure_grace_s * 1000));
     Supervisor supervisor(signals, grace, peer_grace);
-    return supervisor.Run(CommandsToRun(cli, job.config), CycleEnviron(job.environment, job.config, cycle, resume),
-                          job.environment.working_dir, peers);
+    StopUnion stops(peers, watch);
+    if (watch) watch->BeginCycle(cycle);
+    JobOutcome outcome = supervisor.Run(CommandsToRun(cli, job.config), CycleEnviron(job.environment, job.config, cycle, resume),
+                                        job.environment.working_dir, &stops);
+    if (watch) {
+      watch->EndCycle();
+      if (watch->StoppedAsHung() && !outcome.shutdown_signal) outcome.exit_code = kExitHung;
+    }
+    return outcome;
   };
   hooks.load_resume = [&job, destination](const std::string& name) {
     if (!destination) return;
@@ -186,12 +218,16 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   }
   CheckpointPhase checkpoints;
   if (destination) checkpoints = StartCheckpoints(job.config, job.environment, *destination, job.identity, peers ? peers->store() : nullptr);
+  watchdog::Progress progress;
+  std::unique_ptr<watchdog::Watchdog> watch = ArmWatchdog(job, peers.get(), progress);
   MarkRunStarted(job, peers.get());
 
   timeline.Begin("run");
   std::vector<CycleRecord> cycles;
-  JobOutcome outcome = RunCycles(job.config, peers.get(), signals, CycleHooksOf(cli, job, destination, peers.get(), signals),
-                                 resume, std::move(rejoin), cycles);
+  JobOutcome outcome = RunCycles(job.config, peers.get(), signals,
+                                 CycleHooksOf(cli, job, destination, peers.get(), watch.get(), signals), resume,
+                                 std::move(rejoin), cycles);
+  watch.reset();
   timeline.Annotate(DescribeOutcome(outcome) + (cycles.empty() ? "" : "; restarts: " + RenderCycles(cycles)));
   if (peers) peers->Report(outcome);  // the other nodes stop now, not after this node's drain
   bool committed = true;

@@ -390,6 +390,14 @@ void StoreClient::ArriveAtCycle(int64_t cycle, double stopped_s) {
   Request({{"op", "cycle_ready"}, {"cycle", cycle}, {"stopped_s", stopped_s}}, kRequestTimeout);
 }
 
+void StoreClient::ReportStall(int64_t cycle, const std::string& quiet) {
+  Request({{"op", "stall"}, {"cycle", cycle}, {"quiet", quiet}}, kRequestTimeout);
+}
+
+void StoreClient::DeclareHang(int64_t cycle, int rank, const std::string& cause, int exit_code) {
+  Request({{"op", "hang"}, {"cycle", cycle}, {"rank", rank}, {"cause", cause}, {"code", exit_code}}, kRequestTimeout);
+}
+
 void StoreClient::GiveUp(const std::string& cause) {
   Request({{"op", "give_up"}, {"cause", cause}}, kRequestTimeout);
 }
@@ -535,6 +543,11 @@ void StoreClient::OnMessage(const Message& message) {
     PeerEvent event{PeerEvent::Kind::kCycleGo, -1, ""};
     event.cycle = IntField(message, "cycle");
     event.decision = message;
+    return PushEvent(std::move(event));
+  }
+  if (op == "collect_stacks") {
+    PeerEvent event{PeerEvent::Kind::kCollectStacks, int(IntField(message, "rank")), StringField(message, "message")};
+    event.cycle = IntField(message, "cycle");
     return PushEvent(std::move(event));
   }
   if (op == "join_timeout") return PushEvent({PeerEvent::Kind::kJoinTimeout, -1, StringField(message, "message")});

@@ -40,11 +40,13 @@ struct ClientOptions {
 struct PeerEvent {
   // kRejoin: this launcher joined in place of a lost one; the event is the restart of the
   // cycle it meets the others in.
-  enum class Kind { kComplete, kAbort, kResult, kJoinTimeout, kLeaderLost, kRestart, kCycleGo, kRejoin } kind;
+  enum class Kind { kComplete, kAbort, kResult, kJoinTimeout, kLeaderLost, kRestart, kCycleGo, kRejoin,
+                    kCollectStacks } kind;
   int rank = -1;        // the failed node, for kAbort and kRestart
   std::string message;  // one line for the log
   int exit_code = 0;    // kAbort, kRestart: the failed node's reported exit code; 0 when it was lost
-  int64_t cycle = 0;    // kRestart: the cycle to run; kCycleGo: the cycle whose barrier passed
+  int64_t cycle = 0;    // kRestart: the cycle to run; kCycleGo: the cycle whose barrier passed;
+                        // kCollectStacks: the cycle whose hang is looked at (rank: who stalled)
   std::string host{};   // kRestart: the failed node's host
   Message decision{};   // kRestart: what the leader decided with it (resume checkpoint, budget);
                         // kCycleGo: the leader's figures of the restart (stopped_s, restarted_s)
@@ -107,6 +109,11 @@ class StoreClient final : public Store {
   // Ends the job as failed by this node (after its report, e.g. when it stops waiting at the
   // exit barrier): the leader aborts it, so every node reports the same result.
   void GiveUp(const std::string& cause);
+  // Hangs (docs/PROTOCOL.md): this node's job made no progress for `quiet` (a duration, for
+  // the log); the leader asks every node for its stacks (kCollectStacks) once per cycle.
+  void ReportStall(int64_t cycle, const std::string& quiet);
+  // Node 0 only: the hang fails `cycle`, blamed on `rank`, with `exit_code`.
+  void DeclareHang(int64_t cycle, int rank, const std::string& cause, int exit_code);
   void SayGoodbye();
 
   int event_fd() const { return event_fd_; }  // readable when TakeEvent() has something

@@ -35,6 +35,8 @@ constexpr std::array kRules = {
     KeyRule{"bt/nccl/result/{rank}", Writer::kOwner},
     KeyRule{"bt/ckpt/parts/*", Writer::kCounter},
     KeyRule{"bt/ckpt/parts/*/rank-{rank}", Writer::kOwner},
+    KeyRule{"bt/hang/*/stacks/{rank}", Writer::kOwner},
+    KeyRule{"bt/hang/*/answered", Writer::kCounter},
 };
 
 // The '/'-separated segments of a key or pattern, one at a time ("a/" has two, the second

@@ -475,6 +475,8 @@ class StoreServer::Loop {
     if (op == "report") return OnReport(connection, message);
     if (op == "give_up") return OnGiveUp(connection, message);
     if (op == "cycle_ready") return OnCycleReady(connection, message);
+    if (op == "stall") return OnStall(connection, message);
+    if (op == "hang") return OnHang(connection, message);
     if (op == "bye") {
       connection.said_goodbye = true;
       return;
@@ -913,6 +915,33 @@ class StoreServer::Loop {
 
   // A node that will not wait for the verdict any longer: the job has failed, and every
   // node is told so, whatever its own outcome.
+  // A node's job made no progress within launcher.watchdog's limit: every node is asked
+  // for its job's stacks, once per cycle, before anything is stopped (docs/PROTOCOL.md, "Hangs").
+  void OnStall(Connection& connection, const Message& message) {
+    if (connection.rank < 0) return Refuse(connection, message, "stall from a connection that never joined");
+    Reply(connection, message, {{"op", "ok"}});
+    const int64_t cycle = IntField(message, "cycle");
+    if (IgnoredAsStale(connection, "stall", cycle) || cycle != cycles_.current() || stacks_asked_in_ == cycle) return;
+    if (verdict_.kind != ServerVerdict::Kind::kPending) return;
+    stacks_asked_in_ = cycle;
+    const std::string what = infos_[size_t(connection.rank)].Label() + " made no progress for " +
+                             Bounded(StringField(message, "quiet")) + ": collecting every node's stacks";
+    spdlog::warn("rendezvous: cycle {}: {}", cycle, what);
+    Broadcast({{"op", "collect_stacks"}, {"cycle", cycle}, {"rank", connection.rank}, {"message", what}});
+  }
+
+  // Node 0's watchdog, once it has the stacks: the hang fails the cycle, named after the
+  // node it blames, as that node's own failure would.
+  void OnHang(Connection& connection, const Message& message) {
+    if (connection.rank != 0) return Refuse(connection, message, "only node 0 declares a hang");
+    Reply(connection, message, {{"op", "ok"}});
+    const int64_t cycle = IntField(message, "cycle");
+    const int64_t rank = IntField(message, "rank");
+    if (IgnoredAsStale(connection, "hang", cycle) || rank < 0 || rank >= options_.node_count) return;
+    FailCycle(int(rank), infos_[size_t(rank)].Label() + " hung: " + Bounded(StringField(message, "cause")),
+              int(IntField(message, "code")), true);
+  }
+
   void OnGiveUp(Connection& connection, const Message& message) {
     const std::string cause = Bounded(StringField(message, "cause"));
     if (connection.rank < 0) return Refuse(connection, message, "give_up from a connection that never joined");
@@ -1218,6 +1247,7 @@ class StoreServer::Loop {
   Clock::time_point verdict_time_;
   ServerVerdict verdict_;
   Cycles cycles_{options_.node_count, options_.restart_policy};
+  int64_t stacks_asked_in_ = -1;  // the cycle whose hang the nodes were asked for stacks
   mutable std::mutex mutex_;  // guards what other threads read: verdict_, infos_, joined_, drained_
   std::condition_variable drained_changed_;
   bool drained_ = false;

@@ -252,6 +252,9 @@ void TcpPeers::DrainEvents() {
       rejoin_ = std::move(*event);
     } else if (event->kind == PeerEvent::Kind::kRestart || event->kind == PeerEvent::Kind::kCycleGo) {
       OnCycleEvent(std::move(*event));
+    } else if (event->kind == PeerEvent::Kind::kCollectStacks) {
+      std::lock_guard lock(stack_request_mutex_);
+      if (stack_request_handler_) stack_request_handler_(*event);
     } else if (!verdict_) {
       verdict_ = event;
     }
@@ -277,6 +280,17 @@ void TcpPeers::OnCycleEvent(PeerEvent event) {
   }
   restart_ = std::move(event);
   stop_delivered_ = false;  // the job of this cycle (when one runs) is stopped for the restart
+}
+
+void TcpPeers::ReportStall(int64_t cycle, const std::string& quiet) { client_->ReportStall(cycle, quiet); }
+
+void TcpPeers::DeclareHang(int64_t cycle, int rank, const std::string& cause, int exit_code) {
+  client_->DeclareHang(cycle, rank, cause, exit_code);
+}
+
+void TcpPeers::OnStackRequest(StackRequestHandler handler) {
+  std::lock_guard lock(stack_request_mutex_);
+  stack_request_handler_ = std::move(handler);
 }
 
 bool TcpPeers::WaitUntil(const std::function<bool()>& done, SignalRouter& signals, Clock::time_point deadline,

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -84,6 +85,18 @@ class Peers : public StopRequests {
   virtual rendezvous::Message CycleGo() { return {}; }
   // The job's verdict (abort, lost leader) when one came.
   virtual std::optional<std::string> Verdict() { return std::nullopt; }
+
+  // Hangs (launcher/watchdog, docs/PROTOCOL.md "Hangs"); backends without a leader that
+  // pushes (mpi) watch each node alone.
+  virtual bool SharesHangs() const { return false; }
+  // This node's job made no progress for `quiet` (for the log) in `cycle`.
+  virtual void ReportStall(int64_t /*cycle*/, const std::string& /*quiet*/) {}
+  // Node 0: the hang fails `cycle`, blamed on node `rank`.
+  virtual void DeclareHang(int64_t /*cycle*/, int /*rank*/, const std::string& /*cause*/, int /*exit_code*/) {}
+  // `handler` runs on the thread that takes stops (the supervisor's) when the leader asks for
+  // this node's stacks; it must only hand the request on.
+  using StackRequestHandler = std::function<void(const rendezvous::PeerEvent&)>;
+  virtual void OnStackRequest(StackRequestHandler /*handler*/) {}
 };
 
 // Joins with the configured backend and returns once every node has joined. Throws
@@ -120,6 +133,10 @@ class TcpPeers final : public Peers {
   bool AwaitCycleStart(int64_t cycle, double stopped_s, std::chrono::steady_clock::time_point deadline, SignalRouter& signals,
                        int& signal_number) override;
   std::optional<std::string> Verdict() override;
+  bool SharesHangs() const override { return true; }
+  void ReportStall(int64_t cycle, const std::string& quiet) override;
+  void DeclareHang(int64_t cycle, int rank, const std::string& cause, int exit_code) override;
+  void OnStackRequest(StackRequestHandler handler) override;
 
  private:
   TcpPeers(const env::JobConfig& config, const env::NodeIdentity& identity);
@@ -144,6 +161,8 @@ class TcpPeers final : public Peers {
   std::optional<rendezvous::PeerEvent> rejoin_;   // this launcher replaced a lost one: the cycle to meet in
   bool cycle_started_ = false;                    // the leader's go for cycle_ came
   rendezvous::Message cycle_go_;                  // that go
+  std::mutex stack_request_mutex_;
+  StackRequestHandler stack_request_handler_;
 };
 
 // The mpi backend (under mpirun): node info exchanged with MPI collectives through the

@@ -31,7 +31,7 @@ import os
 import sys
 
 
-def _bt_launch_arm():
+def _bt_launch_arm(forked_from=None):
     import faulthandler
     import json
     directory = os.environ.get("BT_STACK_DIR")
@@ -48,15 +48,17 @@ def _bt_launch_arm():
     globals()["_bt_launch_dump"] = dump  # faulthandler holds only the descriptor
     labels = {name: os.environ[name] for name in ("BT_NODE_RANK", "RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE")
               if name in os.environ}
+    if forked_from:
+        labels["forked_from"] = str(forked_from)  # a DataLoader worker: its rank's variables, not a rank
     marker = os.path.join(directory, "%d.armed" % pid)
     with open(marker + ".tmp", "w") as out:
         json.dump({"pid": pid, "start_time": start_time, "labels": labels, "command": command}, out)
     os.replace(marker + ".tmp", marker)
 
 
-def _bt_launch_arm_quietly():
+def _bt_launch_arm_quietly(forked_from=None):
     try:
-        _bt_launch_arm()
+        _bt_launch_arm(forked_from)
     except Exception as error:  # a stack we cannot take must never stop the training
         sys.stderr.write("bt-launch: Python stacks of pid %d will not be collected: %s\n" % (os.getpid(), error))
 
@@ -77,7 +79,7 @@ def _bt_launch_run_shadowed():
 
 
 _bt_launch_arm_quietly()
-os.register_at_fork(after_in_child=_bt_launch_arm_quietly)  # a forked DataLoader worker dumps to its own file
+os.register_at_fork(after_in_child=lambda: _bt_launch_arm_quietly(os.getppid()))  # a forked DataLoader worker dumps to its own file
 _bt_launch_run_shadowed()
 )PY";
 

@@ -85,6 +85,11 @@ std::vector<StackGroup> GroupByInnermostFrames(const std::vector<ProcessStack>& 
 }
 
 std::string DescribeProcess(const ProcessStack& stack) {
+  if (!stack.labels.contains("RANK")) {  // one process a node, started without torchrun
+    std::string text = "pid " + std::to_string(stack.pid) + " (node " + Label(stack, "BT_NODE_RANK");
+    if (stack.labels.contains("host")) text += ", host " + stack.labels.at("host");
+    return text + ")";
+  }
   std::string text = "rank " + Label(stack, "RANK") + " (node " + Label(stack, "BT_NODE_RANK");
   if (stack.labels.contains("host")) text += ", host " + stack.labels.at("host");
   return text + ", local rank " + Label(stack, "LOCAL_RANK") + ", pid " + std::to_string(stack.pid) + ")";

@@ -1,0 +1,593 @@
+#include "launcher/watchdog/watchdog.h"
+
+#include <dirent.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <ctime>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "launcher/exit_codes.h"
+#include "launcher/timeline.h"
+#include "launcher/watchdog/python_stacks.h"
+#include "launcher/watchdog/stack_report.h"
+#include "storage/durable_file.h"
+
+namespace bt::launcher::watchdog {
+namespace fs = std::filesystem;
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+// How often a node looks at its job's progress: a stall is seen at most this late.
+constexpr std::chrono::seconds kTick{1};
+// Node 0 waits this long past stack_timeout_s for the other nodes' answers.
+constexpr std::chrono::seconds kGatherSlack{10};
+// A node's answer: faulthandler's text per process, and how many processes, are capped so
+// that node 0 gathers a bounded report (64 KiB x 64 processes, 4 MiB a node at most).
+constexpr size_t kMaxDumpBytes = 64 << 10;
+constexpr size_t kMaxProcesses = 64;
+constexpr const char* kHeartbeatVariable = "BT_HEARTBEAT_FILE";
+
+double Seconds(Clock::duration duration) { return std::chrono::duration<double>(duration).count(); }
+
+std::string FormatSeconds(double seconds) {
+  return FormatDuration(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)));
+}
+
+std::string HangKey(int64_t cycle, const std::string& rest) { return "bt/hang/" + std::to_string(cycle) + "/" + rest; }
+
+void Offer(env::JobEnvironment& environment, const std::string& name, const std::string& value) {
+  environment.variables.emplace(name, value);
+}
+
+std::optional<int64_t> ModificationTimeNs(const fs::path& path) {
+  struct stat info {};
+  if (stat(path.c_str(), &info) != 0) return std::nullopt;
+  return int64_t(info.st_mtim.tv_sec) * 1'000'000'000 + info.st_mtim.tv_nsec;
+}
+
+std::string ReadSmallFile(const fs::path& path, size_t max_bytes = 4096) {
+  std::ifstream file(path, std::ios::binary);
+  std::string text(max_bytes, '\0');
+  file.read(text.data(), std::streamsize(max_bytes));
+  text.resize(size_t(file.gcount()));
+  return text;
+}
+
+bool HasGpu() {
+  std::error_code error;
+  if (fs::exists("/dev/nvidia0", error)) return true;
+  return fs::is_directory("/proc/driver/nvidia/gpus", error) && !fs::is_empty("/proc/driver/nvidia/gpus", error);
+}
+
+struct ProcessEntry {
+  pid_t pid = 0;
+  pid_t parent = 0;
+  char state = '?';
+};
+
+std::vector<ProcessEntry> AllProcesses() {
+  std::vector<ProcessEntry> processes;
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return processes;
+  while (dirent* entry = readdir(proc)) {
+    if (!std::isdigit(static_cast<unsigned char>(entry->d_name[0]))) continue;
+    const std::string stat = ReadSmallFile(fs::path("/proc") / entry->d_name / "stat");
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos || close + 2 >= stat.size()) continue;
+    ProcessEntry process;
+    process.pid = std::atoi(entry->d_name);
+    std::istringstream fields(stat.substr(close + 2));
+    fields >> process.state >> process.parent;
+    processes.push_back(process);
+  }
+  closedir(proc);
+  return processes;
+}
+
+std::string CommandLine(pid_t pid) {
+  std::string text = ReadSmallFile("/proc/" + std::to_string(pid) + "/cmdline", 512);
+  std::replace(text.begin(), text.end(), '\0', ' ');
+  while (!text.empty() && text.back() == ' ') text.pop_back();
+  return text;
+}
+
+// The job's processes without a Python stack (a shell, a native trainer, a process stuck
+// where no signal handler runs), each with its state and the kernel function it waits in.
+// The launcher's own helpers (the job guard, the uploader: this same executable) and what
+// they run are not the job's.
+std::vector<std::string> OtherJobProcesses(const std::set<pid_t>& with_python_stack) {
+  const std::vector<ProcessEntry> processes = AllProcesses();
+  std::error_code error;
+  const fs::path self_exe = fs::read_symlink("/proc/self/exe", error);
+  std::set<pid_t> job{getpid()};
+  std::set<pid_t> launcher_helpers;
+  // Parents come before children only by chance in /proc: repeat until nothing is added.
+  for (bool added = true; added;) {
+    added = false;
+    for (const ProcessEntry& process : processes) {
+      if (job.contains(process.pid) || launcher_helpers.contains(process.pid)) continue;
+      if (launcher_helpers.contains(process.parent)) {
+        launcher_helpers.insert(process.pid);
+        added = true;
+      } else if (job.contains(process.parent)) {
+        const bool helper = fs::read_symlink("/proc/" + std::to_string(process.pid) + "/exe", error) == self_exe;
+        (helper ? launcher_helpers : job).insert(process.pid);
+        added = true;
+      }
+    }
+  }
+  std::vector<std::string> lines;
+  for (const ProcessEntry& process : processes) {
+    if (process.pid == getpid() || !job.contains(process.pid) || with_python_stack.contains(process.pid)) continue;
+    std::string wchan = ReadSmallFile("/proc/" + std::to_string(process.pid) + "/wchan", 128);
+    if (wchan.empty() || wchan == "0") wchan = "-";
+    lines.push_back(fmt::format("pid {} state {} waiting in {}: {}", process.pid, process.state, wchan,
+                                CommandLine(process.pid)));
+    if (lines.size() >= kMaxProcesses) break;
+  }
+  return lines;
+}
+
+// PyTorch's NCCL flight recorder writes a dump per rank when its own watchdog times out
+// (TORCH_NCCL_DUMP_ON_TIMEOUT): the files are pickles, so the report names them.
+std::string FlightRecorderNote(const fs::path& directory) {
+  if (!HasGpu()) return "NCCL flight recorder: SKIPPED (no GPU on this node)";
+  std::string files;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(directory, error)) {
+    files += "\n  " + entry.path().string() + " (" + std::to_string(entry.file_size(error)) + " bytes)";
+  }
+  if (files.empty()) {
+    return "NCCL flight recorder: no dump in " + directory.string() +
+           " (PyTorch writes one when its NCCL watchdog times out, TORCH_NCCL_DUMP_ON_TIMEOUT)";
+  }
+  return "NCCL flight recorder dumps (read them with `python3 -m torch.distributed.flight_recorder.fr_trace`):" + files;
+}
+
+// Processes with a RANK of their own (torchrun's workers, an mpirun rank), not forked from
+// one (a DataLoader worker inherits its rank's variables): the ones a collective waits on.
+// A job without RANK anywhere (one Python process a node) has its unforked processes.
+bool IsRank(const ProcessStack& stack, bool job_has_ranks) {
+  return (stack.labels.contains("RANK") || !job_has_ranks) && !stack.labels.contains("forked_from");
+}
+
+struct NodeStacks;
+bool JobHasRanks(const std::vector<NodeStacks>& nodes);
+
+struct NodeStacks {
+  int rank = -1;
+  std::string host;
+  std::optional<double> quiet_s;  // since the job's last progress, when the stacks were asked for
+  bool answered = false;
+  std::vector<ProcessStack> stacks;
+  std::vector<std::string> others;
+  std::string nccl;
+};
+
+// `object[name]` when it is an array (or an object, for `want_object`), else an empty one.
+const json& Member(const json& object, const char* name, bool want_object = false) {
+  static const json kEmptyArray = json::array();
+  static const json kEmptyObject = json::object();
+  auto found = object.find(name);
+  if (found == object.end() || (want_object ? !found->is_object() : !found->is_array())) {
+    return want_object ? kEmptyObject : kEmptyArray;
+  }
+  return *found;
+}
+
+NodeStacks ParseAnswer(int rank, const std::optional<std::string>& value) {
+  NodeStacks node;
+  node.rank = rank;
+  if (!value) return node;
+  const json answer = json::parse(*value, nullptr, false);
+  if (!answer.is_object()) return node;
+  node.answered = true;
+  node.host = answer.value("host", std::string());
+  if (answer.contains("quiet_s") && answer["quiet_s"].is_number()) node.quiet_s = answer["quiet_s"].get<double>();
+  node.nccl = answer.value("nccl", std::string());
+  for (const json& other : Member(answer, "others")) {
+    if (other.is_string()) node.others.push_back(other.get<std::string>());
+  }
+  for (const json& process : Member(answer, "processes")) {
+    if (!process.is_object()) continue;
+    ProcessStack stack;
+    stack.pid = process.value("pid", 0);
+    stack.command = process.value("command", std::string());
+    stack.dump = process.value("dump", std::string());
+    stack.answered = process.value("answered", false);
+    for (const auto& [name, label] : Member(process, "labels", true).items()) {
+      if (label.is_string()) stack.labels[name] = label.get<std::string>();
+    }
+    stack.labels["host"] = node.host;
+    stack.labels["BT_NODE_RANK"] = std::to_string(rank);
+    node.stacks.push_back(std::move(stack));
+  }
+  return node;
+}
+
+bool JobHasRanks(const std::vector<NodeStacks>& nodes) {
+  for (const NodeStacks& node : nodes) {
+    for (const ProcessStack& stack : node.stacks) {
+      if (stack.labels.contains("RANK")) return true;
+    }
+  }
+  return false;
+}
+
+std::string NodeLabel(const NodeStacks& node) {
+  return "node " + std::to_string(node.rank) + (node.host.empty() ? "" : " (" + node.host + ")");
+}
+
+// What node 0 concludes from every node's answer.
+struct HangFindings {
+  std::vector<std::string> summary;  // the grouped ranks, for the log and the report
+  std::string place;                 // where the odd ranks (or all) are: "same hang" is judged on it
+  int blamed_rank = 0;               // the node named as the cycle's failure
+  std::string cause;
+};
+
+HangFindings Judge(const std::vector<NodeStacks>& nodes, int stalled_rank, const std::string& stalled_quiet) {
+  HangFindings findings;
+  std::vector<ProcessStack> ranks;
+  size_t other_processes = 0;
+  const bool job_has_ranks = JobHasRanks(nodes);
+  for (const NodeStacks& node : nodes) {
+    for (const ProcessStack& stack : node.stacks) {
+      if (IsRank(stack, job_has_ranks)) {
+        ranks.push_back(stack);
+      } else {
+        ++other_processes;
+      }
+    }
+  }
+  findings.summary = SummarizeStacks(ranks);
+  if (other_processes > 0) {
+    findings.summary.push_back(std::to_string(other_processes) +
+                               " other Python processes (launchers like torchrun, DataLoader workers): stacks in the report");
+  }
+  std::vector<std::string> missing;
+  const NodeStacks* first_stopped = nullptr;
+  for (const NodeStacks& node : nodes) {
+    if (!node.answered) missing.push_back(std::to_string(node.rank));
+    if (node.quiet_s && (first_stopped == nullptr || *node.quiet_s > *first_stopped->quiet_s)) first_stopped = &node;
+  }
+  if (!missing.empty()) findings.summary.push_back("no stacks from node(s) " + fmt::format("{}", fmt::join(missing, ", ")));
+  findings.blamed_rank = stalled_rank;
+  std::string first;
+  if (first_stopped != nullptr) {
+    findings.blamed_rank = first_stopped->rank;
+    first = NodeLabel(*first_stopped) + " stopped making progress first, " + FormatSeconds(*first_stopped->quiet_s) +
+            " before the stacks were asked for";
+    findings.summary.push_back(first);
+  }
+  const std::vector<StackGroup> groups = GroupByInnermostFrames(ranks);
+  std::string odd;
+  if (groups.size() >= 2 && groups.back().members.size() < groups.front().members.size()) {
+    const StackGroup& smallest = groups.back();
+    const ProcessStack& member = *smallest.members.front();
+    findings.blamed_rank = std::atoi(member.labels.at("BT_NODE_RANK").c_str());
+    odd = "the odd one: " + DescribeProcess(member) + " in " + (smallest.frames.empty() ? "no Python frame" : smallest.frames) +
+          ", while " + std::to_string(groups.front().members.size()) + " ranks are in " + groups.front().frames;
+    findings.place = smallest.frames + " | " + groups.front().frames;
+  } else if (!groups.empty()) {
+    findings.place = groups.front().frames;
+    odd = "no odd one: all " + std::to_string(groups.front().members.size()) + " in " +
+          (groups.front().frames.empty() ? "no Python frame" : groups.front().frames);
+  }
+  findings.cause = "no progress for " + stalled_quiet + (odd.empty() ? "" : "; " + odd) + (first.empty() ? "" : "; " + first);
+  return findings;
+}
+
+std::string UtcStamp() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y%m%dT%H%M%SZ", &utc);
+  return text;
+}
+
+std::string RenderReport(int64_t cycle, const std::string& headline, const HangFindings& findings,
+                         const std::vector<NodeStacks>& nodes) {
+  std::string text = "bt-launch hang report, cycle " + std::to_string(cycle) + ", written " + UtcStamp() + "\n" +
+                     headline + "\n\nSummary:\n";
+  for (const std::string& line : findings.summary) text += "  " + line + "\n";
+  const bool job_has_ranks = JobHasRanks(nodes);
+  for (const NodeStacks& node : nodes) {
+    text += "\n== " + NodeLabel(node);
+    if (!node.answered) {
+      text += ": no answer in time (its launcher is stuck or gone)\n";
+      continue;
+    }
+    text += node.quiet_s ? ": last progress " + FormatSeconds(*node.quiet_s) + " before the stacks were asked for\n"
+                         : ": no progress yet in this cycle\n";
+    for (const ProcessStack& stack : node.stacks) {
+      text += "\n-- " + (IsRank(stack, job_has_ranks) ? DescribeProcess(stack) : "pid " + std::to_string(stack.pid)) + ": " +
+              stack.command + "\n";
+      text += stack.answered ? stack.dump : "(armed, but wrote no stack in time: stopped, or in the kernel with signals held)\n";
+    }
+    if (!node.others.empty()) text += "\n-- processes without a Python stack:\n";
+    for (const std::string& other : node.others) text += "  " + other + "\n";
+    if (!node.nccl.empty()) text += "\n-- " + node.nccl + "\n";
+  }
+  return text;
+}
+
+}  // namespace
+
+WatchdogPaths PathsFor(const env::WatchdogSettings& settings, const env::JobEnvironment& environment, int rank) {
+  fs::path report_dir = settings.report_dir;
+  if (report_dir.empty()) {
+    auto scratch = environment.variables.find("BT_SCRATCH_DIR");
+    report_dir = fs::path(scratch != environment.variables.end() ? scratch->second : "/tmp") / "bt-launch";
+  }
+  const fs::path node_dir = report_dir / ("node-" + std::to_string(rank));
+  WatchdogPaths paths;
+  paths.report_dir = report_dir;
+  paths.heartbeat_file = node_dir / "heartbeat";
+  paths.python_hook_dir = node_dir / "python-hook";
+  paths.stack_dir = node_dir / "stacks";
+  paths.nccl_trace_dir = node_dir / "nccl-trace";
+  return paths;
+}
+
+void ArmJobEnvironment(const WatchdogPaths& paths, env::JobEnvironment& environment) {
+  std::error_code error;
+  fs::create_directories(paths.nccl_trace_dir, error);
+  if (error) throw std::runtime_error("cannot create " + paths.nccl_trace_dir.string() + ": " + error.message());
+  Offer(environment, kHeartbeatVariable, paths.heartbeat_file.string());
+  auto pythonpath = environment.variables.find("PYTHONPATH");
+  const std::string user_pythonpath = pythonpath == environment.variables.end() ? "" : pythonpath->second;
+  for (const auto& [name, value] : InstallPythonStackHook(paths.python_hook_dir, paths.stack_dir, user_pythonpath)) {
+    environment.variables[name] = value;
+  }
+  Offer(environment, "TORCH_NCCL_TRACE_BUFFER_SIZE", "2000");
+  Offer(environment, "TORCH_NCCL_DUMP_ON_TIMEOUT", "1");
+  Offer(environment, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", (paths.nccl_trace_dir / "rank_").string());
+}
+
+double StallLimitSeconds(const env::WatchdogSettings& settings, bool progress_seen, double longest_gap_s) {
+  if (!progress_seen) return settings.startup_timeout_s;
+  if (settings.stall_timeout_s) return *settings.stall_timeout_s;
+  return std::max(settings.auto_min_s, 5 * longest_gap_s);
+}
+
+Watchdog::Watchdog(const env::WatchdogSettings& settings, WatchdogPaths paths, WatchdogNode node, Peers* peers,
+                   Progress& progress)
+    : settings_(settings), paths_(std::move(paths)), node_(std::move(node)), peers_(peers), progress_(progress) {
+  event_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (event_fd_ < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
+  if (peers_ != nullptr && !peers_->SharesHangs()) peers_ = nullptr;
+  if (peers_ == nullptr) return;
+  // The request arrives on the supervisor's thread: it is only handed to the watch.
+  peers_->OnStackRequest([this](const rendezvous::PeerEvent& request) {
+    std::lock_guard lock(mutex_);
+    stack_request_ = request;
+    wake_.notify_all();
+  });
+}
+
+Watchdog::~Watchdog() {
+  EndCycle();
+  if (peers_ != nullptr) peers_->OnStackRequest({});
+  close(event_fd_);
+}
+
+void Watchdog::BeginCycle(int64_t cycle) {
+  EndCycle();
+  progress_.Reset();
+  touched_paths_.clear();
+  for (const fs::path& path : {paths_.heartbeat_file, paths_.checkpoint_dir}) {
+    if (!path.empty()) touched_paths_.emplace_back(path, ModificationTimeNs(path));
+  }
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = false;
+    stack_request_.reset();
+    stop_.reset();
+    stop_taken_ = false;
+    hung_ = false;
+    cycle_ = cycle;
+  }
+  thread_ = std::thread([this, cycle] {
+    try {
+      Watch(cycle);
+    } catch (const std::exception& error) {
+      // The watch is an aid: its failure must never end the job it watches.
+      spdlog::error("watchdog: stopped watching cycle {}: {}", cycle, error.what());
+    }
+  });
+}
+
+void Watchdog::EndCycle() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+    wake_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+bool Watchdog::StoppedAsHung() const {
+  std::lock_guard lock(const_cast<std::mutex&>(mutex_));
+  return hung_;
+}
+
+std::optional<std::string> Watchdog::TakeStop() {
+  uint64_t count = 0;
+  [[maybe_unused]] ssize_t ignored = read(event_fd_, &count, sizeof count);
+  std::lock_guard lock(mutex_);
+  if (!stop_ || stop_taken_) return std::nullopt;
+  stop_taken_ = true;
+  return stop_;
+}
+
+bool Watchdog::Stopping() {
+  std::lock_guard lock(mutex_);
+  return stopping_;
+}
+
+void Watchdog::PollTouchedPaths() {
+  for (auto& [path, seen] : touched_paths_) {
+    const std::optional<int64_t> mtime = ModificationTimeNs(path);
+    if (mtime == seen) continue;
+    seen = mtime;
+    if (mtime) progress_.Note();
+  }
+}
+
+void Watchdog::Watch(int64_t cycle) {
+  const Clock::time_point start = Clock::now();
+  Clock::time_point previous{};
+  double longest_gap_s = 0;
+  bool reported = false;
+  while (true) {
+    std::optional<rendezvous::PeerEvent> request;
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait_for(lock, kTick, [this] { return stopping_ || stack_request_.has_value(); });
+      if (stopping_) return;
+      request.swap(stack_request_);
+    }
+    if (request) {
+      if (request->cycle != cycle) continue;
+      spdlog::warn("watchdog: {}", request->message);
+      AnswerStackRequest(cycle);
+      if (node_.rank == 0) GatherAndDeclare(cycle, request->rank);
+      continue;
+    }
+    PollTouchedPaths();
+    const Clock::time_point last = progress_.last();
+    if (progress_.seen() && last != previous) {
+      if (previous != Clock::time_point{}) longest_gap_s = std::max(longest_gap_s, Seconds(last - previous));
+      previous = last;
+    }
+    if (reported) continue;
+    const double limit_s = StallLimitSeconds(settings_, progress_.seen(), longest_gap_s);
+    const double quiet_s = Seconds(Clock::now() - (progress_.seen() ? last : start));
+    if (limit_s <= 0 || quiet_s < limit_s) continue;
+    reported = true;
+    OnStall(cycle, quiet_s, limit_s);
+  }
+}
+
+void Watchdog::OnStall(int64_t cycle, double quiet_s, double limit_s) {
+  const std::string quiet = FormatSeconds(quiet_s);
+  const std::string limit = progress_.seen() ? (settings_.stall_timeout_s ? "launcher.watchdog.stall_timeout_s"
+                                                                           : "auto: the larger of launcher.watchdog.auto_min_s "
+                                                                             "and 5x the longest gap between progress so far")
+                                             : "launcher.watchdog.startup_timeout_s, before the job's first progress";
+  spdlog::warn("watchdog: this node's job made no progress for {} (limit {}: {}): no output, no heartbeat, no checkpoint",
+               quiet, FormatSeconds(limit_s), limit);
+  if (peers_ != nullptr) {
+    try {
+      peers_->ReportStall(cycle, quiet + " (limit " + FormatSeconds(limit_s) + ")");
+    } catch (const std::exception& error) {
+      spdlog::error("watchdog: cannot tell node 0 about the stall: {}", error.what());
+    }
+    return;
+  }
+  // A node alone: its own stacks make the whole report.
+  const std::vector<NodeStacks> nodes{ParseAnswer(node_.rank, NodeAnswer(quiet_s))};
+  const HangFindings findings = Judge(nodes, node_.rank, quiet + " (limit " + FormatSeconds(limit_s) + ")");
+  std::string cause = findings.cause;
+  const fs::path report = paths_.report_dir / ("hang-" + UtcStamp() + "-cycle-" + std::to_string(cycle) + ".txt");
+  try {
+    storage::WriteFileAtomically(report.string(), RenderReport(cycle, "this node's job hung: " + cause, findings, nodes));
+    cause += "; report: " + report.string();
+  } catch (const std::exception& error) {
+    spdlog::error("watchdog: cannot write the hang report {}: {}", report.string(), error.what());
+  }
+  for (const std::string& line : findings.summary) spdlog::error("watchdog: {}", line);
+  std::lock_guard lock(mutex_);
+  stop_ = "the job hung: " + cause;
+  hung_ = true;
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t ignored = write(event_fd_, &one, sizeof one);
+}
+
+std::string Watchdog::NodeAnswer(double quiet_s) {
+  const auto timeout = std::chrono::milliseconds(int64_t(settings_.stack_timeout_s * 1000));
+  std::vector<ProcessStack> stacks = CollectPythonStacks(paths_.stack_dir, timeout, kMaxDumpBytes);
+  if (stacks.size() > kMaxProcesses) stacks.resize(kMaxProcesses);
+  std::set<pid_t> with_stack;
+  json processes = json::array();
+  for (const ProcessStack& stack : stacks) {
+    with_stack.insert(stack.pid);
+    processes.push_back({{"pid", stack.pid}, {"labels", stack.labels}, {"command", stack.command},
+                         {"dump", stack.dump}, {"answered", stack.answered}});
+  }
+  json answer{{"host", node_.host},
+              {"processes", std::move(processes)},
+              {"others", OtherJobProcesses(with_stack)},
+              {"nccl", FlightRecorderNote(paths_.nccl_trace_dir)}};
+  if (progress_.seen()) answer["quiet_s"] = quiet_s;
+  // Stacks hold paths, which are bytes: what is not UTF-8 is replaced, never thrown on.
+  return answer.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+void Watchdog::AnswerStackRequest(int64_t cycle) {
+  const double quiet_s = Seconds(Clock::now() - progress_.last());
+  try {
+    rendezvous::Store* store = peers_->store();
+    if (store == nullptr) throw std::runtime_error("no rendezvous store");
+    store->Set(HangKey(cycle, "stacks/" + std::to_string(node_.rank)), NodeAnswer(quiet_s));
+    store->Add(HangKey(cycle, "answered"), 1);
+    spdlog::info("watchdog: sent this node's stacks to node 0");
+  } catch (const std::exception& error) {
+    spdlog::error("watchdog: cannot send this node's stacks to node 0: {}", error.what());
+  }
+}
+
+void Watchdog::GatherAndDeclare(int64_t cycle, int stalled_rank) {
+  rendezvous::Store* store = peers_->store();
+  if (store == nullptr) return;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(int64_t(settings_.stack_timeout_s * 1000)) + kGatherSlack;
+  while (!Stopping() && Clock::now() < deadline) {
+    if (store->WaitCounter(HangKey(cycle, "answered"), node_.node_count, std::chrono::milliseconds(250))) break;
+  }
+  if (Stopping()) return;  // the cycle ended some other way meanwhile
+  std::vector<std::string> keys;
+  for (int rank = 0; rank < node_.node_count; ++rank) keys.push_back(HangKey(cycle, "stacks/" + std::to_string(rank)));
+  const std::vector<std::optional<std::string>> values = store->Peek(keys);
+  std::vector<NodeStacks> nodes;
+  for (int rank = 0; rank < node_.node_count; ++rank) nodes.push_back(ParseAnswer(rank, values[size_t(rank)]));
+  std::optional<double> stalled_quiet = nodes[size_t(stalled_rank)].quiet_s;
+  HangFindings findings = Judge(nodes, stalled_rank, stalled_quiet ? FormatSeconds(*stalled_quiet) + " on node " +
+                                                                         std::to_string(stalled_rank)
+                                                                   : "node " + std::to_string(stalled_rank) + "'s startup");
+  std::string cause = findings.cause;
+  if (last_hang_ && last_hang_->second == findings.place && !findings.place.empty()) {
+    cause = "the same hang as in cycle " + std::to_string(last_hang_->first) + ": " + cause;
+    findings.summary.insert(findings.summary.begin(), "the same hang as in cycle " + std::to_string(last_hang_->first) +
+                                                          ", at the same place");
+  }
+  last_hang_ = {cycle, findings.place};
+  const fs::path report = paths_.report_dir / ("hang-" + UtcStamp() + "-cycle-" + std::to_string(cycle) + ".txt");
+  try {
+    storage::WriteFileAtomically(report.string(), RenderReport(cycle, "the job hung: " + cause, findings, nodes));
+    cause += "; report: " + report.string() + " on node 0";
+  } catch (const std::exception& error) {
+    spdlog::error("watchdog: cannot write the hang report {}: {}", report.string(), error.what());
+  }
+  for (const std::string& line : findings.summary) spdlog::error("watchdog: {}", line);
+  try {
+    peers_->DeclareHang(cycle, findings.blamed_rank, cause, kExitHung);
+  } catch (const std::exception& error) {
+    spdlog::error("watchdog: cannot declare the hang: {}", error.what());
+  }
+}
+
+}  // namespace bt::launcher::watchdog

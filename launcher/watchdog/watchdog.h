@@ -1,0 +1,106 @@
+// The hang watchdog (launcher.watchdog, docs/RUNNING.md "Hangs"): each node watches its
+// job's progress (output, BT_HEARTBEAT_FILE, new checkpoints); a node whose job made none
+// within the limit tells node 0, every node then sends the stacks of its job's processes,
+// and node 0 writes the report, names the odd rank and fails the cycle as a hang, which
+// restarts or ends the job like any failure. A single node does all of it alone.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "env/environment.h"
+#include "env/job_config.h"
+#include "launcher/supervision/peers.h"
+#include "launcher/watchdog/progress.h"
+
+namespace bt::launcher::watchdog {
+
+// Where a node keeps what the watchdog needs: report_dir (launcher.watchdog.report_dir,
+// else <BT_SCRATCH_DIR>/bt-launch) holds node 0's hang reports, and node-<rank>/ this
+// node's heartbeat file, Python stack dumps and NCCL flight-recorder dumps.
+struct WatchdogPaths {
+  std::filesystem::path report_dir;
+  std::filesystem::path heartbeat_file;
+  std::filesystem::path python_hook_dir;
+  std::filesystem::path stack_dir;
+  std::filesystem::path nccl_trace_dir;
+  std::filesystem::path checkpoint_dir;  // BT_CHECKPOINT_DIR when checkpointing is on: a new checkpoint is progress
+};
+WatchdogPaths PathsFor(const env::WatchdogSettings& settings, const env::JobEnvironment& environment, int rank);
+
+// The job's side of the watch: BT_HEARTBEAT_FILE, the Python stack hook (PYTHONPATH,
+// BT_STACK_DIR, BT_STACK_SIGNAL) and PyTorch's NCCL flight recorder, each unless the user
+// set it. Creates the directories; throws std::runtime_error naming a path it cannot write.
+void ArmJobEnvironment(const WatchdogPaths& paths, env::JobEnvironment& environment);
+
+// The limit in force: before the cycle's first progress, startup_timeout_s; after it, the
+// configured stall_timeout_s, or with "auto" the larger of auto_min_s and 5x the longest
+// gap between progress seen so far. 0: no limit now.
+double StallLimitSeconds(const env::WatchdogSettings& settings, bool progress_seen, double longest_gap_s);
+
+struct WatchdogNode {
+  int rank = 0;
+  int node_count = 1;
+  std::string host;
+};
+
+class Watchdog final : public StopRequests {
+ public:
+  // `peers`: null for a single node, or a backend that does not share hangs (each node then
+  // judges its own job). `progress` is fed by the output relay and the checkpoint watcher.
+  Watchdog(const env::WatchdogSettings& settings, WatchdogPaths paths, WatchdogNode node, Peers* peers,
+           Progress& progress);
+  ~Watchdog() override;
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+  // The watch of one cycle's job: from its start to its end.
+  void BeginCycle(int64_t cycle);
+  void EndCycle();
+  // Whether this node's watchdog stopped the job of the cycle that just ended as hung (a
+  // node alone; with peers the hang reaches every node as the cycle's failure).
+  bool StoppedAsHung() const;
+
+  // StopRequests: readable once a node alone has found its job hung.
+  int fd() const override { return event_fd_; }
+  std::optional<std::string> TakeStop() override;
+
+ private:
+  void Watch(int64_t cycle);
+  void OnStall(int64_t cycle, double quiet_s, double limit_s);
+  void AnswerStackRequest(int64_t cycle);
+  void GatherAndDeclare(int64_t cycle, int stalled_rank);
+  std::string NodeAnswer(double quiet_s);
+  void PollTouchedPaths();
+  bool Stopping();
+
+  env::WatchdogSettings settings_;
+  WatchdogPaths paths_;
+  WatchdogNode node_;
+  Peers* peers_;
+  Progress& progress_;
+  int event_fd_ = -1;
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::optional<rendezvous::PeerEvent> stack_request_;
+  std::optional<std::string> stop_;
+  bool stop_taken_ = false;
+  bool hung_ = false;
+  std::thread thread_;
+  int64_t cycle_ = 0;
+  // The heartbeat file and the checkpoint directory, with the modification time last seen:
+  // a change is progress.
+  std::vector<std::pair<std::filesystem::path, std::optional<int64_t>>> touched_paths_;
+  // The previous hang's place (node 0): a hang at the same place in a later cycle is named.
+  std::optional<std::pair<int64_t, std::string>> last_hang_;
+};
+
+}  // namespace bt::launcher::watchdog

@@ -1,0 +1,137 @@
+// The hang watchdog of one node, through the real binary: what counts as progress (output,
+// the heartbeat file), the limits (a fixed stall timeout, auto, the startup timeout), the
+// report a hang leaves, and the job's own Python startup hooks still running. The
+// multi-node hang (torchrun, gloo, a restart) is tests/integration/hang_test.sh.
+#include <filesystem>
+#include <regex>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/support/launcher_process.h"
+
+namespace bt::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+constexpr const char* kPython = "/usr/bin/python3";
+
+class WatchdogTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (access(kPython, X_OK) != 0) GTEST_SKIP() << "SKIPPED: " << kPython << " is not installed";
+  }
+
+  // Runs `script` (Python) as the job's one start command under `watchdog` settings.
+  ProcessResult RunPython(const std::string& script, const nlohmann::json& watchdog,
+                          std::map<std::string, std::string> variables = {}) {
+    const std::string program = dir_.Write("job.py", script);
+    nlohmann::json config = {
+        {"compute", {{"node_count", 1}}},
+        {"enable_baseten_workdir", false},
+        {"runtime", {{"start_commands", {std::string(kPython) + " " + program}}, {"environment_variables", variables}}},
+        {"launcher", {{"watchdog", watchdog}, {"grace_period_s", 2}, {"peer_failure_grace_s", 2}}}};
+    const std::string path = dir_.Write("job.json", config.dump());
+    return RunLauncher({{"run", "--config", path, "--root", dir_.path()}, {}, {}, std::nullopt, 60s});
+  }
+
+  // The hang reports node 0 wrote (under the default report_dir, in the scratch directory).
+  std::vector<fs::path> Reports() const {
+    std::vector<fs::path> reports;
+    for (const auto& entry : fs::recursive_directory_iterator(dir_.path())) {
+      if (entry.path().filename().string().rfind("hang-", 0) == 0) reports.push_back(entry.path());
+    }
+    return reports;
+  }
+
+  TempDir dir_;
+};
+
+TEST_F(WatchdogTest, ASilentJobIsHungAtTheStallTimeoutAndLeavesItsStackInTheReport) {
+  ProcessResult result = RunPython(R"PY(
+import time
+print("step 1", flush=True)
+def wait_for_the_other_ranks():
+    time.sleep(1000)
+wait_for_the_other_ranks()
+)PY",
+                                   {{"stall_timeout_s", 2}, {"startup_timeout_s", 2}});
+  EXPECT_EQ(result.exit_code, 124) << result.err;
+  EXPECT_LT(result.elapsed, 15s);
+  EXPECT_NE(result.out.find("step 1"), std::string::npos);
+  EXPECT_NE(result.err.find("this node's job made no progress for"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("in wait_for_the_other_ranks (job.py:5) < <module> (job.py:6)"), std::string::npos) << result.err;
+  const std::vector<fs::path> reports = Reports();
+  ASSERT_EQ(reports.size(), 1u) << result.err;
+  EXPECT_NE(result.err.find("report: " + reports.front().string()), std::string::npos) << result.err;
+  const std::string report = ReadFile(reports.front());
+  EXPECT_NE(report.find("line 5 in wait_for_the_other_ranks"), std::string::npos) << report;
+  EXPECT_NE(report.find("NCCL flight recorder"), std::string::npos) << report;
+}
+
+TEST_F(WatchdogTest, NothingBeforeTheFirstProgressIsHungAtTheStartupTimeout) {
+  ProcessResult result = RunPython("import time\ntime.sleep(1000)\n", {{"stall_timeout_s", 1000}, {"startup_timeout_s", 2}});
+  EXPECT_EQ(result.exit_code, 124) << result.err;
+  EXPECT_NE(result.err.find("launcher.watchdog.startup_timeout_s, before the job's first progress"), std::string::npos)
+      << result.err;
+}
+
+// The issue's case scaled down: a training that prints every 40 s is never hung with auto
+// (its floor is 15 minutes); here the floor is 2 s, the prints 1.5 s apart, then one gap
+// of 4 s, longer than the floor but within 5x the longest gap seen before it.
+TEST_F(WatchdogTest, AutoLearnsTheJobsOwnGapsAndNeverCallsASlowPrinterHung) {
+  ProcessResult result = RunPython(R"PY(
+import time
+for step in range(4):
+    print("step", step, flush=True)
+    time.sleep(1.5)
+time.sleep(2.5)
+print("done", flush=True)
+)PY",
+                                   {{"stall_timeout_s", "auto"}, {"auto_min_s", 2}, {"startup_timeout_s", 5}});
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(result.err.find("made no progress"), std::string::npos) << result.err;
+}
+
+TEST_F(WatchdogTest, AHeartbeatFileTouchedEveryStepKeepsASilentJobAlive) {
+  ProcessResult result = RunPython(R"PY(
+import os, time
+for step in range(12):
+    with open(os.environ["BT_HEARTBEAT_FILE"], "a"):
+        os.utime(os.environ["BT_HEARTBEAT_FILE"])
+    time.sleep(0.5)
+)PY",
+                                   {{"stall_timeout_s", 2}, {"startup_timeout_s", 2}});
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(result.err.find("made no progress"), std::string::npos) << result.err;
+}
+
+TEST_F(WatchdogTest, TheUsersSitecustomizeStillRunsAndTheHookArms) {
+  const std::string user_dir = dir_.path() + "/user-site";
+  WriteFile(user_dir + "/sitecustomize.py", "import os\nopen(os.environ['MARKER'], 'w').write('ran')\n");
+  const std::string marker = dir_.path() + "/marker";
+  ProcessResult result = RunPython("import os\nprint(os.environ['BT_STACK_DIR'])\n", {{"stall_timeout_s", 60}},
+                                   {{"PYTHONPATH", user_dir}, {"MARKER", marker}});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(ReadFile(marker), "ran");
+  const std::string stacks = result.out.substr(0, result.out.find('\n'));
+  bool armed = false;
+  for (const auto& entry : fs::directory_iterator(stacks)) armed = armed || entry.path().extension() == ".armed";
+  EXPECT_TRUE(armed) << "no .armed marker in " << stacks;
+}
+
+TEST_F(WatchdogTest, OffExportsNothingAndTakesNothingOver) {
+  ProcessResult result = RunPython(R"PY(
+import os
+print("heartbeat" if "BT_HEARTBEAT_FILE" in os.environ else "no heartbeat")
+print("hook" if "BT_STACK_DIR" in os.environ else "no hook")
+)PY",
+                                   {{"stall_timeout_s", 0}, {"startup_timeout_s", 0}});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("no heartbeat\nno hook\n"), std::string::npos) << result.out;
+}
+
+}  // namespace
+}  // namespace bt::testing
