@@ -390,8 +390,8 @@ void StoreClient::ArriveAtCycle(int64_t cycle, double stopped_s) {
   Request({{"op", "cycle_ready"}, {"cycle", cycle}, {"stopped_s", stopped_s}}, kRequestTimeout);
 }
 
-void StoreClient::ReportStall(int64_t cycle, const std::string& quiet) {
-  Request({{"op", "stall"}, {"cycle", cycle}, {"quiet", quiet}}, kRequestTimeout);
+void StoreClient::ReportStall(int64_t cycle, const std::string& quiet, bool stalled) {
+  Request({{"op", stalled ? "stall" : "resumed"}, {"cycle", cycle}, {"quiet", quiet}}, kRequestTimeout);
 }
 
 void StoreClient::DeclareHang(int64_t cycle, int rank, const std::string& cause, int exit_code) {

@@ -110,8 +110,9 @@ class StoreClient final : public Store {
   // exit barrier): the leader aborts it, so every node reports the same result.
   void GiveUp(const std::string& cause);
   // Hangs (docs/PROTOCOL.md): this node's job made no progress for `quiet` (a duration, for
-  // the log); the leader asks every node for its stacks (kCollectStacks) once per cycle.
-  void ReportStall(int64_t cycle, const std::string& quiet);
+  // the log), or (`stalled` false) makes progress again; once every node's job is stalled
+  // the leader asks every node for its stacks (kCollectStacks), once per cycle.
+  void ReportStall(int64_t cycle, const std::string& quiet, bool stalled = true);
   // Node 0 only: the hang fails `cycle`, blamed on `rank`, with `exit_code`.
   void DeclareHang(int64_t cycle, int rank, const std::string& cause, int exit_code);
   void SayGoodbye();

@@ -475,7 +475,7 @@ class StoreServer::Loop {
     if (op == "report") return OnReport(connection, message);
     if (op == "give_up") return OnGiveUp(connection, message);
     if (op == "cycle_ready") return OnCycleReady(connection, message);
-    if (op == "stall") return OnStall(connection, message);
+    if (op == "stall" || op == "resumed") return OnStall(connection, message, op == "stall");
     if (op == "hang") return OnHang(connection, message);
     if (op == "bye") {
       connection.said_goodbye = true;
@@ -915,17 +915,32 @@ class StoreServer::Loop {
 
   // A node that will not wait for the verdict any longer: the job has failed, and every
   // node is told so, whatever its own outcome.
-  // A node's job made no progress within launcher.watchdog's limit: every node is asked
-  // for its job's stacks, once per cycle, before anything is stopped (docs/PROTOCOL.md, "Hangs").
-  void OnStall(Connection& connection, const Message& message) {
+  // A node's job made no progress within launcher.watchdog's limit ("stall"), or made some
+  // again ("resumed"). The job is hung when every node's is stalled at once: a node whose
+  // ranks print nothing by design (only rank 0 logs) is not, while the others progress.
+  // Then every node is asked for its job's stacks, once per cycle, before anything is
+  // stopped (docs/PROTOCOL.md, "Hangs").
+  void OnStall(Connection& connection, const Message& message, bool stalled) {
     if (connection.rank < 0) return Refuse(connection, message, "stall from a connection that never joined");
     Reply(connection, message, {{"op", "ok"}});
     const int64_t cycle = IntField(message, "cycle");
-    if (IgnoredAsStale(connection, "stall", cycle) || cycle != cycles_.current() || stacks_asked_in_ == cycle) return;
+    if (IgnoredAsStale(connection, "stall", cycle) || cycle != cycles_.current()) return;
+    if (stalled_cycle_ != cycle) {
+      stalled_cycle_ = cycle;
+      stalled_.assign(size_t(options_.node_count), false);
+      stalled_count_ = 0;
+    }
+    if (stalled_[size_t(connection.rank)] == stalled) return;
+    stalled_[size_t(connection.rank)] = stalled;
+    stalled_count_ += stalled ? 1 : -1;
+    const std::string node = infos_[size_t(connection.rank)].Label();
+    if (!stalled) return spdlog::info("rendezvous: cycle {}: {} makes progress again", cycle, node);
+    spdlog::warn("rendezvous: cycle {}: {} made no progress for {} ({} of {} nodes stalled)", cycle, node,
+                 Bounded(StringField(message, "quiet")), stalled_count_, options_.node_count);
+    if (stalled_count_ < options_.node_count || stacks_asked_in_ == cycle) return;
     if (verdict_.kind != ServerVerdict::Kind::kPending) return;
     stacks_asked_in_ = cycle;
-    const std::string what = infos_[size_t(connection.rank)].Label() + " made no progress for " +
-                             Bounded(StringField(message, "quiet")) + ": collecting every node's stacks";
+    const std::string what = "no node's job made progress (the last to stop: " + node + "): collecting every node's stacks";
     spdlog::warn("rendezvous: cycle {}: {}", cycle, what);
     Broadcast({{"op", "collect_stacks"}, {"cycle", cycle}, {"rank", connection.rank}, {"message", what}});
   }
@@ -1248,6 +1263,9 @@ class StoreServer::Loop {
   ServerVerdict verdict_;
   Cycles cycles_{options_.node_count, options_.restart_policy};
   int64_t stacks_asked_in_ = -1;  // the cycle whose hang the nodes were asked for stacks
+  int64_t stalled_cycle_ = -1;    // the cycle stalled_ counts
+  std::vector<bool> stalled_;     // by rank: its job made no progress within its limit
+  int stalled_count_ = 0;
   mutable std::mutex mutex_;  // guards what other threads read: verdict_, infos_, joined_, drained_
   std::condition_variable drained_changed_;
   bool drained_ = false;

@@ -9,6 +9,9 @@ Inputs, all from what bt-launch prepared before the first command:
   DEMO_FAIL_ONCE             "<node>:<step>": in the first cycle (BT_RESTART_COUNT 0 or
                              unset), that node's first worker dies at that step, as a lost
                              GPU would end it (restart.json shows the restart in place)
+  DEMO_HANG_ONCE             "<node>:<step>": in the first cycle, that node's second worker
+                             stops before the step's all_reduce and never returns, while
+                             the other ranks wait in it (bt-launch's watchdog finds it)
 Output: checkpoints in the Hugging Face Trainer layout under BT_CHECKPOINT_DIR, written by
 each node's first worker (Trainer's save_on_each_node: the directory is node-local):
 checkpoint-<step>/ with pytorch_model.bin, optimizer.pt, rng_state_<rank>.pth and
@@ -65,13 +68,19 @@ def save_checkpoint(model, optimizer, step, history, limit):
     return path
 
 
-def fail_once_here(step):
-    """Whether DEMO_FAIL_ONCE names this worker and this step in the job's first cycle."""
-    spec = os.environ.get("DEMO_FAIL_ONCE")
-    if not spec or os.environ.get("BT_RESTART_COUNT", "0") != "0" or os.environ["LOCAL_RANK"] != "0":
+def once_here(variable, local_rank, step):
+    """Whether `variable` ("<node>:<step>") names this worker and this step in the job's first cycle."""
+    spec = os.environ.get(variable)
+    if not spec or os.environ.get("BT_RESTART_COUNT", "0") != "0" or os.environ["LOCAL_RANK"] != local_rank:
         return False
-    node, fail_step = (int(part) for part in spec.split(":"))
-    return node == int(os.environ["BT_NODE_RANK"]) and step == fail_step
+    node, at_step = (int(part) for part in spec.split(":"))
+    return node == int(os.environ["BT_NODE_RANK"]) and step == at_step
+
+
+def sleep_forever():
+    """A straggler that never comes back: the one rank not in all_reduce."""
+    while True:
+        time.sleep(3600)
 
 
 def main():
@@ -120,9 +129,12 @@ def main():
         loss.backward()
         optimizer.step()
         step += 1
-        if fail_once_here(step):
+        if once_here("DEMO_FAIL_ONCE", "0", step):
             print(f"train: node {node} fails at step {step} (DEMO_FAIL_ONCE)", flush=True)
             os._exit(3)
+        if once_here("DEMO_HANG_ONCE", "1", step):
+            print(f"train: rank {rank} on node {node} hangs at step {step} (DEMO_HANG_ONCE)", flush=True)
+            sleep_forever()
         mean_loss = loss.detach().clone()
         dist.all_reduce(mean_loss)
         mean_loss = mean_loss.item() / world

@@ -282,7 +282,9 @@ void TcpPeers::OnCycleEvent(PeerEvent event) {
   stop_delivered_ = false;  // the job of this cycle (when one runs) is stopped for the restart
 }
 
-void TcpPeers::ReportStall(int64_t cycle, const std::string& quiet) { client_->ReportStall(cycle, quiet); }
+void TcpPeers::ReportStall(int64_t cycle, const std::string& quiet, bool stalled) {
+  client_->ReportStall(cycle, quiet, stalled);
+}
 
 void TcpPeers::DeclareHang(int64_t cycle, int rank, const std::string& cause, int exit_code) {
   client_->DeclareHang(cycle, rank, cause, exit_code);

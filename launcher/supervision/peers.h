@@ -89,8 +89,9 @@ class Peers : public StopRequests {
   // Hangs (launcher/watchdog, docs/PROTOCOL.md "Hangs"); backends without a leader that
   // pushes (mpi) watch each node alone.
   virtual bool SharesHangs() const { return false; }
-  // This node's job made no progress for `quiet` (for the log) in `cycle`.
-  virtual void ReportStall(int64_t /*cycle*/, const std::string& /*quiet*/) {}
+  // This node's job made no progress for `quiet` (for the log) in `cycle`; `stalled` false:
+  // it makes progress again.
+  virtual void ReportStall(int64_t /*cycle*/, const std::string& /*quiet*/, bool /*stalled*/) {}
   // Node 0: the hang fails `cycle`, blamed on node `rank`.
   virtual void DeclareHang(int64_t /*cycle*/, int /*rank*/, const std::string& /*cause*/, int /*exit_code*/) {}
   // `handler` runs on the thread that takes stops (the supervisor's) when the leader asks for
@@ -134,7 +135,7 @@ class TcpPeers final : public Peers {
                        int& signal_number) override;
   std::optional<std::string> Verdict() override;
   bool SharesHangs() const override { return true; }
-  void ReportStall(int64_t cycle, const std::string& quiet) override;
+  void ReportStall(int64_t cycle, const std::string& quiet, bool stalled) override;
   void DeclareHang(int64_t cycle, int rank, const std::string& cause, int exit_code) override;
   void OnStackRequest(StackRequestHandler handler) override;
 

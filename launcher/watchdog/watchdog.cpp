@@ -238,7 +238,8 @@ struct HangFindings {
   std::string cause;
 };
 
-HangFindings Judge(const std::vector<NodeStacks>& nodes, int stalled_rank, const std::string& stalled_quiet) {
+// `limit`: the limit the stall crossed, for the cause ("limit 10 s").
+HangFindings Judge(const std::vector<NodeStacks>& nodes, int stalled_rank, const std::string& limit) {
   HangFindings findings;
   std::vector<ProcessStack> ranks;
   size_t other_processes = 0;
@@ -270,7 +271,7 @@ HangFindings Judge(const std::vector<NodeStacks>& nodes, int stalled_rank, const
     findings.blamed_rank = first_stopped->rank;
     first = NodeLabel(*first_stopped) + " stopped making progress first, " + FormatSeconds(*first_stopped->quiet_s) +
             " before the stacks were asked for";
-    findings.summary.push_back(first);
+    if (nodes.size() > 1) findings.summary.push_back(first);
   }
   const std::vector<StackGroup> groups = GroupByInnermostFrames(ranks);
   std::string odd;
@@ -286,7 +287,13 @@ HangFindings Judge(const std::vector<NodeStacks>& nodes, int stalled_rank, const
     odd = "no odd one: all " + std::to_string(groups.front().members.size()) + " in " +
           (groups.front().frames.empty() ? "no Python frame" : groups.front().frames);
   }
-  findings.cause = "no progress for " + stalled_quiet + (odd.empty() ? "" : "; " + odd) + (first.empty() ? "" : "; " + first);
+  // How long the whole job has been silent: since the last progress of any node.
+  std::optional<double> job_quiet_s;
+  for (const NodeStacks& node : nodes) {
+    if (node.quiet_s && (!job_quiet_s || *node.quiet_s < *job_quiet_s)) job_quiet_s = node.quiet_s;
+  }
+  findings.cause = (job_quiet_s ? "no progress on any node for " + FormatSeconds(*job_quiet_s) : "no progress since the start") +
+                   " (" + limit + ")" + (odd.empty() ? "" : "; " + odd) + (first.empty() || nodes.size() < 2 ? "" : "; " + first);
   return findings;
 }
 
@@ -453,6 +460,7 @@ void Watchdog::Watch(int64_t cycle) {
   Clock::time_point previous{};
   double longest_gap_s = 0;
   bool reported = false;
+  Clock::time_point last_at_report{};
   while (true) {
     std::optional<rendezvous::PeerEvent> request;
     {
@@ -474,11 +482,23 @@ void Watchdog::Watch(int64_t cycle) {
       if (previous != Clock::time_point{}) longest_gap_s = std::max(longest_gap_s, Seconds(last - previous));
       previous = last;
     }
-    if (reported) continue;
+    if (reported) {
+      // A stalled node whose job shows progress again takes its report back: a hang is
+      // every node stalled at once.
+      if (peers_ == nullptr || !progress_.seen() || last == last_at_report) continue;
+      reported = false;
+      spdlog::info("watchdog: this node's job makes progress again");
+      try {
+        peers_->ReportStall(cycle, "", false);
+      } catch (const std::exception& error) {
+        spdlog::error("watchdog: cannot tell node 0 that this node's job makes progress again: {}", error.what());
+      }
+    }
     const double limit_s = StallLimitSeconds(settings_, progress_.seen(), longest_gap_s);
     const double quiet_s = Seconds(Clock::now() - (progress_.seen() ? last : start));
     if (limit_s <= 0 || quiet_s < limit_s) continue;
     reported = true;
+    last_at_report = last;
     OnStall(cycle, quiet_s, limit_s);
   }
 }
@@ -492,8 +512,9 @@ void Watchdog::OnStall(int64_t cycle, double quiet_s, double limit_s) {
   spdlog::warn("watchdog: this node's job made no progress for {} (limit {}: {}): no output, no heartbeat, no checkpoint",
                quiet, FormatSeconds(limit_s), limit);
   if (peers_ != nullptr) {
+    spdlog::info("watchdog: node 0 calls the job hung once every node's job has stopped making progress");
     try {
-      peers_->ReportStall(cycle, quiet + " (limit " + FormatSeconds(limit_s) + ")");
+      peers_->ReportStall(cycle, quiet + " (limit " + FormatSeconds(limit_s) + ")", true);
     } catch (const std::exception& error) {
       spdlog::error("watchdog: cannot tell node 0 about the stall: {}", error.what());
     }
@@ -501,7 +522,7 @@ void Watchdog::OnStall(int64_t cycle, double quiet_s, double limit_s) {
   }
   // A node alone: its own stacks make the whole report.
   const std::vector<NodeStacks> nodes{ParseAnswer(node_.rank, NodeAnswer(quiet_s))};
-  const HangFindings findings = Judge(nodes, node_.rank, quiet + " (limit " + FormatSeconds(limit_s) + ")");
+  const HangFindings findings = Judge(nodes, node_.rank, "limit " + FormatSeconds(limit_s));
   std::string cause = findings.cause;
   const fs::path report = paths_.report_dir / ("hang-" + UtcStamp() + "-cycle-" + std::to_string(cycle) + ".txt");
   try {
@@ -564,10 +585,7 @@ void Watchdog::GatherAndDeclare(int64_t cycle, int stalled_rank) {
   const std::vector<std::optional<std::string>> values = store->Peek(keys);
   std::vector<NodeStacks> nodes;
   for (int rank = 0; rank < node_.node_count; ++rank) nodes.push_back(ParseAnswer(rank, values[size_t(rank)]));
-  std::optional<double> stalled_quiet = nodes[size_t(stalled_rank)].quiet_s;
-  HangFindings findings = Judge(nodes, stalled_rank, stalled_quiet ? FormatSeconds(*stalled_quiet) + " on node " +
-                                                                         std::to_string(stalled_rank)
-                                                                   : "node " + std::to_string(stalled_rank) + "'s startup");
+  HangFindings findings = Judge(nodes, stalled_rank, "launcher.watchdog");
   std::string cause = findings.cause;
   if (last_hang_ && last_hang_->second == findings.place && !findings.place.empty()) {
     cause = "the same hang as in cycle " + std::to_string(last_hang_->first) + ": " + cause;

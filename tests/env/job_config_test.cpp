@@ -159,6 +159,17 @@ std::vector<BadConfig> BadConfigs() {
       {keep(std::string(R"({"launcher": {"restart": {"max_cycles_without_progress": 0}}, )") + kOk + "}"),
        "launcher.restart.max_cycles_without_progress: expected an integer in [1, 10000], got 0"},
       {keep(std::string(R"({"launcher": {"restart": {"max_restart": 1}}, )") + kOk + "}"), "launcher.restart.max_restart: unknown key"},
+      {keep(std::string(R"({"launcher": {"watchdog": {"stall_timeout_s": "never"}}, )") + kOk + "}"),
+       "launcher.watchdog.stall_timeout_s: expected \"auto\" or a number of seconds (0: off)"},
+      {keep(std::string(R"({"launcher": {"watchdog": {"stall_timeout_s": -5}}, )") + kOk + "}"),
+       "launcher.watchdog.stall_timeout_s: expected a number of seconds in [0, 1e7] (0: off), got -5"},
+      {keep(std::string(R"({"launcher": {"watchdog": {"startup_timeout_s": "1h"}}, )") + kOk + "}"),
+       "launcher.watchdog.startup_timeout_s: expected a number of seconds in [0, 1e7] (0: off), got \"1h\""},
+      {keep(std::string(R"({"launcher": {"watchdog": {"auto_min_s": 0}}, )") + kOk + "}"),
+       "launcher.watchdog.auto_min_s: expected a number of seconds > 0, got 0"},
+      {keep(std::string(R"({"launcher": {"watchdog": {"report_dir": ""}}, )") + kOk + "}"), "launcher.watchdog.report_dir"},
+      {keep(std::string(R"({"launcher": {"watchdog": {"stall_timeout": 5}}, )") + kOk + "}"),
+       "launcher.watchdog.stall_timeout: unknown key"},
   };
 }
 
@@ -212,6 +223,26 @@ TEST(JobConfig, DefaultsMatchThePlatform) {
   EXPECT_EQ(config.launcher.restart.max_restarts, 0);
   EXPECT_DOUBLE_EQ(config.launcher.restart.rejoin_timeout_s, 600);
   EXPECT_EQ(config.launcher.restart.max_cycles_without_progress, 3);
+  EXPECT_FALSE(config.launcher.watchdog.stall_timeout_s);  // auto
+  EXPECT_DOUBLE_EQ(config.launcher.watchdog.auto_min_s, 900);
+  EXPECT_DOUBLE_EQ(config.launcher.watchdog.startup_timeout_s, 3600);
+  EXPECT_TRUE(config.launcher.watchdog.enabled());
+}
+
+TEST(JobConfig, ReadsTheWatchdogSettings) {
+  JobConfig config = ParseJobConfig(std::string(R"({"launcher": {"watchdog": {"stall_timeout_s": 120, "auto_min_s": 60,
+                                                   "startup_timeout_s": 0, "stack_timeout_s": 5, "report_dir": "/logs"}}, )") +
+                                        kOk + "}",
+                                    true);
+  EXPECT_EQ(config.launcher.watchdog.stall_timeout_s, 120);
+  EXPECT_DOUBLE_EQ(config.launcher.watchdog.startup_timeout_s, 0);
+  EXPECT_DOUBLE_EQ(config.launcher.watchdog.stack_timeout_s, 5);
+  EXPECT_EQ(config.launcher.watchdog.report_dir, "/logs");
+  config = ParseJobConfig(std::string(R"({"launcher": {"watchdog": {"stall_timeout_s": 0, "startup_timeout_s": 0}}, )") + kOk + "}",
+                          true);
+  EXPECT_FALSE(config.launcher.watchdog.enabled());
+  config = ParseJobConfig(std::string(R"({"launcher": {"watchdog": {"stall_timeout_s": "auto"}}, )") + kOk + "}", true);
+  EXPECT_FALSE(config.launcher.watchdog.stall_timeout_s);
 }
 
 TEST(JobConfig, ReadsTheRestartSettings) {

@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# A hang on two nodes, as bt-launch processes on this host: torchrun with two gloo workers
+# per node (examples/train), and in the first cycle rank 3 (node 1's second worker) stops
+# before step 25's all_reduce for good while ranks 0-2 wait in it. Asserts that the hang is
+# found within stall_timeout_s + 15 s, that node 0's report holds all four ranks' Python
+# stacks and names rank 3, and that with max_restarts 1 the next cycle resumes from the
+# last committed checkpoint and finishes.
+#   tests/integration/hang_test.sh BT_LAUNCH SOURCE_DIR
+set -euo pipefail
+BIN=$(realpath "$1")
+SOURCE_DIR=$(realpath "$2")
+[ -x /usr/bin/torchrun ] || { echo "SKIPPED: Debian's python3-torch (torchrun) is not installed"; exit 77; }
+export PATH=/usr/bin:$PATH
+cd "$SOURCE_DIR"
+work=$(mktemp -d /tmp/bt-hang-test.XXXXXX)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAIL: $*"
+  for rank in 0 1; do echo "--- node $rank"; tail -n 30 "$work/node-$rank.log"; done
+  exit 1
+}
+# Below the ephemeral range (32768-60999), where no connection's source port can take it.
+free_port() {
+  python3 -c '
+import random, socket
+for _ in range(200):
+    port = random.randrange(20000, 32000)
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+    print(port)
+    break'
+}
+export BT_RENDEZVOUS_PORT=$(free_port) MASTER_PORT=$(free_port)
+export BT_RENDEZVOUS_TOKEN=hang-test-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')
+stall_timeout_s=10
+
+python3 examples/train/prepare.py base-model "$work/sources/base-model" >/dev/null
+cat >"$work/job.json" <<EOF
+{
+  "name": "hang-test",
+  "compute": {"node_count": 2},
+  "enable_baseten_workdir": false,
+  "weights": [{"source": "file://$work/sources/base-model", "mount_location": "$work/models/base"}],
+  "runtime": {
+    "start_commands": ["sh examples/train/run.sh"],
+    "environment_variables": {
+      "NPROC_PER_NODE": "2", "BASE_MODEL": "$work/models/base", "TRAIN_STEPS": "40", "SAVE_STEPS": "10",
+      "SAVE_TOTAL_LIMIT": "2", "OMP_NUM_THREADS": "1", "DEMO_HANG_ONCE": "1:25"
+    },
+    "cache_config": {"enabled": true},
+    "checkpointing_config": {"enabled": true}
+  },
+  "launcher": {
+    "job_id": "hang-test",
+    "grace_period_s": 10,
+    "peer_failure_grace_s": 5,
+    "restart": {"max_restarts": 1},
+    "watchdog": {"stall_timeout_s": $stall_timeout_s, "startup_timeout_s": 120},
+    "cache": {"seed_commands": ["python3 examples/train/prepare.py dataset \"\$BT_PROJECT_CACHE_DIR/demo-dataset\""]},
+    "checkpoint": {"destination": "file://$work/store", "drain_timeout_s": 60},
+    "weights": {"timeout_s": 120},
+    "rendezvous": {"join_timeout_s": 60}
+  }
+}
+EOF
+
+for rank in 0 1; do
+  timeout -k 10 240 "$BIN" run --config "$work/job.json" --root "$work/nodes" --node-rank "$rank" --node-count 2 \
+    --leader-addr 127.0.0.1 >"$work/node-$rank.log" 2>&1 &
+  pids+=($!)
+done
+
+# wait_for FILE TEXT SECONDS: the time (epoch seconds) TEXT appeared in FILE.
+wait_for() {
+  local deadline=$((SECONDS + $3))
+  until grep -qF -- "$2" "$1"; do
+    [ "$SECONDS" -lt "$deadline" ] || fail "no '$2' in $1 within $3 s"
+    sleep 0.2
+  done
+  date +%s.%N
+}
+hung_at=$(wait_for "$work/node-1.log" "hangs at step 25 (DEMO_HANG_ONCE)" 150)
+found_at=$(wait_for "$work/node-0.log" "collecting every node's stacks" $((stall_timeout_s + 30)))
+echo "== the hang was found $(awk -v a="$hung_at" -v b="$found_at" 'BEGIN { printf "%.1f", b - a }') s after rank 3 stopped (limit ${stall_timeout_s} s + 15 s)"
+awk -v a="$hung_at" -v b="$found_at" -v limit=$((stall_timeout_s + 15)) 'BEGIN { exit !(b - a <= limit) }' ||
+  fail "the hang was found later than stall_timeout_s + 15 s"
+
+for i in 0 1; do
+  code=0
+  wait "${pids[$i]}" || code=$?
+  [ "$code" -eq 0 ] || fail "node $i exited $code after the restart, expected 0"
+done
+pids=()
+
+echo "== node 0 named rank 3, in sleep_forever, as the odd one"
+grep -q "watchdog: differs: 1 in sleep_forever (train.py:[0-9]*) < main (train.py:[0-9]*): rank 3 (node 1, host [^,]*, local rank 1, pid [0-9]*)" \
+  "$work/node-0.log" || fail "node 0's summary does not name rank 3 in sleep_forever"
+grep -q "watchdog: 3 of 4 processes in all_reduce (distributed_c10d.py:[0-9]*)" "$work/node-0.log" ||
+  fail "node 0's summary does not put the 3 other ranks in all_reduce"
+
+echo "== the report holds every rank's Python stack"
+report=$(ls "$work"/nodes/node-0/mnt/bt-scratch/bt-launch/hang-*-cycle-0.txt)
+for rank in 0 1 2 3; do
+  grep -q "^-- rank $rank (node [01], host [^,]*, local rank [01], pid [0-9]*)" "$report" || fail "rank $rank is not in $report"
+done
+[ "$(grep -c 'line [0-9]* in all_reduce' "$report")" -ge 3 ] || fail "fewer than 3 ranks in all_reduce in $report"
+grep -q "line [0-9]* in sleep_forever" "$report" || fail "no sleep_forever frame in $report"
+grep -q "NCCL flight recorder" "$report" || fail "the report says nothing of the NCCL flight recorder"
+
+echo "== the hang restarted every node from checkpoint-20, and cycle 1 finished"
+for rank in 0 1; do
+  grep -q "restarts: cycle 1 (node 1 ([^)]*) hung: no progress for" "$work/node-$rank.log" ||
+    fail "node $rank's timeline does not name node 1's hang as cycle 1's cause"
+done
+grep -q "running cycle 1 (BT_RESTART_COUNT=1), resuming from checkpoint checkpoint-20" "$work/node-0.log" ||
+  fail "cycle 1 did not resume from checkpoint-20"
+grep -q "train: 4 workers on 2 nodes, steps 21..40" "$work/node-0.log" || fail "cycle 1 did not train on from step 21"
+[ "$(cat "$work/store/hang-test/latest")" = checkpoint-40 ] || fail "latest is not checkpoint-40"
+echo "PASS"
