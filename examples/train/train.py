@@ -11,7 +11,8 @@ Inputs, all from what bt-launch prepared before the first command:
                              GPU would end it (restart.json shows the restart in place)
   DEMO_HANG_ONCE             "<node>:<step>": in the first cycle, that node's second worker
                              stops before the step's all_reduce and never returns, while
-                             the other ranks wait in it (bt-launch's watchdog finds it)
+                             the other ranks wait in it (bt-launch's watchdog finds it);
+                             "<node>:<step>:every" does it in every cycle
 Output: checkpoints in the Hugging Face Trainer layout under BT_CHECKPOINT_DIR, written by
 each node's first worker (Trainer's save_on_each_node: the directory is node-local):
 checkpoint-<step>/ with pytorch_model.bin, optimizer.pt, rng_state_<rank>.pth and
@@ -71,10 +72,12 @@ def save_checkpoint(model, optimizer, step, history, limit):
 def once_here(variable, local_rank, step):
     """Whether `variable` ("<node>:<step>") names this worker and this step in the job's first cycle."""
     spec = os.environ.get(variable)
-    if not spec or os.environ.get("BT_RESTART_COUNT", "0") != "0" or os.environ["LOCAL_RANK"] != local_rank:
+    if not spec or os.environ["LOCAL_RANK"] != local_rank:
         return False
-    node, at_step = (int(part) for part in spec.split(":"))
-    return node == int(os.environ["BT_NODE_RANK"]) and step == at_step
+    node, at_step, *every = spec.split(":")
+    if every != ["every"] and os.environ.get("BT_RESTART_COUNT", "0") != "0":
+        return False
+    return int(node) == int(os.environ["BT_NODE_RANK"]) and step == int(at_step)
 
 
 def sleep_forever():
