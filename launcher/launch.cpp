@@ -139,6 +139,11 @@ rendezvous::RestartPolicy RestartPolicyOf(const PreparedJob& job, const std::opt
 std::unique_ptr<watchdog::Watchdog> ArmWatchdog(PreparedJob& job, Peers* peers, watchdog::Progress& progress) {
   const env::WatchdogSettings& settings = job.config.launcher.watchdog;
   if (!settings.enabled()) return nullptr;
+  if (peers != nullptr && !peers->SharesHangs()) {
+    spdlog::info("watchdog: off under the {} backend with {} nodes: without node 0's store the nodes cannot tell a hang "
+                 "from a node that prints nothing by design", "mpi", job.identity.count);
+    return nullptr;
+  }
   watchdog::WatchdogPaths paths = watchdog::PathsFor(settings, job.environment, job.identity.rank);
   auto checkpoint_dir = job.environment.variables.find("BT_CHECKPOINT_DIR");
   if (job.config.runtime.checkpointing_config.enabled && checkpoint_dir != job.environment.variables.end()) {

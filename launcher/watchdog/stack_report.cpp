@@ -103,7 +103,7 @@ std::vector<std::string> SummarizeStacks(const std::vector<ProcessStack>& stacks
     const std::string where = group.frames.empty() ? "no Python frame" : group.frames;
     if (index == 0 && groups.size() > 1 && group.members.size() > groups[1].members.size()) {
       lines.push_back(std::to_string(group.members.size()) + " of " + std::to_string(stacks.size()) +
-                      " processes in " + where);
+                      " ranks in " + where);
     } else {
       lines.push_back((groups.size() > 1 ? "differs: " : "") + std::to_string(group.members.size()) + " in " + where +
                       ": " + Members(group));

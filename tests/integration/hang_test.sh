@@ -118,7 +118,7 @@ wait_all 0
 echo "== node 0 named rank 3, in sleep_forever, as the odd one"
 grep -q "watchdog: differs: 1 in sleep_forever (train.py:[0-9]*) < main (train.py:[0-9]*): rank 3 (node 1, host [^,]*, local rank 1, pid [0-9]*)" \
   "$work/once-0.log" || fail "node 0's summary does not name rank 3 in sleep_forever"
-grep -q "watchdog: 3 of 4 processes in all_reduce (distributed_c10d.py:[0-9]*)" "$work/once-0.log" ||
+grep -q "watchdog: 3 of 4 ranks in all_reduce (distributed_c10d.py:[0-9]*)" "$work/once-0.log" ||
   fail "node 0's summary does not put the 3 other ranks in all_reduce"
 
 echo "== the report holds every rank's Python stack"

@@ -160,7 +160,7 @@ TEST_F(PythonStacksTest, TheRankNotInTheCollectiveIsNamed) {
   EXPECT_EQ(groups[1].frames.rfind("load_batch (rank.py:", 0), 0u) << groups[1].frames;
   const auto summary = SummarizeStacks(stacks);
   ASSERT_EQ(summary.size(), 2u);
-  EXPECT_NE(summary[0].find("3 of 4 processes in all_reduce"), std::string::npos) << summary[0];
+  EXPECT_NE(summary[0].find("3 of 4 ranks in all_reduce"), std::string::npos) << summary[0];
   EXPECT_NE(summary[1].find("differs: 1 in load_batch"), std::string::npos) << summary[1];
   EXPECT_NE(summary[1].find("rank 2 (node 1, local rank 0, pid " + std::to_string(straggler) + ")"), std::string::npos)
       << summary[1];
