@@ -11,6 +11,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -75,6 +76,21 @@ elif role == "forker":
     if os.fork() == 0:
         worker_loop()
     all_reduce()
+elif role == "waiter":
+    # A child holds a lock its parent waits on (a data preparation step under flock).
+    import fcntl, subprocess
+    lock_path = sys.argv[2]
+    holder = subprocess.Popen([sys.executable, "-c",
+        "import fcntl, sys, time\n"
+        "lock = open(sys.argv[1], 'w'); fcntl.flock(lock, fcntl.LOCK_EX)\n"
+        "def hold_the_lock():\n    time.sleep(3600)\n"
+        "hold_the_lock()\n", lock_path])
+    time.sleep(0.5)
+    def wait_for_the_lock():
+        print("ready", flush=True)
+        lock = open(lock_path, "w")
+        fcntl.flock(lock, fcntl.LOCK_EX)  # blocks in the kernel, as long as the child lives
+    wait_for_the_lock()
 )PY";
 
 class PythonStacksTest : public ::testing::Test {
@@ -173,6 +189,21 @@ TEST_F(PythonStacksTest, ARankSpinningInCWithTheGilHeldStillAnswers) {
   ASSERT_EQ(stacks.size(), 1u);
   EXPECT_TRUE(stacks[0].answered);
   EXPECT_EQ(InnermostFrames(stacks[0].dump, 1).rfind("crunch (rank.py:", 0), 0u) << stacks[0].dump;
+}
+
+// A rank blocked in flock() on a lock its child process holds, and the child: both answer,
+// each with its own frames (the hook arms every interpreter the job starts).
+TEST_F(PythonStacksTest, ARankWaitingOnAChildThatHoldsALockAndTheChildBothAnswer) {
+  Start({kPython, script_, "waiter", dir_.path() + "/lock"}, 0);
+  std::this_thread::sleep_for(300ms);
+  const auto stacks = CollectPythonStacks(dir_.path() + "/dumps", 10s, 64 * 1024);
+  ASSERT_EQ(stacks.size(), 2u);
+  std::set<std::string> innermost;
+  for (const auto& stack : stacks) {
+    EXPECT_TRUE(stack.answered) << stack.pid;
+    innermost.insert(InnermostFrames(stack.dump, 1).substr(0, InnermostFrames(stack.dump, 1).find(' ')));
+  }
+  EXPECT_EQ(innermost, (std::set<std::string>{"hold_the_lock", "wait_for_the_lock"}));
 }
 
 // A forked child (a DataLoader worker) arms for itself: its dump is its own, not written

@@ -122,6 +122,21 @@ TEST_F(WatchdogTest, TheUsersSitecustomizeStillRunsAndTheHookArms) {
   EXPECT_TRUE(armed) << "no .armed marker in " << stacks;
 }
 
+// PyTorch's NCCL flight recorder is armed for the report unless the job set it itself.
+TEST_F(WatchdogTest, TheNcclFlightRecorderIsArmedUnlessTheJobSetsIt) {
+  ProcessResult result = RunPython(R"PY(
+import os
+for name in ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
+    print(name + "=" + os.environ.get(name, "<unset>"))
+)PY",
+                                   {{"stall_timeout_s", 60}}, {{"TORCH_NCCL_TRACE_BUFFER_SIZE", "50"}});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("TORCH_NCCL_TRACE_BUFFER_SIZE=50\n"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("TORCH_NCCL_DUMP_ON_TIMEOUT=1\n"), std::string::npos) << result.out;
+  EXPECT_TRUE(std::regex_search(result.out, std::regex("TORCH_NCCL_DEBUG_INFO_TEMP_FILE=/.*/bt-launch/node-0/nccl-trace/rank_\n")))
+      << result.out;
+}
+
 TEST_F(WatchdogTest, OffExportsNothingAndTakesNothingOver) {
   ProcessResult result = RunPython(R"PY(
 import os
