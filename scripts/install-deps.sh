@@ -9,7 +9,7 @@ packages=(
   libssl-dev libxxhash-dev libibverbs-dev
   openmpi-bin libopenmpi-dev
   clang libclang-rt-14-dev
-  tini hyperfine iproute2 procps faketime python3 python3-yaml
+  tini hyperfine iproute2 procps faketime python3 python3-yaml gdb
   python3-torch
   rclone
   slurmctld slurmd slurm-client munge

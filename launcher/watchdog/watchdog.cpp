@@ -18,6 +18,7 @@
 
 #include "launcher/exit_codes.h"
 #include "launcher/timeline.h"
+#include "launcher/watchdog/native_stacks.h"
 #include "launcher/watchdog/python_stacks.h"
 #include "launcher/watchdog/stack_report.h"
 #include "storage/durable_file.h"
@@ -107,7 +108,12 @@ std::string CommandLine(pid_t pid) {
 // where no signal handler runs), each with its state and the kernel function it waits in.
 // The launcher's own helpers (the job guard, the uploader: this same executable) and what
 // they run are not the job's.
-std::vector<std::string> OtherJobProcesses(const std::set<pid_t>& with_python_stack) {
+struct OtherProcess {
+  pid_t pid = 0;
+  std::string line;  // pid, state, wait channel, command line
+};
+
+std::vector<OtherProcess> OtherJobProcesses(const std::set<pid_t>& with_python_stack) {
   const std::vector<ProcessEntry> processes = AllProcesses();
   std::error_code error;
   const fs::path self_exe = fs::read_symlink("/proc/self/exe", error);
@@ -128,16 +134,16 @@ std::vector<std::string> OtherJobProcesses(const std::set<pid_t>& with_python_st
       }
     }
   }
-  std::vector<std::string> lines;
+  std::vector<OtherProcess> others;
   for (const ProcessEntry& process : processes) {
     if (process.pid == getpid() || !job.contains(process.pid) || with_python_stack.contains(process.pid)) continue;
     std::string wchan = ReadSmallFile("/proc/" + std::to_string(process.pid) + "/wchan", 128);
     if (wchan.empty() || wchan == "0") wchan = "-";
-    lines.push_back(fmt::format("pid {} state {} waiting in {}: {}", process.pid, process.state, wchan,
-                                CommandLine(process.pid)));
-    if (lines.size() >= kMaxProcesses) break;
+    others.push_back({process.pid, fmt::format("pid {} state {} waiting in {}: {}", process.pid, process.state, wchan,
+                                               CommandLine(process.pid))});
+    if (others.size() >= kMaxProcesses) break;
   }
-  return lines;
+  return others;
 }
 
 // PyTorch's NCCL flight recorder writes a dump per rank when its own watchdog times out
@@ -173,6 +179,8 @@ struct NodeStacks {
   bool answered = false;
   std::vector<ProcessStack> stacks;
   std::vector<std::string> others;
+  std::map<pid_t, std::string> native;  // gdb's frames by pid
+  std::string native_note;
   std::string nccl;
 };
 
@@ -200,6 +208,10 @@ NodeStacks ParseAnswer(int rank, const std::optional<std::string>& value) {
   for (const json& other : Member(answer, "others")) {
     if (other.is_string()) node.others.push_back(other.get<std::string>());
   }
+  for (const auto& [pid, frames] : Member(answer, "native", true).items()) {
+    if (frames.is_string()) node.native[std::atoi(pid.c_str())] = frames.get<std::string>();
+  }
+  node.native_note = answer.value("native_note", std::string());
   for (const json& process : Member(answer, "processes")) {
     if (!process.is_object()) continue;
     ProcessStack stack;
@@ -284,8 +296,9 @@ HangFindings Judge(const std::vector<NodeStacks>& nodes, int stalled_rank, const
     findings.place = smallest.frames + " | " + groups.front().frames;
   } else if (!groups.empty()) {
     findings.place = groups.front().frames;
-    odd = "no odd one: all " + std::to_string(groups.front().members.size()) + " in " +
-          (groups.front().frames.empty() ? "no Python frame" : groups.front().frames);
+    const std::string where = groups.front().frames.empty() ? "no Python frame" : groups.front().frames;
+    odd = groups.front().members.size() == 1 ? "its one rank in " + where
+                                             : "no odd one: all " + std::to_string(groups.front().members.size()) + " in " + where;
   }
   // How long the whole job has been silent: since the last progress of any node.
   std::optional<double> job_quiet_s;
@@ -324,9 +337,15 @@ std::string RenderReport(int64_t cycle, const std::string& headline, const HangF
       text += "\n-- " + (IsRank(stack, job_has_ranks) ? DescribeProcess(stack) : "pid " + std::to_string(stack.pid)) + ": " +
               stack.command + "\n";
       text += stack.answered ? stack.dump : "(armed, but wrote no stack in time: stopped, or in the kernel with signals held)\n";
+      if (auto native = node.native.find(stack.pid); native != node.native.end()) text += "native:\n" + native->second;
     }
     if (!node.others.empty()) text += "\n-- processes without a Python stack:\n";
-    for (const std::string& other : node.others) text += "  " + other + "\n";
+    for (const std::string& other : node.others) {
+      text += "  " + other + "\n";
+      const pid_t pid = std::atoi(other.c_str() + 4);  // "pid N ..."
+      if (auto native = node.native.find(pid); native != node.native.end()) text += native->second;
+    }
+    if (!node.native_note.empty()) text += "\n-- " + node.native_note + "\n";
     if (!node.nccl.empty()) text += "\n-- " + node.nccl + "\n";
   }
   return text;
@@ -544,15 +563,28 @@ std::string Watchdog::NodeAnswer(double quiet_s) {
   std::vector<ProcessStack> stacks = CollectPythonStacks(paths_.stack_dir, timeout, kMaxDumpBytes);
   if (stacks.size() > kMaxProcesses) stacks.resize(kMaxProcesses);
   std::set<pid_t> with_stack;
+  std::vector<pid_t> pids;
   json processes = json::array();
   for (const ProcessStack& stack : stacks) {
     with_stack.insert(stack.pid);
+    pids.push_back(stack.pid);
     processes.push_back({{"pid", stack.pid}, {"labels", stack.labels}, {"command", stack.command},
                          {"dump", stack.dump}, {"answered", stack.answered}});
   }
+  json others = json::array();
+  for (const OtherProcess& other : OtherJobProcesses(with_stack)) {
+    others.push_back(other.line);
+    pids.push_back(other.pid);
+  }
+  // After the Python stacks: gdb stops each process while it reads it.
+  const NativeStacks native = CollectNativeStacks(pids, timeout, kMaxDumpBytes);
+  json native_frames = json::object();
+  for (const auto& [pid, frames] : native.by_pid) native_frames[std::to_string(pid)] = frames;
   json answer{{"host", node_.host},
               {"processes", std::move(processes)},
-              {"others", OtherJobProcesses(with_stack)},
+              {"others", std::move(others)},
+              {"native", std::move(native_frames)},
+              {"native_note", native.note},
               {"nccl", FlightRecorderNote(paths_.nccl_trace_dir)}};
   if (progress_.seen()) answer["quiet_s"] = quiet_s;
   // Stacks hold paths, which are bytes: what is not UTF-8 is replaced, never thrown on.

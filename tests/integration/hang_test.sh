@@ -129,6 +129,7 @@ done
 [ "$(grep -c 'line [0-9]* in all_reduce' "$report")" -ge 3 ] || fail "fewer than 3 ranks in all_reduce in $report"
 grep -q "line [0-9]* in sleep_forever" "$report" || fail "no sleep_forever frame in $report"
 grep -q "NCCL flight recorder" "$report" || fail "the report says nothing of the NCCL flight recorder"
+grep -q "native frames: " "$report" || fail "the report says nothing of native frames"
 
 echo "== the hang restarted every node from checkpoint-20, and cycle 1 finished"
 for rank in 0 1; do

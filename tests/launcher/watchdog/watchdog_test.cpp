@@ -69,6 +69,13 @@ wait_for_the_other_ranks()
   const std::string report = ReadFile(reports.front());
   EXPECT_NE(report.find("line 5 in wait_for_the_other_ranks"), std::string::npos) << report;
   EXPECT_NE(report.find("NCCL flight recorder"), std::string::npos) << report;
+  // Native frames where gdb is installed (scripts/install-deps.sh installs it), else SKIPPED.
+  if (access("/usr/bin/gdb", X_OK) == 0) {
+    EXPECT_NE(report.find("native frames: gdb (/usr/bin/gdb) for 2 of 2 processes"), std::string::npos) << report;
+    EXPECT_NE(report.find("clock_nanosleep"), std::string::npos) << report;
+  } else {
+    EXPECT_NE(report.find("native frames: SKIPPED (gdb is not installed"), std::string::npos) << report;
+  }
 }
 
 TEST_F(WatchdogTest, NothingBeforeTheFirstProgressIsHungAtTheStartupTimeout) {
