@@ -526,6 +526,43 @@ TEST(Server, FailedReportAbortsEveryoneNamingTheNode) {
   EXPECT_NE(abort->message.find("node 1 (host1, 127.0.0.1) failed: exit code 3"), std::string::npos) << abort->message;
 }
 
+// Hangs: the job is hung only when every node is stalled at once; a node that progresses
+// again takes its stall back; the stacks are asked for once per cycle.
+TEST(Server, StacksAreAskedForOnceEveryNodeIsStalledAtOnce) {
+  StoreServer server(Options(3));
+  auto nodes = JoinAll(server, 3);
+  nodes[1]->ReportStall(0, "60 s");
+  nodes[2]->ReportStall(0, "60 s");
+  EXPECT_FALSE(NextEvent(*nodes[0], PeerEvent::Kind::kCollectStacks, 300ms)) << "node 0 still progresses";
+  nodes[2]->ReportStall(0, "", false);  // node 2 progresses again
+  nodes[0]->ReportStall(0, "60 s");
+  EXPECT_FALSE(NextEvent(*nodes[0], PeerEvent::Kind::kCollectStacks, 300ms)) << "node 2 took its stall back";
+  nodes[2]->ReportStall(0, "61 s");
+  for (auto& node : nodes) {
+    auto request = NextEvent(*node, PeerEvent::Kind::kCollectStacks);
+    ASSERT_TRUE(request);
+    EXPECT_EQ(request->cycle, 0);
+    EXPECT_EQ(request->rank, 2) << "the last node to stall";
+  }
+  nodes[1]->ReportStall(0, "", false);
+  nodes[1]->ReportStall(0, "62 s");
+  EXPECT_FALSE(NextEvent(*nodes[0], PeerEvent::Kind::kCollectStacks, 300ms)) << "asked twice in one cycle";
+}
+
+// Node 0 declares the hang (from another node the frame is refused, as any misbehaving
+// request); it fails the cycle as the blamed node's failure.
+TEST(Server, AHangDeclaredByNodeZeroAbortsNamingTheBlamedNodeWithItsCode) {
+  StoreServer server(Options(2));
+  auto nodes = JoinAll(server, 2);
+  nodes[0]->DeclareHang(0, 1, "no progress on any node for 60 s", 124);
+  auto abort = NextEvent(*nodes[1], PeerEvent::Kind::kAbort);
+  ASSERT_TRUE(abort);
+  EXPECT_EQ(abort->rank, 1);
+  EXPECT_EQ(abort->exit_code, 124);
+  EXPECT_NE(abort->message.find("node 1 (host1, 127.0.0.1) hung: no progress on any node for 60 s"), std::string::npos)
+      << abort->message;
+}
+
 // A failure that quotes a table (the fabric's differences at scale) goes to every node in
 // the abort: it is cut, so that it does not cost N times its size.
 TEST(Server, AHugeFailureCauseIsCutInTheAbortEveryNodeGets) {
