@@ -39,7 +39,8 @@ std::string FramesOf(const std::string& output, size_t max_bytes) {
 
 }  // namespace
 
-NativeStacks CollectNativeStacks(const std::vector<pid_t>& pids, std::chrono::milliseconds timeout, size_t max_bytes) {
+NativeStacks CollectNativeStacks(const std::vector<pid_t>& pids, std::chrono::milliseconds timeout, size_t max_bytes,
+                                 const std::function<bool()>& stop) {
   NativeStacks stacks;
   const std::string gdb = FindOnPath("gdb");
   if (gdb.empty()) {
@@ -60,6 +61,7 @@ NativeStacks CollectNativeStacks(const std::vector<pid_t>& pids, std::chrono::mi
       };
       const auto stop_at_deadline = [&] {
         if (Clock::now() >= deadline) throw std::runtime_error("gdb did not finish in time");
+        if (stop && stop()) throw std::runtime_error("stopped: the cycle ended");
       };
       std::string frames;
       std::string failure;

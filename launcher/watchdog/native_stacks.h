@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -20,7 +21,9 @@ struct NativeStacks {
 
 // Attaches gdb to each of `pids` at once (at most kMaxNativeProcesses), each for at most
 // `timeout`, and keeps at most `max_bytes` of frames a process.
-NativeStacks CollectNativeStacks(const std::vector<pid_t>& pids, std::chrono::milliseconds timeout, size_t max_bytes);
+// `stop` ends them early (each gdb is killed; it detaches from its process as it dies).
+NativeStacks CollectNativeStacks(const std::vector<pid_t>& pids, std::chrono::milliseconds timeout, size_t max_bytes,
+                                 const std::function<bool()>& stop = {});
 
 inline constexpr size_t kMaxNativeProcesses = 16;
 

@@ -173,7 +173,7 @@ std::map<std::string, std::string> InstallPythonStackHook(const fs::path& hook_d
 }
 
 std::vector<ProcessStack> CollectPythonStacks(const fs::path& dumps_dir, std::chrono::milliseconds timeout,
-                                              size_t max_bytes) {
+                                              size_t max_bytes, const std::function<bool()>& stop) {
   std::vector<ArmedProcess> armed;
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(dumps_dir, error)) {
@@ -187,7 +187,7 @@ std::vector<ProcessStack> CollectPythonStacks(const fs::path& dumps_dir, std::ch
   }
   const auto deadline = start + timeout;
   size_t settled = 0;
-  while (settled < armed.size() && Clock::now() < deadline) {
+  while (settled < armed.size() && Clock::now() < deadline && !(stop && stop())) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     const auto now = Clock::now();
     for (auto& process : armed) {

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstddef>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -40,7 +41,8 @@ struct ProcessStack {
 
 // Signals every live process that armed the hook and gathers what each wrote, at most
 // `max_bytes` per process, waiting at most `timeout` for all of them together.
+// `stop` ends the wait early (the cycle ended meanwhile): what was written by then is kept.
 std::vector<ProcessStack> CollectPythonStacks(const std::filesystem::path& dumps_dir, std::chrono::milliseconds timeout,
-                                              size_t max_bytes);
+                                              size_t max_bytes, const std::function<bool()>& stop = {});
 
 }  // namespace bt::launcher::watchdog

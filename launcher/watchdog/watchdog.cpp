@@ -560,7 +560,8 @@ void Watchdog::OnStall(int64_t cycle, double quiet_s, double limit_s) {
 
 std::string Watchdog::NodeAnswer(double quiet_s) {
   const auto timeout = std::chrono::milliseconds(int64_t(settings_.stack_timeout_s * 1000));
-  std::vector<ProcessStack> stacks = CollectPythonStacks(paths_.stack_dir, timeout, kMaxDumpBytes);
+  const auto stopping = [this] { return Stopping(); };
+  std::vector<ProcessStack> stacks = CollectPythonStacks(paths_.stack_dir, timeout, kMaxDumpBytes, stopping);
   if (stacks.size() > kMaxProcesses) stacks.resize(kMaxProcesses);
   std::set<pid_t> with_stack;
   std::vector<pid_t> pids;
@@ -577,7 +578,7 @@ std::string Watchdog::NodeAnswer(double quiet_s) {
     pids.push_back(other.pid);
   }
   // After the Python stacks: gdb stops each process while it reads it.
-  const NativeStacks native = CollectNativeStacks(pids, timeout, kMaxDumpBytes);
+  const NativeStacks native = CollectNativeStacks(pids, timeout, kMaxDumpBytes, stopping);
   json native_frames = json::object();
   for (const auto& [pid, frames] : native.by_pid) native_frames[std::to_string(pid)] = frames;
   json answer{{"host", node_.host},
