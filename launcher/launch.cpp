@@ -163,12 +163,13 @@ std::unique_ptr<watchdog::Watchdog> ArmWatchdog(PreparedJob& job, Peers* peers, 
 // Each cycle's commands under a fresh supervisor (a stopped one stays stopped), watched
 // for hangs, and the load of the checkpoint the next cycle resumes from.
 CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, const std::optional<storage::DestinationSpec>& destination,
-                        Peers* peers, watchdog::Watchdog* watch, SignalRouter& signals) {
+                        Peers* peers, watchdog::Watchdog* watch, watchdog::Progress* progress, SignalRouter& signals) {
   CycleHooks hooks;
-  hooks.run = [&cli, &job, peers, watch, &signals](int64_t cycle, const std::string& resume) {
+  hooks.run = [&cli, &job, peers, watch, progress, &signals](int64_t cycle, const std::string& resume) {
     auto grace = std::chrono::milliseconds(int64_t(job.config.launcher.grace_period_s * 1000));
     auto peer_grace = std::chrono::milliseconds(int64_t(job.config.launcher.peer_failure_grace_s * 1000));
-    Supervisor supervisor(signals, grace, peer_grace);
+    // With the watchdog on, the job's output goes through the launcher: it is progress.
+    Supervisor supervisor(signals, grace, peer_grace, watch ? progress : nullptr);
     StopUnion stops(peers, watch);
     if (watch) watch->BeginCycle(cycle);
     JobOutcome outcome = supervisor.Run(CommandsToRun(cli, job.config), CycleEnviron(job.environment, job.config, cycle, resume),
@@ -230,7 +231,7 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   timeline.Begin("run");
   std::vector<CycleRecord> cycles;
   JobOutcome outcome = RunCycles(job.config, peers.get(), signals,
-                                 CycleHooksOf(cli, job, destination, peers.get(), watch.get(), signals), resume,
+                                 CycleHooksOf(cli, job, destination, peers.get(), watch.get(), &progress, signals), resume,
                                  std::move(rejoin), cycles);
   watch.reset();
   timeline.Annotate(DescribeOutcome(outcome) + (cycles.empty() ? "" : "; restarts: " + RenderCycles(cycles)));

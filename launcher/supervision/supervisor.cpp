@@ -21,6 +21,7 @@
 #include <spdlog/spdlog.h>
 
 #include "launcher/supervision/job_guard.h"
+#include "launcher/supervision/output_relay.h"
 
 namespace bt::launcher {
 namespace {
@@ -174,9 +175,11 @@ void ReclaimTerminal(bool handed) {
 }
 
 // posix_spawn (vfork-fast) with the child's mask and dispositions reset: the launcher's
-// blocked signals must not stay blocked in the job, or it could never be stopped.
+// blocked signals must not stay blocked in the job, or it could never be stopped. With a
+// relay, the streams it takes over are its pipes in the child.
 pid_t Spawn(const Command& command, const std::vector<std::string>& environ, const std::string& guard_entry,
-            const std::string& working_dir, const sigset_t& child_mask, const sigset_t& reset_signals, int& spawn_error) {
+            const std::string& working_dir, const sigset_t& child_mask, const sigset_t& reset_signals,
+            const OutputRelay* relay, int& spawn_error) {
   std::vector<char*> argv;
   for (const auto& arg : command.argv) argv.push_back(const_cast<char*>(arg.c_str()));
   argv.push_back(nullptr);
@@ -194,6 +197,7 @@ pid_t Spawn(const Command& command, const std::vector<std::string>& environ, con
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   if (!working_dir.empty()) posix_spawn_file_actions_addchdir_np(&actions, working_dir.c_str());
+  if (relay != nullptr) relay->AddToSpawn(actions);
 
   pid_t pid = -1;
   const std::string program = command.search_path ? ResolveInJobPath(command.argv[0], environ) : command.argv[0];
@@ -208,18 +212,21 @@ pid_t Spawn(const Command& command, const std::vector<std::string>& environ, con
 Command ShellCommand(const std::string& text) { return Command{{"/bin/sh", "-c", text}, false}; }
 
 Supervisor::Supervisor(SignalRouter& signals, std::chrono::milliseconds grace_period,
-                       std::chrono::milliseconds peer_failure_grace)
+                       std::chrono::milliseconds peer_failure_grace, watchdog::Progress* progress)
     : signals_(signals),
       grace_period_(grace_period),
       peer_failure_grace_(peer_failure_grace),
       active_grace_(grace_period),
-      inherited_children_(CurrentChildren()) {
+      inherited_children_(CurrentChildren()),
+      progress_(progress) {
   // Not PID 1 (docker run without --init, a local test, mpirun): become a subreaper so
   // that orphaned grandchildren are re-parented to us and reaped, not to the host's init.
   if (getpid() != 1 && prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
     spdlog::warn("cannot become a child subreaper ({}); orphans will be reaped by init", std::strerror(errno));
   }
 }
+
+Supervisor::~Supervisor() = default;
 
 JobOutcome Supervisor::Run(const std::vector<Command>& commands, const std::vector<std::string>& environ,
                            const std::string& working_dir, StopRequests* stop, const std::string& label) {
@@ -244,6 +251,12 @@ JobOutcome Supervisor::Run(const std::vector<Command>& commands, const std::vect
     }
   }
   StopEscapedDescendants();
+  // Once nothing of the job runs (what left its group was stopped just above), the relay
+  // forwards the rest: the pipes' end of file, or what is there when its bound passes.
+  if (relay_) {
+    relay_->Finish(kRelayDrainBound);
+    relay_.reset();
+  }
   // A job that handled the signal and exited 0 keeps its 0, unless the signal kept later
   // start commands from running: then the job did not complete.
   bool incomplete = outcome.commands_run < commands.size();
@@ -255,12 +268,16 @@ int Supervisor::RunOne(const Command& command, const std::vector<std::string>& e
                        StopRequests* stop, JobOutcome& outcome) {
   sigset_t reset = signals_.routed_signals();
   sigaddset(&reset, SIGPIPE);
+  // One relay for all the commands of this Run: a process that left a command's group
+  // (setsid) may write on while the next command runs, until the end of the Run stops it.
+  if (progress_ != nullptr && !relay_) relay_ = std::make_unique<OutputRelay>(*progress_);
   // Under mpirun the launcher may be SIGKILLed a second after its SIGTERM: the group must
   // not outlive it. The guard is ours, not the job's: never signalled as an escaped process.
   JobGuard guard;
   inherited_children_.insert(guard.pid());
   int spawn_error = 0;
-  pid_t child = Spawn(command, environ, guard.environment_entry(), working_dir, signals_.original_mask(), reset, spawn_error);
+  pid_t child = Spawn(command, environ, guard.environment_entry(), working_dir, signals_.original_mask(), reset,
+                      relay_.get(), spawn_error);
   if (child < 0) {
     inherited_children_.erase(guard.pid());
     spdlog::error("cannot execute {}: {}", command.argv.front(), std::strerror(spawn_error));
@@ -274,7 +291,7 @@ int Supervisor::RunOne(const Command& command, const std::vector<std::string>& e
     // again would spin a core through the grace period.
     const bool watch_stop = stop != nullptr && !outcome.stop_reason;
     pollfd fds[2] = {{signals_.fd(), POLLIN, 0}, {watch_stop ? stop->fd() : -1, POLLIN, 0}};
-    if (poll(fds, 2, PollTimeoutMs()) < 0 && errno != EINTR) {
+    if (Poll(fds, 2, PollTimeoutMs()) < 0 && errno != EINTR) {
       spdlog::critical("poll failed: {}", std::strerror(errno));
       kill(-child, SIGKILL);
     }
@@ -299,6 +316,8 @@ int Supervisor::RunOne(const Command& command, const std::vector<std::string>& e
   }
   ReclaimTerminal(terminal_handed);
   CleanUpGroup(child, outcome);
+  // The command's last output (a traceback) comes before the launcher's lines about its end.
+  if (relay_) relay_->Sync(kRelayDrainBound);
   outcome.terminating_signal = WIFSIGNALED(*status) ? std::optional<int>(WTERMSIG(*status)) : std::nullopt;
   inherited_children_.erase(guard.pid());
   return ExitCodeOf(*status);
@@ -391,7 +410,7 @@ void Supervisor::CleanUpGroup(pid_t group, JobOutcome& outcome) {
   std::optional<int> unused;
   while (GroupHasMembers(group)) {
     pollfd fds[1] = {{signals_.fd(), POLLIN, 0}};
-    poll(fds, 1, int(kGroupPollInterval.count()));
+    Poll(fds, 1, int(kGroupPollInterval.count()));
     EscalateIfGraceOver(group);
     while (auto signal_number = signals_.Take()) {
       if (*signal_number == SIGCHLD) {
@@ -424,7 +443,7 @@ void Supervisor::StopEscapedDescendants() {
   std::optional<int> unused;
   while (Clock::now() < deadline && !EscapedDescendants(0, inherited_children_).empty()) {
     pollfd fds[1] = {{signals_.fd(), POLLIN, 0}};
-    poll(fds, 1, int(kGroupPollInterval.count()));
+    Poll(fds, 1, int(kGroupPollInterval.count()));
     while (auto signal_number = signals_.Take()) {
       if (*signal_number == SIGCHLD) {
         ReapChildren(-1, unused);
@@ -456,6 +475,20 @@ void Supervisor::DrainSignalsBetweenCommands(JobOutcome& outcome) {
       shutting_down_ = true;
     }
   }
+}
+
+// poll(2) over `fds` (at most 2) and, until the relay's thread runs, the relay's pipes: the
+// job's first output starts it (OutputRelay::StartWhenReadable).
+int Supervisor::Poll(pollfd* fds, int count, int timeout_ms) {
+  if (!relay_) return poll(fds, nfds_t(count), timeout_ms);
+  pollfd all[4];
+  std::copy(fds, fds + count, all);
+  const auto relay_fds = relay_->StartWhenReadable();
+  std::copy(relay_fds.begin(), relay_fds.end(), all + count);
+  const int ready = poll(all, nfds_t(count + 2), timeout_ms);
+  std::copy(all, all + count, fds);
+  if (ready > 0 && (all[count].revents != 0 || all[count + 1].revents != 0)) relay_->Start();
+  return ready;
 }
 
 int Supervisor::PollTimeoutMs() const {

@@ -3,13 +3,17 @@
 // period, and the exit status turned into an exit code.
 #pragma once
 
+#include <poll.h>
+
 #include <chrono>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "launcher/supervision/signals.h"
+#include "launcher/watchdog/progress.h"
 
 namespace bt::launcher {
 
@@ -40,11 +44,18 @@ struct JobOutcome {
   std::optional<std::string> launcher_failure;  // the launcher itself failed before the commands (weights, seed)
 };
 
+class OutputRelay;
+
 class Supervisor {
  public:
   // `peer_failure_grace` replaces `grace_period` when the stop comes from another node.
+  // With `progress`, the commands' stdout and stderr go through the launcher (OutputRelay:
+  // pipes and one thread per Run, for the streams that are not a terminal) and every byte
+  // they write is noted there; without it (nullptr) the commands inherit the launcher's.
   Supervisor(SignalRouter& signals, std::chrono::milliseconds grace_period,
-             std::chrono::milliseconds peer_failure_grace = std::chrono::seconds(5));
+             std::chrono::milliseconds peer_failure_grace = std::chrono::seconds(5),
+             watchdog::Progress* progress = nullptr);
+  ~Supervisor();
 
   // Runs `commands` in order and stops at the first that fails or at a shutdown. `label`
   // names them in the log ("start command 2/3: ...").
@@ -63,6 +74,7 @@ class Supervisor {
   void DrainSignalsBetweenCommands(JobOutcome& outcome);
   void StopEscapedDescendants();
   int PollTimeoutMs() const;
+  int Poll(pollfd* fds, int count, int timeout_ms);
 
   SignalRouter& signals_;
   std::chrono::milliseconds grace_period_;
@@ -74,6 +86,8 @@ class Supervisor {
   // the group as well, so the whole stop fits one grace (Slurm's KillWait, a pod's period).
   std::optional<std::chrono::steady_clock::time_point> stop_grace_ends_;
   bool shutting_down_ = false;
+  watchdog::Progress* progress_ = nullptr;
+  std::unique_ptr<OutputRelay> relay_;  // during Run, with `progress_`
 };
 
 }  // namespace bt::launcher

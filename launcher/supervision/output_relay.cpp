@@ -1,0 +1,505 @@
+#include "launcher/supervision/output_relay.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <system_error>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+namespace bt::launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// After Finish's bound, how long a destination that accepts nothing more may hold the
+// thread before the launcher stops waiting for it.
+constexpr std::chrono::milliseconds kBlockedDestinationGrace{1000};
+// How often a write that waits on a non-blocking destination (EAGAIN) looks whether the
+// launcher gave up on it.
+constexpr int kWritableWaitMs = 100;
+// The thread's stack: its frames are small; spdlog's formatting is the deepest.
+constexpr size_t kRelayThreadStack = 256 * 1024;
+// A read this large grows the pipe to kRelayPipeSize.
+constexpr size_t kGrowAfterRead = 16 * 1024;
+
+const char* StreamName(int number) { return number == 1 ? "stdout" : "stderr"; }
+
+// A pipe end must not take fd 0, 1 or 2 (a launcher started with one of them closed):
+// the child's dup2 onto that number, and the launcher's own writes there, would be wrong.
+int AboveStandard(int fd) {
+  if (fd < 0 || fd > 2) return fd;
+  const int moved = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+  close(fd);
+  return moved;
+}
+
+}  // namespace
+
+bool RelayTakesOver(int destination) {
+  const int flags = fcntl(destination, F_GETFL);
+  if (flags < 0 || (flags & O_ACCMODE) == O_RDONLY) return false;
+  return isatty(destination) == 0;
+}
+
+struct OutputRelay::State {
+  struct Stream {
+    int number = 0;        // 1 or 2: which of the job's streams
+    int source = -1;       // the pipe's read end (non-blocking); closed with the State
+    bool open = false;     // not at its end yet (the thread's)
+    int destination = -1;  // the launcher's fd 1 or 2
+    std::unique_ptr<char[]> buffer;
+    size_t pending = 0;    // bytes held at the buffer's start: a line without its newline yet
+    Clock::time_point pending_since;  // when the first of them arrived
+    bool broken = false;   // the destination is gone: what comes is read and discarded
+    bool warned = false;
+    size_t pipe_size = 0;  // what the pipe holds; grown once the job writes fast
+    bool grown = false;
+  };
+
+  State(watchdog::Progress& progress, Options options) : progress(progress), options(options) {}
+  ~State() {
+    for (auto& stream : streams) {
+      if (stream.source >= 0) close(stream.source);
+    }
+    if (wake >= 0) close(wake);
+  }
+
+  size_t capacity() const { return kRelayReadSize + options.max_partial_line; }
+
+  watchdog::Progress& progress;
+  const Options options;
+  Stream streams[2];
+  int wake = -1;  // eventfd: a Sync or the Finish was asked for
+
+  std::mutex mutex;
+  std::condition_variable changed;
+  uint64_t sync_requested = 0;
+  uint64_t sync_done = 0;
+  bool finish_requested = false;
+  Clock::time_point finish_deadline;
+  bool ended = false;
+  // Set when the launcher stops waiting for the thread: the thread frees it at its end (the
+  // State's last owner may be the thread then).
+  std::shared_ptr<State>* self = nullptr;
+  std::atomic<bool> abandoned{false};  // the launcher no longer waits: drop what cannot be written
+  // Set before each read, cleared once what was read is written and no partial line waits:
+  // with the pipes empty too, a Sync has nothing to wait for.
+  std::atomic<bool> busy{false};
+};
+
+namespace {
+
+using State = OutputRelay::State;
+using Stream = State::Stream;
+
+// Every byte, whatever the destination does: partial writes and EINTR are resumed, EAGAIN
+// (a non-blocking destination) is waited out with poll. A destination that fails drops
+// this chunk; one that is gone (EPIPE, EBADF) drops the rest too. Said once a stream.
+void WriteAll(State& state, Stream& stream, const char* data, size_t size) {
+  while (size > 0 && !stream.broken && !state.abandoned.load()) {
+    const ssize_t written = write(stream.destination, data, size);
+    if (written > 0) {
+      data += written;
+      size -= size_t(written);
+      continue;
+    }
+    const int error = written < 0 ? errno : EIO;
+    if (error == EINTR) continue;
+    if (error == EAGAIN || error == EWOULDBLOCK) {
+      if (state.abandoned.load()) return;
+      pollfd writable = {stream.destination, POLLOUT, 0};
+      poll(&writable, 1, kWritableWaitMs);
+      continue;
+    }
+    stream.broken = error == EPIPE || error == EBADF || error == EINVAL;
+    if (!stream.warned) {
+      stream.warned = true;
+      if (stream.broken) {
+        spdlog::warn("the job's {} cannot be written to the launcher's fd {} ({}): the rest of it is discarded; the job "
+                     "goes on", StreamName(stream.number), stream.number, std::strerror(error));
+      } else {
+        spdlog::warn("writing the job's {} to the launcher's fd {} failed ({}): {} bytes lost (said once)",
+                     StreamName(stream.number), stream.number, std::strerror(error), size);
+      }
+    }
+    return;
+  }
+}
+
+void FlushPending(State& state, Stream& stream) {
+  if (stream.pending == 0) return;
+  WriteAll(state, stream, stream.buffer.get(), stream.pending);
+  stream.pending = 0;
+}
+
+// `count` new bytes behind the pending ones: up to the last newline goes out now, the rest
+// waits (see the header) unless it is too long already.
+void Consume(State& state, Stream& stream, size_t count, Clock::time_point now) {
+  char* buffer = stream.buffer.get();
+  const size_t total = stream.pending + count;
+  const void* newline = memrchr(buffer + stream.pending, '\n', count);
+  if (newline != nullptr) {
+    const size_t through = size_t(static_cast<const char*>(newline) - buffer) + 1;
+    WriteAll(state, stream, buffer, through);
+    stream.pending = total - through;
+    if (stream.pending > 0) {
+      std::memmove(buffer, buffer + through, stream.pending);
+      stream.pending_since = now;
+    }
+  } else {
+    if (stream.pending == 0) stream.pending_since = now;
+    stream.pending = total;
+  }
+  if (stream.pending >= state.options.max_partial_line) FlushPending(state, stream);
+}
+
+void EndSource(State& state, Stream& stream) {
+  FlushPending(state, stream);
+  stream.open = false;
+}
+
+// One read, at most `limit` bytes: the count read, 0 at end of file (the stream is ended
+// then) or when nothing is there.
+size_t ReadOnce(State& state, Stream& stream, size_t limit) {
+  // Allocated at the first read, not value-initialised: a job that writes nothing (or
+  // little) costs no buffer (or only the pages it touched).
+  if (!stream.buffer) stream.buffer.reset(new char[state.capacity()]);
+  const size_t room = std::min(limit, state.capacity() - stream.pending);
+  state.busy.store(true);
+  const ssize_t got = read(stream.source, stream.buffer.get() + stream.pending, room);
+  if (got > 0) {
+    const auto now = Clock::now();
+    state.progress.Note(now);
+    if (!stream.grown && size_t(got) >= kGrowAfterRead) {
+      // A job that writes this much at once gets a pipe that holds more (F_SETPIPE_SZ is
+      // best effort: /proc/sys/fs/pipe-max-size), so that it waits less on the relay.
+      stream.grown = true;
+      const int grown = fcntl(stream.source, F_SETPIPE_SZ, kRelayPipeSize);
+      if (grown > 0) stream.pipe_size = size_t(grown);
+    }
+    Consume(state, stream, size_t(got), now);
+    return size_t(got);
+  }
+  if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+  if (got < 0) spdlog::warn("reading the job's {} failed ({}); forwarding it ends", StreamName(stream.number), std::strerror(errno));
+  EndSource(state, stream);
+  return 0;
+}
+
+// Forwards what the pipes hold now, and no more: a writer that never stops cannot keep
+// this going.
+void ForwardWhatIsThere(State& state) {
+  for (auto& stream : state.streams) {
+    if (!stream.open) continue;
+    int available = 0;
+    if (ioctl(stream.source, FIONREAD, &available) != 0) available = 0;
+    while (available > 0 && stream.open) {
+      const size_t got = ReadOnce(state, stream, size_t(available));
+      if (got == 0) break;
+      available -= int(got);
+    }
+    FlushPending(state, stream);
+  }
+}
+
+bool AllEnded(const State& state) { return !state.streams[0].open && !state.streams[1].open; }
+
+// A read below this is small (kRelayCoalesceDelay): a quarter of the smaller pipe, so that a
+// writer that fills the pipe while the relay waits is read at once after.
+size_t SmallRead(const State& state) {
+  size_t small = kRelaySmallRead;
+  for (const auto& stream : state.streams) {
+    if (stream.open) small = std::min(small, stream.pipe_size / 4);
+  }
+  return small;
+}
+
+void Forward(State& state) {
+  uint64_t synced = 0;
+  Clock::time_point quiet_until;  // the pipes are not read before (kRelayCoalesceDelay)
+  while (!state.abandoned.load()) {
+    uint64_t sync_target = 0;
+    bool finishing = false;
+    Clock::time_point deadline;
+    {
+      std::lock_guard lock(state.mutex);
+      sync_target = state.sync_requested;
+      finishing = state.finish_requested;
+      deadline = state.finish_deadline;
+    }
+    if (sync_target > synced) {
+      ForwardWhatIsThere(state);
+      state.busy.store(false);  // nothing read is left unwritten, no partial line waits
+      synced = sync_target;
+      std::lock_guard lock(state.mutex);
+      state.sync_done = synced;
+      state.changed.notify_all();
+    }
+    auto now = Clock::now();
+    if (AllEnded(state)) return;
+    if (finishing && now >= deadline) {
+      ForwardWhatIsThere(state);
+      return;
+    }
+
+    std::optional<Clock::time_point> wake_at;
+    if (finishing) wake_at = deadline;
+    const bool quiet = now < quiet_until;
+    if (quiet) wake_at = wake_at ? std::min(*wake_at, quiet_until) : quiet_until;
+    for (const auto& stream : state.streams) {
+      if (stream.pending == 0) continue;
+      const auto due = stream.pending_since + state.options.partial_line_delay;
+      if (!wake_at || due < *wake_at) wake_at = due;
+    }
+    timespec timeout{};
+    if (wake_at) {
+      const int64_t left = std::clamp<int64_t>(std::chrono::nanoseconds(*wake_at - now).count(), 0, 60'000'000'000);
+      timeout = {time_t(left / 1'000'000'000), long(left % 1'000'000'000)};
+    }
+    pollfd fds[3] = {{state.wake, POLLIN, 0},
+                     {state.streams[0].open && !quiet ? state.streams[0].source : -1, POLLIN, 0},
+                     {state.streams[1].open && !quiet ? state.streams[1].source : -1, POLLIN, 0}};
+    if (ppoll(fds, 3, wake_at ? &timeout : nullptr, nullptr) < 0 && errno != EINTR) {
+      throw std::system_error(errno, std::generic_category(), "ppoll");
+    }
+    if (fds[0].revents & POLLIN) {
+      uint64_t count = 0;
+      [[maybe_unused]] ssize_t ignored = read(state.wake, &count, sizeof count);
+    }
+    size_t got = 0;
+    for (int i = 0; i < 2; ++i) {
+      if (!state.streams[i].open) continue;
+      if (fds[i + 1].revents & POLLIN) {
+        got += ReadOnce(state, state.streams[i], kRelayReadSize);
+      } else if (fds[i + 1].revents & (POLLHUP | POLLERR)) {
+        EndSource(state, state.streams[i]);  // no writer and nothing left: no buffer needed to see it
+      }
+    }
+    now = Clock::now();
+    if (got > 0 && got < SmallRead(state)) quiet_until = now + kRelayCoalesceDelay;
+    for (auto& stream : state.streams) {
+      if (stream.pending > 0 && now >= stream.pending_since + state.options.partial_line_delay) {
+        FlushPending(state, stream);
+      }
+    }
+    state.busy.store(state.streams[0].pending > 0 || state.streams[1].pending > 0);
+  }
+}
+
+// The thread's start routine. It owns no memory (a thread that frees gets a malloc arena
+// of its own, which costs the launch of every job); `state` outlives it (Finish).
+void* RelayThread(void* argument) {
+  State* state = static_cast<State*>(argument);
+  // Every signal goes to the launcher's other threads; SIGPIPE, directed at this thread by
+  // a write to a closed destination, stays pending here and the write fails with EPIPE.
+  sigset_t all;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, nullptr);
+  for (int failures = 0;; ++failures) {
+    try {
+      Forward(*state);
+      break;
+    } catch (const std::exception& error) {
+      spdlog::error("forwarding the job's output: {}; going on", error.what());
+    } catch (...) {
+      spdlog::error("forwarding the job's output: unknown error; going on");
+    }
+    // A failure that repeats must not spin a core: the pipes fill and the job waits instead.
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(1000, 10 << std::min(failures, 6))));
+  }
+  if (!state->abandoned.load()) {
+    for (auto& stream : state->streams) {
+      if (stream.open) EndSource(*state, stream);
+    }
+  }
+  std::shared_ptr<State>* self = nullptr;
+  {
+    std::lock_guard lock(state->mutex);
+    state->ended = true;
+    self = state->self;
+    state->changed.notify_all();
+  }
+  delete self;  // may end the State: nothing of it is used after
+  return nullptr;
+}
+
+void Wake(const State& state) {
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t ignored = write(state.wake, &one, sizeof one);
+}
+
+// Nothing read and not yet written, nothing in the pipes. The pipes are looked at first:
+// when they are empty because the thread read them, it set `busy` before that read.
+bool NothingToForward(const State& state) {
+  for (const auto& stream : state.streams) {
+    int available = 0;
+    if (stream.source >= 0 && (ioctl(stream.source, FIONREAD, &available) != 0 || available > 0)) return false;
+  }
+  return !state.busy.load();
+}
+
+// Every writer of the pipes is gone and nothing is left in them (poll: hang-up, no data).
+bool PipesAtEnd(const State& state) {
+  for (const auto& stream : state.streams) {
+    if (stream.source < 0) continue;
+    pollfd hangup = {stream.source, POLLIN, 0};
+    if (poll(&hangup, 1, 0) != 1 || (hangup.revents & POLLIN) || !(hangup.revents & POLLHUP)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+OutputRelay::OutputRelay(watchdog::Progress& progress, int stdout_destination, int stderr_destination, Options options)
+    : state_(std::make_shared<State>(progress, options)) {
+  const int destinations[2] = {stdout_destination, stderr_destination};
+  bool any = false;
+  for (int i = 0; i < 2; ++i) {
+    Stream& stream = state_->streams[i];
+    stream.number = i + 1;
+    stream.destination = destinations[i];
+    if (!RelayTakesOver(destinations[i])) continue;
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) {
+      spdlog::warn("cannot relay the job's {} (pipe: {}); it writes to the launcher's directly", StreamName(i + 1),
+                   std::strerror(errno));
+      continue;
+    }
+    fds[0] = AboveStandard(fds[0]);
+    fds[1] = AboveStandard(fds[1]);
+    if (fds[0] < 0 || fds[1] < 0) {
+      if (fds[0] >= 0) close(fds[0]);
+      if (fds[1] >= 0) close(fds[1]);
+      continue;
+    }
+    fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);  // the launcher's end only: the job's blocks
+    stream.pipe_size = size_t(std::max(4096, fcntl(fds[0], F_GETPIPE_SZ)));
+    stream.source = fds[0];
+    stream.open = true;
+    child_ends_[i] = fds[1];
+    any = true;
+  }
+  if (!any) return;
+  state_->wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (state_->wake < 0) {
+    spdlog::warn("cannot relay the job's output (eventfd: {}); it writes to the launcher's directly", std::strerror(errno));
+    TakeOverNothing();
+  }
+}
+
+OutputRelay::~OutputRelay() { Finish(); }
+
+void OutputRelay::TakeOverNothing() {
+  for (int i = 0; i < 2; ++i) {
+    if (child_ends_[i] >= 0) close(child_ends_[i]);
+    child_ends_[i] = -1;
+    if (state_->streams[i].source >= 0) close(state_->streams[i].source);
+    state_->streams[i].source = -1;
+    state_->streams[i].open = false;
+  }
+}
+
+void OutputRelay::Start() {
+  if (running_ || state_->wake < 0 || (state_->streams[0].source < 0 && state_->streams[1].source < 0)) return;
+  pthread_attr_t attributes;
+  pthread_attr_init(&attributes);
+  pthread_attr_setstacksize(&attributes, kRelayThreadStack);
+  const int error = pthread_create(&thread_, &attributes, RelayThread, state_.get());
+  pthread_attr_destroy(&attributes);
+  running_ = error == 0;
+  if (!running_) {
+    // Unlikely (no thread to be had): a job that already writes into the pipes would block
+    // on them, so the launcher's ends close and later commands inherit the launcher's.
+    spdlog::error("cannot start relaying the job's output ({}); its output to the launcher is lost", std::strerror(error));
+    TakeOverNothing();
+  }
+}
+
+bool OutputRelay::TakesOver(int stream) const {
+  return (stream == 1 || stream == 2) && !finished_ && child_ends_[stream - 1] >= 0;
+}
+
+void OutputRelay::AddToSpawn(posix_spawn_file_actions_t& actions) const {
+  for (int i = 0; i < 2; ++i) {
+    // dup2 clears close-on-exec on the copy; the original closes at exec.
+    if (TakesOver(i + 1)) posix_spawn_file_actions_adddup2(&actions, child_ends_[i], i + 1);
+  }
+}
+
+std::array<pollfd, 2> OutputRelay::StartWhenReadable() const {
+  std::array<pollfd, 2> fds = {pollfd{-1, POLLIN, 0}, pollfd{-1, POLLIN, 0}};
+  if (running_ || finished_ || state_->wake < 0) return fds;
+  for (int i = 0; i < 2; ++i) fds[i].fd = state_->streams[i].source;
+  return fds;
+}
+
+void OutputRelay::Sync(std::chrono::milliseconds bound) {
+  if (finished_ || NothingToForward(*state_)) return;
+  Start();
+  if (!running_) return;
+  std::unique_lock lock(state_->mutex);
+  const uint64_t ticket = ++state_->sync_requested;
+  Wake(*state_);
+  state_->changed.wait_for(lock, bound, [&] { return state_->sync_done >= ticket || state_->ended; });
+}
+
+void OutputRelay::Finish(std::chrono::milliseconds bound) {
+  if (finished_) return;
+  finished_ = true;
+  for (int& end : child_ends_) {
+    if (end >= 0) close(end);  // only the job's processes hold the pipes now: their exit is the end of file
+    end = -1;
+  }
+  // No thread yet: none is needed when the job wrote nothing and every writer is gone.
+  if (!running_ && PipesAtEnd(*state_)) return;
+  Start();
+  if (!running_) return;
+  running_ = false;
+  std::unique_lock lock(state_->mutex);
+  state_->finish_requested = true;
+  state_->finish_deadline = Clock::now() + bound;
+  Wake(*state_);
+  // The common end: everything forwarded, every writer gone. The thread has only to see the
+  // end of file and stop: the launcher does not wait for it to be scheduled.
+  bool let_go = !state_->ended && NothingToForward(*state_) && PipesAtEnd(*state_);
+  if (!let_go) {
+    auto ended = [&] { return state_->ended; };
+    if (!state_->changed.wait_for(lock, bound + kBlockedDestinationGrace, ended)) {
+      state_->abandoned = true;
+      Wake(*state_);
+      state_->changed.wait_for(lock, kBlockedDestinationGrace, ended);
+    }
+    if (!state_->ended) {
+      // Blocked in a write that nothing reads: it ends when the write does (or with the launcher).
+      spdlog::warn("the launcher's output accepts nothing more: the job's last output may be lost");
+      let_go = true;
+    }
+  }
+  if (let_go) {
+    state_->self = new std::shared_ptr<State>(state_);
+    lock.unlock();
+    pthread_detach(thread_);
+    return;
+  }
+  lock.unlock();
+  pthread_join(thread_, nullptr);
+  for (auto& stream : state_->streams) {  // a writer still there gets EPIPE from now on
+    if (stream.source >= 0) close(stream.source);
+    stream.source = -1;
+  }
+}
+
+}  // namespace bt::launcher

@@ -1,0 +1,315 @@
+// OutputRelay in this process, with real children: what it takes over, progress, line
+// buffering, destinations that block or fill, and the bound on its end.
+#include "launcher/supervision/output_relay.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace bt::launcher {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+struct Pipe {
+  Pipe() {
+    if (pipe2(fds, O_CLOEXEC) != 0) std::abort();
+  }
+  ~Pipe() {
+    CloseRead();
+    CloseWrite();
+  }
+  void CloseRead() {
+    if (fds[0] >= 0) close(fds[0]);
+    fds[0] = -1;
+  }
+  void CloseWrite() {
+    if (fds[1] >= 0) close(fds[1]);
+    fds[1] = -1;
+  }
+  int read_end() const { return fds[0]; }
+  int write_end() const { return fds[1]; }
+  int fds[2] = {-1, -1};
+};
+
+// Reads what `fd` has within `wait` (until nothing came for that long, or end of file).
+std::string ReadFor(int fd, std::chrono::milliseconds wait) {
+  std::string text;
+  char buffer[65536];
+  while (true) {
+    pollfd readable = {fd, POLLIN, 0};
+    if (poll(&readable, 1, int(wait.count())) <= 0) return text;
+    const ssize_t got = read(fd, buffer, sizeof buffer);
+    if (got <= 0) return text;
+    text.append(buffer, size_t(got));
+  }
+}
+
+// Reads until `text` is in what was read or `timeout` passes.
+bool ReadUntil(int fd, std::string& seen, const std::string& text, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  char buffer[65536];
+  while (seen.find(text) == std::string::npos) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return false;
+    pollfd readable = {fd, POLLIN, 0};
+    if (poll(&readable, 1, int(left)) <= 0) continue;
+    const ssize_t got = read(fd, buffer, sizeof buffer);
+    if (got <= 0) return seen.find(text) != std::string::npos;
+    seen.append(buffer, size_t(got));
+  }
+  return true;
+}
+
+pid_t SpawnShell(OutputRelay& relay, const std::string& script) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  relay.AddToSpawn(actions);
+  const char* argv[] = {"/bin/sh", "-c", script.c_str(), nullptr};
+  pid_t pid = -1;
+  const int error = posix_spawn(&pid, "/bin/sh", &actions, nullptr, const_cast<char**>(argv), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  relay.Start();
+  if (error != 0) ADD_FAILURE() << "posix_spawn: " << error;
+  return pid;
+}
+
+int WaitExit(pid_t pid) {
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string TempPath(const std::string& name) {
+  return std::string("/tmp/bt-relay-test-") + std::to_string(getpid()) + "-" + name;
+}
+
+TEST(RelayTakesOver, PipesAndFilesButNotTerminalsOrClosedDescriptors) {
+  Pipe pipe;
+  EXPECT_TRUE(RelayTakesOver(pipe.write_end()));
+  EXPECT_FALSE(RelayTakesOver(pipe.read_end())) << "a read-only descriptor cannot be written";
+  const int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
+  EXPECT_TRUE(RelayTakesOver(null));
+  close(null);
+  EXPECT_FALSE(RelayTakesOver(null)) << "closed";
+  EXPECT_FALSE(RelayTakesOver(-1));
+  const int master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+  ASSERT_GE(master, 0);
+  ASSERT_EQ(grantpt(master), 0);
+  ASSERT_EQ(unlockpt(master), 0);
+  const int terminal = open(ptsname(master), O_RDWR | O_NOCTTY | O_CLOEXEC);
+  ASSERT_GE(terminal, 0);
+  EXPECT_FALSE(RelayTakesOver(terminal)) << "a terminal keeps isatty, colours and line buffering for the job";
+  close(terminal);
+  close(master);
+}
+
+TEST(OutputRelay, ATerminalStreamIsInheritedAndTheOtherRelayed) {
+  const int master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+  ASSERT_GE(master, 0);
+  ASSERT_EQ(grantpt(master), 0);
+  ASSERT_EQ(unlockpt(master), 0);
+  const int terminal = open(ptsname(master), O_RDWR | O_NOCTTY | O_CLOEXEC);
+  ASSERT_GE(terminal, 0);
+  Pipe err;
+  watchdog::Progress progress;
+  OutputRelay relay(progress, terminal, err.write_end());
+  EXPECT_FALSE(relay.TakesOver(1));
+  EXPECT_TRUE(relay.TakesOver(2));
+  // The child's fd 1 stays this process's fd 1 (the relay adds no dup2 for it); its fd 2
+  // is the relay's pipe, which forwards to `err`. (Read in a command substitution: the
+  // shell redirects its own fd 1 while it runs a command with `>&2`.)
+  const pid_t child = SpawnShell(relay, "one=$(readlink /proc/$$/fd/1); echo \"$one\" >&2; if [ -t 2 ]; then echo tty >&2; fi");
+  EXPECT_EQ(WaitExit(child), 0);
+  relay.Finish(2s);
+  err.CloseWrite();
+  char own[256] = {};
+  ASSERT_GT(readlink("/proc/self/fd/1", own, sizeof own - 1), 0);
+  EXPECT_EQ(ReadFor(err.read_end(), 1s), std::string(own) + "\n");
+  close(terminal);
+  close(master);
+}
+
+TEST(OutputRelay, ForwardsBothStreamsAndNotesProgressOnlyWhenTheJobWrites) {
+  Pipe out, err;
+  watchdog::Progress progress;
+  OutputRelay relay(progress, out.write_end(), err.write_end());
+  ASSERT_TRUE(relay.TakesOver(1));
+  ASSERT_TRUE(relay.TakesOver(2));
+  const auto start = Clock::now();
+  const pid_t child = SpawnShell(relay, "sleep 0.6; echo out; echo err >&2; sleep 1.2; echo done");
+  std::this_thread::sleep_for(300ms);
+  EXPECT_FALSE(progress.seen()) << "the job has written nothing yet";
+  std::string seen;
+  ASSERT_TRUE(ReadUntil(out.read_end(), seen, "out\n", 5s));
+  ASSERT_TRUE(progress.seen());
+  const auto written = progress.last();
+  EXPECT_GE(written - start, 500ms);
+  std::this_thread::sleep_for(200ms);  // the stderr line is noted too, at about the same time
+  const auto noted = progress.last();
+  EXPECT_LT(noted - written, 300ms);
+  std::this_thread::sleep_for(500ms);  // the job is silent now
+  EXPECT_EQ(progress.last(), noted) << "progress noted while the job wrote nothing";
+  ASSERT_TRUE(ReadUntil(out.read_end(), seen, "done\n", 5s));
+  EXPECT_GT(progress.last(), noted);
+  EXPECT_EQ(WaitExit(child), 0);
+  relay.Finish(2s);
+  out.CloseWrite();
+  err.CloseWrite();
+  EXPECT_EQ(seen + ReadFor(out.read_end(), 200ms), "out\ndone\n");
+  EXPECT_EQ(ReadFor(err.read_end(), 200ms), "err\n");
+}
+
+// Two streams into one destination (a container's log): a line written in pieces arrives
+// whole, not cut by the other stream's line that came between its pieces.
+TEST(OutputRelay, ALineWrittenInPiecesArrivesWhole) {
+  Pipe both;
+  watchdog::Progress progress;
+  OutputRelay relay(progress, both.write_end(), both.write_end(), {.partial_line_delay = 1500ms});
+  const pid_t child = SpawnShell(relay, "printf 'out-a'; sleep 0.1; echo ERR >&2; sleep 0.1; echo out-b");
+  EXPECT_EQ(WaitExit(child), 0);
+  relay.Sync(2s);
+  relay.Finish(2s);
+  both.CloseWrite();
+  EXPECT_EQ(ReadFor(both.read_end(), 500ms), "ERR\nout-aout-b\n");
+}
+
+TEST(OutputRelay, APartialLineIsWrittenAfterTheDelayNotAtTheJobsEnd) {
+  Pipe out;
+  watchdog::Progress progress;
+  OutputRelay relay(progress, out.write_end(), STDERR_FILENO);
+  const auto start = Clock::now();
+  const pid_t child = SpawnShell(relay, "printf 'abc'; exec sleep 3");
+  std::string seen;
+  ASSERT_TRUE(ReadUntil(out.read_end(), seen, "abc", 2500ms)) << "a partial line waited for the job's end";
+  EXPECT_LT(Clock::now() - start, 1500ms);
+  // A progress bar: pieces without a newline keep arriving, each within the delay.
+  kill(child, SIGKILL);
+  WaitExit(child);
+  const pid_t bar = SpawnShell(relay, "for p in 10 20 30; do printf '\\r%s%%' $p; sleep 0.4; done; echo");
+  ASSERT_TRUE(ReadUntil(out.read_end(), seen, "\r20%", 2s));
+  EXPECT_EQ(seen, "abc\r10%\r20%") << "the bar arrived with its pieces, not later";
+  EXPECT_EQ(WaitExit(bar), 0);
+  relay.Finish(2s);
+  out.CloseWrite();
+  EXPECT_EQ(seen + ReadFor(out.read_end(), 200ms), "abc\r10%\r20%\r30%\n");
+}
+
+// A destination the launcher was given non-blocking (a pipe another process set
+// O_NONBLOCK on) that fills: the relay waits for room, drops nothing, does not spin.
+TEST(OutputRelay, ANonBlockingDestinationThatFillsLosesNothing) {
+  Pipe out;
+  fcntl(out.write_end(), F_SETFL, fcntl(out.write_end(), F_GETFL) | O_NONBLOCK);
+  watchdog::Progress progress;
+  OutputRelay relay(progress, out.write_end(), STDERR_FILENO);
+  const pid_t child = SpawnShell(relay, "seq 1 600000");  // ~4 MB, far beyond what the pipes hold
+  std::this_thread::sleep_for(500ms);                     // the destination is full by now
+  rusage before{};
+  getrusage(RUSAGE_SELF, &before);
+  std::this_thread::sleep_for(500ms);
+  rusage after{};
+  getrusage(RUSAGE_SELF, &after);
+  const auto cpu = [](const rusage& usage) {
+    return usage.ru_utime.tv_sec * 1000000L + usage.ru_utime.tv_usec + usage.ru_stime.tv_sec * 1000000L + usage.ru_stime.tv_usec;
+  };
+  EXPECT_LT(cpu(after) - cpu(before), 100000) << "the relay spins on EAGAIN";
+  std::string seen;
+  ASSERT_TRUE(ReadUntil(out.read_end(), seen, "\n600000\n", 20s));
+  EXPECT_EQ(WaitExit(child), 0);
+  relay.Finish(2s);
+  out.CloseWrite();
+  seen += ReadFor(out.read_end(), 200ms);
+  std::string expected;
+  for (int i = 1; i <= 600000; ++i) expected += std::to_string(i) + "\n";
+  EXPECT_TRUE(seen == expected) << "got " << seen.size() << " bytes, expected " << expected.size();
+}
+
+// A process out of the launcher's reach keeps the pipe open: Finish forwards what was
+// written and returns after its bound.
+TEST(OutputRelay, FinishIsBoundedWhenAProcessKeepsThePipeOpen) {
+  Pipe out;
+  watchdog::Progress progress;
+  OutputRelay relay(progress, out.write_end(), STDERR_FILENO);
+  const std::string pid_file = TempPath("holder.pid");
+  const pid_t child = SpawnShell(relay, "setsid sh -c 'echo $$ > " + pid_file + "; exec sleep 30' & printf 'last words'");
+  EXPECT_EQ(WaitExit(child), 0);
+  std::this_thread::sleep_for(200ms);
+  const auto start = Clock::now();
+  relay.Finish(700ms);
+  const auto took = Clock::now() - start;
+  EXPECT_GE(took, 600ms) << "the relay stopped before its bound while a writer was alive";
+  EXPECT_LT(took, 2500ms);
+  out.CloseWrite();
+  EXPECT_EQ(ReadFor(out.read_end(), 200ms), "last words");
+  FILE* file = std::fopen(pid_file.c_str(), "r");
+  ASSERT_NE(file, nullptr);
+  int holder = 0;
+  ASSERT_EQ(std::fscanf(file, "%d", &holder), 1);
+  std::fclose(file);
+  std::remove(pid_file.c_str());
+  kill(holder, SIGKILL);
+}
+
+// A destination that accepts nothing (a reader that stopped reading): the job waits on it,
+// as it would without the launcher, but the launcher's end is bounded.
+TEST(OutputRelay, ADestinationThatAcceptsNothingDoesNotHoldFinish) {
+  Pipe out;  // blocking, and never read while the relay runs
+  watchdog::Progress progress;
+  OutputRelay relay(progress, out.write_end(), STDERR_FILENO);
+  const pid_t child = SpawnShell(relay, "exec head -c 5000000 /dev/zero");
+  std::this_thread::sleep_for(500ms);  // the relay blocks in a write, the job on the full pipe
+  kill(child, SIGKILL);
+  WaitExit(child);
+  const auto start = Clock::now();
+  relay.Finish(300ms);
+  const auto took = Clock::now() - start;
+  EXPECT_GE(took, 300ms);
+  EXPECT_LT(took, 4s);
+  out.CloseRead();  // the relay's blocked write fails (EPIPE) and its thread ends
+}
+
+// The destination is gone (its reader exited): the job's output is read and discarded,
+// so the job neither blocks nor dies of SIGPIPE, and neither does this process.
+TEST(OutputRelay, AClosedDestinationDoesNotBlockTheJob) {
+  Pipe out;
+  out.CloseRead();
+  watchdog::Progress progress;
+  OutputRelay relay(progress, out.write_end(), STDERR_FILENO);
+  const auto start = Clock::now();
+  const pid_t child = SpawnShell(relay, "seq 1 300000; exit 3");
+  EXPECT_EQ(WaitExit(child), 3);
+  EXPECT_LT(Clock::now() - start, 10s);
+  relay.Finish(2s);
+  EXPECT_TRUE(progress.seen());
+}
+
+TEST(OutputRelay, NothingTakenOverMeansNoPipes) {
+  watchdog::Progress progress;
+  OutputRelay relay(progress, -1, -1);
+  EXPECT_FALSE(relay.TakesOver(1));
+  EXPECT_FALSE(relay.TakesOver(2));
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  relay.AddToSpawn(actions);
+  posix_spawn_file_actions_destroy(&actions);
+  relay.Sync(1s);
+  relay.Finish(1s);
+}
+
+}  // namespace
+}  // namespace bt::launcher
