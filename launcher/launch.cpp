@@ -224,6 +224,7 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   }
   CheckpointPhase checkpoints;
   if (destination) checkpoints = StartCheckpoints(job.config, job.environment, *destination, job.identity, peers ? peers->store() : nullptr);
+  // Until the end: after its job ended, a node still answers a stack request of the others'.
   watchdog::Progress progress;
   std::unique_ptr<watchdog::Watchdog> watch = ArmWatchdog(job, peers.get(), progress);
   MarkRunStarted(job, peers.get());
@@ -233,7 +234,6 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   JobOutcome outcome = RunCycles(job.config, peers.get(), signals,
                                  CycleHooksOf(cli, job, destination, peers.get(), watch.get(), &progress, signals), resume,
                                  std::move(rejoin), cycles);
-  watch.reset();
   timeline.Annotate(DescribeOutcome(outcome) + (cycles.empty() ? "" : "; restarts: " + RenderCycles(cycles)));
   if (peers) peers->Report(outcome);  // the other nodes stop now, not after this node's drain
   bool committed = true;

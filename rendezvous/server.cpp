@@ -816,6 +816,7 @@ class StoreServer::Loop {
     if (code != 0) {
       return FailCycle(connection.rank, infos_[size_t(connection.rank)].Label() + " failed: " + cause, int(code), restartable);
     }
+    CollectStacksIfHung(connection.rank);  // the others may be stalled, waiting for nothing but this node
     if (reported_count_ == options_.node_count && verdict_.kind == ServerVerdict::Kind::kPending) {
       SetVerdict(ServerVerdict::Kind::kResult, -1, "every node succeeded");
       Broadcast({{"op", "result"}, {"code", 0}});
@@ -928,21 +929,36 @@ class StoreServer::Loop {
     if (stalled_cycle_ != cycle) {
       stalled_cycle_ = cycle;
       stalled_.assign(size_t(options_.node_count), false);
-      stalled_count_ = 0;
     }
     if (stalled_[size_t(connection.rank)] == stalled) return;
     stalled_[size_t(connection.rank)] = stalled;
-    stalled_count_ += stalled ? 1 : -1;
     const std::string node = infos_[size_t(connection.rank)].Label();
     if (!stalled) return spdlog::info("rendezvous: cycle {}: {} makes progress again", cycle, node);
-    spdlog::warn("rendezvous: cycle {}: {} made no progress for {} ({} of {} nodes stalled)", cycle, node,
-                 Bounded(StringField(message, "quiet")), stalled_count_, options_.node_count);
-    if (stalled_count_ < options_.node_count || stacks_asked_in_ == cycle) return;
-    if (verdict_.kind != ServerVerdict::Kind::kPending) return;
+    spdlog::warn("rendezvous: cycle {}: {} made no progress for {}", cycle, node, Bounded(StringField(message, "quiet")));
+    CollectStacksIfHung(connection.rank);
+  }
+
+  // The job is hung when no node's job progresses: every node is stalled, or has finished
+  // its job (one node stuck in a final save while the others wait at the exit barrier).
+  // Finished nodes answer the request too, with no stacks.
+  void CollectStacksIfHung(int last_rank) {
+    const int64_t cycle = cycles_.current();
+    if (stalled_cycle_ != cycle || stacks_asked_in_ == cycle || verdict_.kind != ServerVerdict::Kind::kPending) return;
+    int stalled = 0;
+    for (size_t rank = 0; rank < stalled_.size(); ++rank) {
+      if (stalled_[rank]) {
+        ++stalled;
+      } else if (!reported_[rank]) {
+        return;  // a node whose job still runs and progresses
+      }
+    }
+    if (stalled == 0) return;
     stacks_asked_in_ = cycle;
-    const std::string what = "no node's job made progress (the last to stop: " + node + "): collecting every node's stacks";
+    const std::string what = "no node's job made progress (" + std::to_string(stalled) + " stalled, the last: " +
+                             infos_[size_t(last_rank)].Label() + "; " + std::to_string(options_.node_count - stalled) +
+                             " finished): collecting every node's stacks";
     spdlog::warn("rendezvous: cycle {}: {}", cycle, what);
-    Broadcast({{"op", "collect_stacks"}, {"cycle", cycle}, {"rank", connection.rank}, {"message", what}});
+    Broadcast({{"op", "collect_stacks"}, {"cycle", cycle}, {"rank", last_rank}, {"message", what}});
   }
 
   // Node 0's watchdog, once it has the stacks: the hang fails the cycle, named after the
@@ -952,7 +968,9 @@ class StoreServer::Loop {
     Reply(connection, message, {{"op", "ok"}});
     const int64_t cycle = IntField(message, "cycle");
     const int64_t rank = IntField(message, "rank");
-    if (IgnoredAsStale(connection, "hang", cycle) || rank < 0 || rank >= options_.node_count) return;
+    if (IgnoredAsStale(connection, "hang", cycle) || cycle != cycles_.current() || rank < 0 || rank >= options_.node_count) {
+      return;
+    }
     FailCycle(int(rank), infos_[size_t(rank)].Label() + " hung: " + Bounded(StringField(message, "cause")),
               int(IntField(message, "code")), true);
   }
@@ -1265,7 +1283,6 @@ class StoreServer::Loop {
   int64_t stacks_asked_in_ = -1;  // the cycle whose hang the nodes were asked for stacks
   int64_t stalled_cycle_ = -1;    // the cycle stalled_ counts
   std::vector<bool> stalled_;     // by rank: its job made no progress within its limit
-  int stalled_count_ = 0;
   mutable std::mutex mutex_;  // guards what other threads read: verdict_, infos_, joined_, drained_
   std::condition_variable drained_changed_;
   bool drained_ = false;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -48,6 +49,7 @@ def _bt_launch_arm(forked_from=None):
     globals()["_bt_launch_dump"] = dump  # faulthandler holds only the descriptor
     labels = {name: os.environ[name] for name in ("BT_NODE_RANK", "RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE")
               if name in os.environ}
+    labels["PPID"] = str(os.getppid())  # a spawned worker inherits RANK: its parent tells it apart
     if forked_from:
         labels["forked_from"] = str(forked_from)  # a DataLoader worker: its rank's variables, not a rank
     marker = os.path.join(directory, "%d.armed" % pid)
@@ -98,6 +100,17 @@ std::optional<std::string> StartTime(pid_t pid) {
   return std::nullopt;
 }
 
+// Whether `pid` has a handler for `signal_number`: the SigCgt mask of /proc/PID/status.
+bool CatchesSignal(pid_t pid, int signal_number) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("SigCgt:", 0) != 0) continue;
+    const uint64_t caught = std::strtoull(line.c_str() + 7, nullptr, 16);
+    return (caught >> (signal_number - 1)) & 1;
+  }
+  return false;
+}
+
 off_t FileSize(const fs::path& path) {
   struct stat info {};
   return stat(path.c_str(), &info) == 0 ? info.st_size : 0;
@@ -128,6 +141,9 @@ std::optional<ArmedProcess> ReadMarker(const fs::path& marker) {
   ArmedProcess process;
   process.stack.pid = json["pid"].get<pid_t>();
   if (StartTime(process.stack.pid) != json.value("start_time", std::string())) return std::nullopt;  // gone, or reused
+  // The same process may have exec'd another program since it armed (os.execvp, pty.spawn):
+  // the signal would kill it. Only a process that still catches the signal is one to ask.
+  if (!CatchesSignal(process.stack.pid, StackSignal())) return std::nullopt;
   const nlohmann::json labels = json.value("labels", nlohmann::json::object());
   for (const auto& [name, value] : labels.items()) {
     if (value.is_string()) process.stack.labels[name] = value.get<std::string>();
@@ -170,6 +186,23 @@ std::map<std::string, std::string> InstallPythonStackHook(const fs::path& hook_d
   return {{"PYTHONPATH", user_pythonpath.empty() ? hook_dir.string() : hook_dir.string() + ":" + user_pythonpath},
           {"BT_STACK_DIR", dumps_dir.string()},
           {"BT_STACK_SIGNAL", std::to_string(StackSignal())}};
+}
+
+void PruneStaleMarkers(const fs::path& dumps_dir) {
+  std::error_code error;
+  std::vector<fs::path> stale;
+  for (const auto& entry : fs::directory_iterator(dumps_dir, error)) {
+    if (entry.path().extension() != ".armed") continue;
+    std::ifstream in(entry.path());
+    const nlohmann::json json = nlohmann::json::parse(in, nullptr, false);
+    const bool alive = json.is_object() && json.contains("pid") && json["pid"].is_number_integer() &&
+                       StartTime(json["pid"].get<pid_t>()) == json.value("start_time", std::string());
+    if (!alive) stale.push_back(entry.path());
+  }
+  for (const fs::path& marker : stale) {
+    fs::remove(marker, error);
+    fs::remove(fs::path(marker).replace_extension(".stack"), error);
+  }
 }
 
 std::vector<ProcessStack> CollectPythonStacks(const fs::path& dumps_dir, std::chrono::milliseconds timeout,

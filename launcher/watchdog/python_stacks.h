@@ -31,6 +31,10 @@ std::map<std::string, std::string> InstallPythonStackHook(const std::filesystem:
                                                           const std::filesystem::path& dumps_dir,
                                                           const std::string& user_pythonpath);
 
+// Removes the markers and dumps of processes that are gone: every forked DataLoader worker
+// leaves a pair, and a long training forks tens of thousands.
+void PruneStaleMarkers(const std::filesystem::path& dumps_dir);
+
 struct ProcessStack {
   pid_t pid = 0;
   std::map<std::string, std::string> labels;  // BT_NODE_RANK, RANK, LOCAL_RANK... as the process saw them

@@ -1,6 +1,7 @@
 #include "launcher/watchdog/watchdog.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -177,6 +178,7 @@ struct NodeStacks {
   std::string host;
   std::optional<double> quiet_s;  // since the job's last progress, when the stacks were asked for
   bool answered = false;
+  bool finished = false;  // its job had ended when the stacks were asked for
   std::vector<ProcessStack> stacks;
   std::vector<std::string> others;
   std::map<pid_t, std::string> native;  // gdb's frames by pid
@@ -195,6 +197,23 @@ const json& Member(const json& object, const char* name, bool want_object = fals
   return *found;
 }
 
+// A process started by a rank with the same RANK (a spawn or forkserver DataLoader worker,
+// multiprocessing's resource tracker) inherits its variables but is no rank: it is marked
+// as forked from its parent, as a forked one is by the hook.
+void MarkChildrenOfRanks(std::vector<ProcessStack>& stacks) {
+  std::map<std::string, std::string> rank_of_pid;
+  for (const ProcessStack& stack : stacks) {
+    if (stack.labels.contains("RANK")) rank_of_pid[std::to_string(stack.pid)] = stack.labels.at("RANK");
+  }
+  for (ProcessStack& stack : stacks) {
+    auto parent = stack.labels.find("PPID");
+    auto rank = stack.labels.find("RANK");
+    if (parent == stack.labels.end() || rank == stack.labels.end() || stack.labels.contains("forked_from")) continue;
+    auto parent_rank = rank_of_pid.find(parent->second);
+    if (parent_rank != rank_of_pid.end() && parent_rank->second == rank->second) stack.labels["forked_from"] = parent->second;
+  }
+}
+
 NodeStacks ParseAnswer(int rank, const std::optional<std::string>& value) {
   NodeStacks node;
   node.rank = rank;
@@ -202,6 +221,7 @@ NodeStacks ParseAnswer(int rank, const std::optional<std::string>& value) {
   const json answer = json::parse(*value, nullptr, false);
   if (!answer.is_object()) return node;
   node.answered = true;
+  node.finished = answer.value("finished", false);
   node.host = answer.value("host", std::string());
   if (answer.contains("quiet_s") && answer["quiet_s"].is_number()) node.quiet_s = answer["quiet_s"].get<double>();
   node.nccl = answer.value("nccl", std::string());
@@ -226,6 +246,7 @@ NodeStacks ParseAnswer(int rank, const std::optional<std::string>& value) {
     stack.labels["BT_NODE_RANK"] = std::to_string(rank);
     node.stacks.push_back(std::move(stack));
   }
+  MarkChildrenOfRanks(node.stacks);
   return node;
 }
 
@@ -274,6 +295,7 @@ HangFindings Judge(const std::vector<NodeStacks>& nodes, int stalled_rank, const
   const NodeStacks* first_stopped = nullptr;
   for (const NodeStacks& node : nodes) {
     if (!node.answered) missing.push_back(std::to_string(node.rank));
+    if (node.finished) findings.summary.push_back(NodeLabel(node) + ": its job had ended; it waits for the others");
     if (node.quiet_s && (first_stopped == nullptr || *node.quiet_s > *first_stopped->quiet_s)) first_stopped = &node;
   }
   if (!missing.empty()) findings.summary.push_back("no stacks from node(s) " + fmt::format("{}", fmt::join(missing, ", ")));
@@ -287,13 +309,19 @@ HangFindings Judge(const std::vector<NodeStacks>& nodes, int stalled_rank, const
   }
   const std::vector<StackGroup> groups = GroupByInnermostFrames(ranks);
   std::string odd;
-  if (groups.size() >= 2 && groups.back().members.size() < groups.front().members.size()) {
+  if (groups.size() == 2 && groups.back().members.size() < groups.front().members.size()) {
+    // One group apart from the majority: the straggler the others wait for.
     const StackGroup& smallest = groups.back();
     const ProcessStack& member = *smallest.members.front();
     findings.blamed_rank = std::atoi(member.labels.at("BT_NODE_RANK").c_str());
     odd = "the odd one: " + DescribeProcess(member) + " in " + (smallest.frames.empty() ? "no Python frame" : smallest.frames) +
           ", while " + std::to_string(groups.front().members.size()) + " ranks are in " + groups.front().frames;
     findings.place = smallest.frames + " | " + groups.front().frames;
+  } else if (groups.size() > 2) {
+    // Several groups apart: the report lists them; the blame stays with the first node to stop.
+    odd = std::to_string(groups.size() - 1) + " groups of ranks differ from the " + std::to_string(groups.front().members.size()) +
+          " in " + groups.front().frames + " (the summary lists them)";
+    findings.place = groups.front().frames;
   } else if (!groups.empty()) {
     findings.place = groups.front().frames;
     const std::string where = groups.front().frames.empty() ? "no Python frame" : groups.front().frames;
@@ -329,6 +357,10 @@ std::string RenderReport(int64_t cycle, const std::string& headline, const HangF
     text += "\n== " + NodeLabel(node);
     if (!node.answered) {
       text += ": no answer in time (its launcher is stuck or gone)\n";
+      continue;
+    }
+    if (node.finished) {
+      text += ": its job had ended (it waits for the others)\n";
       continue;
     }
     text += node.quiet_s ? ": last progress " + FormatSeconds(*node.quiet_s) + " before the stacks were asked for\n"
@@ -369,7 +401,7 @@ WatchdogPaths PathsFor(const env::WatchdogSettings& settings, const env::JobEnvi
   return paths;
 }
 
-void ArmJobEnvironment(const WatchdogPaths& paths, env::JobEnvironment& environment) {
+void ArmJobEnvironment(WatchdogPaths& paths, env::JobEnvironment& environment) {
   std::error_code error;
   fs::create_directories(paths.nccl_trace_dir, error);
   if (error) throw std::runtime_error("cannot create " + paths.nccl_trace_dir.string() + ": " + error.message());
@@ -382,6 +414,9 @@ void ArmJobEnvironment(const WatchdogPaths& paths, env::JobEnvironment& environm
   Offer(environment, "TORCH_NCCL_TRACE_BUFFER_SIZE", "2000");
   Offer(environment, "TORCH_NCCL_DUMP_ON_TIMEOUT", "1");
   Offer(environment, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", (paths.nccl_trace_dir / "rank_").string());
+  // What the job will use, where the user chose: the watch and the report follow it.
+  paths.heartbeat_file = environment.variables.at(kHeartbeatVariable);
+  paths.nccl_trace_dir = fs::path(environment.variables.at("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")).parent_path();
 }
 
 double StallLimitSeconds(const env::WatchdogSettings& settings, bool progress_seen, double longest_gap_s) {
@@ -406,30 +441,52 @@ Watchdog::Watchdog(const env::WatchdogSettings& settings, WatchdogPaths paths, W
 }
 
 Watchdog::~Watchdog() {
-  EndCycle();
+  StopThread();
   if (peers_ != nullptr) peers_->OnStackRequest({});
   close(event_fd_);
 }
 
 void Watchdog::BeginCycle(int64_t cycle) {
-  EndCycle();
+  StopThread();
   progress_.Reset();
+  PruneStaleMarkers(paths_.stack_dir);
+  // The heartbeat file exists from the start, so that os.utime() on it works (its creation
+  // is not progress: the time is taken after it).
+  if (!paths_.heartbeat_file.empty()) {
+    const int fd = open(paths_.heartbeat_file.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOCTTY, 0644);
+    if (fd >= 0) close(fd);
+  }
   touched_paths_.clear();
   for (const fs::path& path : {paths_.heartbeat_file, paths_.checkpoint_dir}) {
     if (!path.empty()) touched_paths_.emplace_back(path, ModificationTimeNs(path));
   }
   {
     std::lock_guard lock(mutex_);
-    stopping_ = false;
     stack_request_.reset();
     stop_.reset();
     stop_taken_ = false;
     hung_ = false;
     cycle_ = cycle;
   }
-  thread_ = std::thread([this, cycle] {
+  StartThread(cycle, true);
+}
+
+void Watchdog::EndCycle() {
+  StopThread();
+  // This node's job has ended, but the others' may hang (a rank stuck in a final save while
+  // this node waits at the exit barrier): it still answers a stack request of the cycle,
+  // with no stacks, and node 0 still gathers.
+  if (peers_ != nullptr) StartThread(cycle_, false);
+}
+
+void Watchdog::StartThread(int64_t cycle, bool watching) {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = false;
+  }
+  thread_ = std::thread([this, cycle, watching] {
     try {
-      Watch(cycle);
+      Watch(cycle, watching);
     } catch (const std::exception& error) {
       // The watch is an aid: its failure must never end the job it watches.
       spdlog::error("watchdog: stopped watching cycle {}: {}", cycle, error.what());
@@ -437,7 +494,7 @@ void Watchdog::BeginCycle(int64_t cycle) {
   });
 }
 
-void Watchdog::EndCycle() {
+void Watchdog::StopThread() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
@@ -474,7 +531,7 @@ void Watchdog::PollTouchedPaths() {
   }
 }
 
-void Watchdog::Watch(int64_t cycle) {
+void Watchdog::Watch(int64_t cycle, bool watching) {
   const Clock::time_point start = Clock::now();
   Clock::time_point previous{};
   double longest_gap_s = 0;
@@ -491,10 +548,11 @@ void Watchdog::Watch(int64_t cycle) {
     if (request) {
       if (request->cycle != cycle) continue;
       spdlog::warn("watchdog: {}", request->message);
-      AnswerStackRequest(cycle);
+      AnswerStackRequest(cycle, !watching);
       if (node_.rank == 0) GatherAndDeclare(cycle, request->rank);
       continue;
     }
+    if (!watching) continue;
     PollTouchedPaths();
     const Clock::time_point last = progress_.last();
     if (progress_.seen() && last != previous) {
@@ -592,12 +650,14 @@ std::string Watchdog::NodeAnswer(double quiet_s) {
   return answer.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-void Watchdog::AnswerStackRequest(int64_t cycle) {
+void Watchdog::AnswerStackRequest(int64_t cycle, bool finished) {
   const double quiet_s = Seconds(Clock::now() - progress_.last());
   try {
     rendezvous::Store* store = peers_->store();
     if (store == nullptr) throw std::runtime_error("no rendezvous store");
-    store->Set(HangKey(cycle, "stacks/" + std::to_string(node_.rank)), NodeAnswer(quiet_s));
+    const std::string answer = finished ? json{{"host", node_.host}, {"finished", true}}.dump(-1, ' ', false, json::error_handler_t::replace)
+                                        : NodeAnswer(quiet_s);
+    store->Set(HangKey(cycle, "stacks/" + std::to_string(node_.rank)), answer);
     store->Add(HangKey(cycle, "answered"), 1);
     spdlog::info("watchdog: sent this node's stacks to node 0");
   } catch (const std::exception& error) {
@@ -608,7 +668,8 @@ void Watchdog::AnswerStackRequest(int64_t cycle) {
 void Watchdog::GatherAndDeclare(int64_t cycle, int stalled_rank) {
   rendezvous::Store* store = peers_->store();
   if (store == nullptr) return;
-  const auto deadline = Clock::now() + std::chrono::milliseconds(int64_t(settings_.stack_timeout_s * 1000)) + kGatherSlack;
+  // Each node takes up to stack_timeout_s for the Python stacks, then as long for gdb's.
+  const auto deadline = Clock::now() + 2 * std::chrono::milliseconds(int64_t(settings_.stack_timeout_s * 1000)) + kGatherSlack;
   while (!Stopping() && Clock::now() < deadline) {
     if (store->WaitCounter(HangKey(cycle, "answered"), node_.node_count, std::chrono::milliseconds(250))) break;
   }

@@ -37,7 +37,9 @@ WatchdogPaths PathsFor(const env::WatchdogSettings& settings, const env::JobEnvi
 // The job's side of the watch: BT_HEARTBEAT_FILE, the Python stack hook (PYTHONPATH,
 // BT_STACK_DIR, BT_STACK_SIGNAL) and PyTorch's NCCL flight recorder, each unless the user
 // set it. Creates the directories; throws std::runtime_error naming a path it cannot write.
-void ArmJobEnvironment(const WatchdogPaths& paths, env::JobEnvironment& environment);
+// `paths` then names what the job will use: a BT_HEARTBEAT_FILE or a
+// TORCH_NCCL_DEBUG_INFO_TEMP_FILE the user set is the one watched and reported.
+void ArmJobEnvironment(WatchdogPaths& paths, env::JobEnvironment& environment);
 
 // The limit in force: before the cycle's first progress, startup_timeout_s; after it, the
 // configured stall_timeout_s, or with "auto" the larger of auto_min_s and 5x the longest
@@ -60,7 +62,8 @@ class Watchdog final : public StopRequests {
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
 
-  // The watch of one cycle's job: from its start to its end.
+  // The watch of one cycle's job: from its start to its end (then, with peers, only the
+  // answer to a stack request of that cycle, until the next cycle or the end).
   void BeginCycle(int64_t cycle);
   void EndCycle();
   // Whether this node's watchdog stopped the job of the cycle that just ended as hung (a
@@ -72,9 +75,13 @@ class Watchdog final : public StopRequests {
   std::optional<std::string> TakeStop() override;
 
  private:
-  void Watch(int64_t cycle);
+  // The watch of a running job (`watching`), or, after it ended, only the answer to a
+  // stack request of its cycle (and node 0's gathering).
+  void Watch(int64_t cycle, bool watching);
+  void StartThread(int64_t cycle, bool watching);
+  void StopThread();
   void OnStall(int64_t cycle, double quiet_s, double limit_s);
-  void AnswerStackRequest(int64_t cycle);
+  void AnswerStackRequest(int64_t cycle, bool finished);
   void GatherAndDeclare(int64_t cycle, int stalled_rank);
   std::string NodeAnswer(double quiet_s);
   void PollTouchedPaths();

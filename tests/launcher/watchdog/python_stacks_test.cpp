@@ -206,6 +206,24 @@ TEST_F(PythonStacksTest, ARankWaitingOnAChildThatHoldsALockAndTheChildBothAnswer
   EXPECT_EQ(innermost, (std::set<std::string>{"hold_the_lock", "wait_for_the_lock"}));
 }
 
+// Markers of processes that are gone (every DataLoader worker leaves one) are removed with
+// their dumps; a live process keeps its own.
+TEST_F(PythonStacksTest, MarkersOfProcessesThatAreGoneArePruned) {
+  StartRank("collective", 0);
+  const std::string dumps = dir_.path() + "/dumps";
+  std::ofstream(dumps + "/999999999.armed") << R"({"pid": 999999999, "start_time": "1"})";
+  std::ofstream(dumps + "/999999999.stack") << "old dump";
+  std::ofstream(dumps + "/torn.armed") << "{";
+  PruneStaleMarkers(dumps);
+  size_t armed = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dumps)) {
+    EXPECT_NE(entry.path().stem(), "999999999") << entry.path();
+    EXPECT_NE(entry.path().stem(), "torn") << entry.path();
+    armed += entry.path().extension() == ".armed";
+  }
+  EXPECT_EQ(armed, 1u);
+}
+
 // A forked child (a DataLoader worker) arms for itself: its dump is its own, not written
 // into its parent's file.
 TEST_F(PythonStacksTest, AForkedChildAnswersOnItsOwn) {

@@ -106,13 +106,102 @@ TEST_F(WatchdogTest, AHeartbeatFileTouchedEveryStepKeepsASilentJobAlive) {
   ProcessResult result = RunPython(R"PY(
 import os, time
 for step in range(12):
-    with open(os.environ["BT_HEARTBEAT_FILE"], "a"):
-        os.utime(os.environ["BT_HEARTBEAT_FILE"])
+    os.utime(os.environ["BT_HEARTBEAT_FILE"])  # the launcher created it
     time.sleep(0.5)
 )PY",
                                    {{"stall_timeout_s", 2}, {"startup_timeout_s", 2}});
   EXPECT_EQ(result.exit_code, 0) << result.err;
   EXPECT_EQ(result.err.find("made no progress"), std::string::npos) << result.err;
+}
+
+// A BT_HEARTBEAT_FILE the job's config sets is the one watched.
+TEST_F(WatchdogTest, AHeartbeatFileTheUserChoseIsTheOneWatched) {
+  const std::string heartbeat = dir_.path() + "/my-heartbeat";
+  ProcessResult result = RunPython(R"PY(
+import os, pathlib, time
+for step in range(12):
+    pathlib.Path(os.environ["BT_HEARTBEAT_FILE"]).touch()
+    time.sleep(0.5)
+)PY",
+                                   {{"stall_timeout_s", 2}, {"startup_timeout_s", 2}}, {{"BT_HEARTBEAT_FILE", heartbeat}});
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_TRUE(fs::exists(heartbeat));
+}
+
+// A process that armed the hook and then exec'd another program no longer catches the
+// stack signal, whose default action would kill it: it is listed, not signalled.
+TEST_F(WatchdogTest, AProcessThatExecdAnotherProgramIsNotSignalled) {
+  ProcessResult result = RunPython("import os\nos.execvp('sleep', ['sleep', '1000'])\n",
+                                   {{"stall_timeout_s", 2}, {"startup_timeout_s", 2}});
+  EXPECT_EQ(result.exit_code, 124) << result.err;
+  const std::vector<fs::path> reports = Reports();
+  ASSERT_EQ(reports.size(), 1u) << result.err;
+  const std::string report = ReadFile(reports.front());
+  EXPECT_TRUE(std::regex_search(report, std::regex("pid [0-9]+ state S waiting in [^:]+: sleep 1000"))) << report;
+}
+
+// Workers a rank starts with multiprocessing's spawn inherit its RANK: they are no ranks.
+TEST_F(WatchdogTest, WorkersARankSpawnsAreNotCountedAsRanks) {
+  ProcessResult result = RunPython(R"PY(
+import multiprocessing as mp, time
+
+def wait_for_work(queue):
+    queue.get()
+
+def stuck():
+    time.sleep(1000)
+
+if __name__ == "__main__":
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    workers = [context.Process(target=wait_for_work, args=(queue,)) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    stuck()
+)PY",
+                                   {{"stall_timeout_s", 3}, {"startup_timeout_s", 3}}, {{"RANK", "0"}, {"LOCAL_RANK", "0"}});
+  EXPECT_EQ(result.exit_code, 124) << result.err;
+  EXPECT_NE(result.err.find("its one rank in stuck (job.py:"), std::string::npos) << result.err;
+  EXPECT_TRUE(std::regex_search(result.err, std::regex("watchdog: [3-9] other Python processes"))) << result.err;
+}
+
+// One node's job ends while the other's hangs (a rank stuck in a final save while the
+// others wait at the exit barrier): the hang is still found, and every node exits 124.
+// Node 0 stuck while node 1 waits, and node 1 stuck while node 0 (which gathers) waits.
+TEST_F(WatchdogTest, AHangOnOneNodeIsFoundWhileTheOtherNodesJobHasEnded) {
+  const std::string program = dir_.Write("stuck.py", "import time\nprint('saving', flush=True)\ntime.sleep(1000)\n");
+  for (int stuck = 0; stuck < 2; ++stuck) {
+    SCOPED_TRACE("node " + std::to_string(stuck) + " is stuck");
+    nlohmann::json config = {
+        {"compute", {{"node_count", 2}}},
+        {"enable_baseten_workdir", false},
+        {"runtime",
+         {{"start_commands", {"[ \"$BT_NODE_RANK\" = " + std::to_string(stuck) + " ] && exec " + std::string(kPython) + " " +
+                              program + " || echo done"}}}},
+        {"launcher", {{"watchdog", {{"stall_timeout_s", 2}, {"startup_timeout_s", 2}, {"stack_timeout_s", 3}}},
+                      {"grace_period_s", 2}, {"peer_failure_grace_s", 2}}}};
+    const std::string path = dir_.Write("two.json", config.dump());
+    const std::string port = std::to_string(FreePort());
+    std::vector<std::unique_ptr<LauncherProcess>> nodes;
+    for (int rank = 0; rank < 2; ++rank) {
+      nodes.push_back(std::make_unique<LauncherProcess>(LaunchSpec{
+          {"run", "--config", path, "--root", dir_.path() + "/nodes-" + std::to_string(stuck), "--node-rank",
+           std::to_string(rank), "--node-count", "2", "--leader-addr", "127.0.0.1"},
+          {{"BT_RENDEZVOUS_PORT", port}, {"BT_RENDEZVOUS_TOKEN", "hang-two"}},
+          {},
+          std::nullopt,
+          60s}));
+    }
+    std::vector<ProcessResult> results;
+    for (auto& node : nodes) results.push_back(node->Finish());
+    for (int rank = 0; rank < 2; ++rank) EXPECT_EQ(results[size_t(rank)].exit_code, 124) << results[size_t(rank)].err;
+    const std::string& leader = results[0].err;
+    EXPECT_NE(leader.find("1 stalled, the last: node " + std::to_string(stuck)), std::string::npos) << leader;
+    EXPECT_TRUE(std::regex_search(leader, std::regex("node " + std::to_string(1 - stuck) +
+                                                     " \\([^)]*\\): its job had ended; it waits for the others")))
+        << leader;
+    EXPECT_NE(leader.find("its one rank in <module> (stuck.py:3)"), std::string::npos) << leader;
+  }
 }
 
 TEST_F(WatchdogTest, TheUsersSitecustomizeStillRunsAndTheHookArms) {
