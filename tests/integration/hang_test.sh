@@ -121,6 +121,9 @@ grep -q "watchdog: differs: 1 in sleep_forever (train.py:[0-9]*) < main (train.p
 grep -q "watchdog: 3 of 4 ranks in all_reduce (distributed_c10d.py:[0-9]*)" "$work/once-0.log" ||
   fail "node 0's summary does not put the 3 other ranks in all_reduce"
 
+grep -q "watchdog: node [01] ([^)]*) stopped making progress first, [0-9.]* s before the stacks were asked for" "$work/once-0.log" ||
+  fail "node 0's summary does not name the node whose progress stopped first"
+
 echo "== the report holds every rank's Python stack"
 report=$(ls "$work"/nodes-once/node-0/mnt/bt-scratch/bt-launch/hang-*-cycle-0.txt)
 for rank in 0 1 2 3; do
