@@ -298,6 +298,48 @@ TEST(OutputRelay, AClosedDestinationDoesNotBlockTheJob) {
   EXPECT_TRUE(progress.seen());
 }
 
+// The thread starts at the job's first output (the supervisor polls StartWhenReadable).
+TEST(OutputRelay, TheThreadStartsWhenTheJobFirstWrites) {
+  Pipe out;
+  watchdog::Progress progress;
+  {
+    OutputRelay relay(progress, out.write_end(), -1);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    relay.AddToSpawn(actions);
+    const char* argv[] = {"/bin/sh", "-c", "sleep 0.3; echo first; sleep 0.3; echo second", nullptr};
+    pid_t child = -1;
+    ASSERT_EQ(posix_spawn(&child, "/bin/sh", &actions, nullptr, const_cast<char**>(argv), environ), 0);
+    posix_spawn_file_actions_destroy(&actions);
+    auto fds = relay.StartWhenReadable();
+    EXPECT_GE(fds[0].fd, 0);
+    EXPECT_EQ(fds[1].fd, -1) << "stderr (no destination) is not taken over";
+    ASSERT_EQ(poll(fds.data(), 2, 5000), 1);
+    EXPECT_FALSE(progress.seen()) << "nothing forwards before Start";
+    relay.Start();
+    EXPECT_EQ(relay.StartWhenReadable()[0].fd, -1) << "started: nothing to watch";
+    std::string seen;
+    EXPECT_TRUE(ReadUntil(out.read_end(), seen, "first\nsecond\n", 5s)) << seen;
+    EXPECT_TRUE(progress.seen());
+    EXPECT_EQ(WaitExit(child), 0);
+    relay.Finish(2s);
+  }
+  // A job that writes nothing: no thread, and Finish has nothing to wait for.
+  OutputRelay relay(progress, out.write_end(), -1);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  relay.AddToSpawn(actions);
+  const char* argv[] = {"/bin/true", nullptr};
+  pid_t child = -1;
+  ASSERT_EQ(posix_spawn(&child, "/bin/true", &actions, nullptr, const_cast<char**>(argv), environ), 0);
+  posix_spawn_file_actions_destroy(&actions);
+  EXPECT_EQ(WaitExit(child), 0);
+  const auto start = Clock::now();
+  relay.Sync(2s);
+  relay.Finish(2s);
+  EXPECT_LT(Clock::now() - start, 100ms);
+}
+
 TEST(OutputRelay, NothingTakenOverMeansNoPipes) {
   watchdog::Progress progress;
   OutputRelay relay(progress, -1, -1);
