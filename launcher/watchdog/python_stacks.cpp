@@ -182,7 +182,11 @@ std::map<std::string, std::string> InstallPythonStackHook(const fs::path& hook_d
     fs::create_directories(dir, error);
     if (error) throw std::runtime_error("cannot create " + dir.string() + ": " + error.message());
   }
-  storage::WriteFileAtomically((hook_dir / "sitecustomize.py").string(), kSiteCustomize);
+  // Written once per volume: a durable write on every start would cost `run` milliseconds.
+  const fs::path hook = hook_dir / "sitecustomize.py";
+  std::ifstream existing(hook, std::ios::binary);
+  const std::string current((std::istreambuf_iterator<char>(existing)), std::istreambuf_iterator<char>());
+  if (current != kSiteCustomize) storage::WriteFileAtomically(hook.string(), kSiteCustomize);
   return {{"PYTHONPATH", user_pythonpath.empty() ? hook_dir.string() : hook_dir.string() + ":" + user_pythonpath},
           {"BT_STACK_DIR", dumps_dir.string()},
           {"BT_STACK_SIGNAL", std::to_string(StackSignal())}};
