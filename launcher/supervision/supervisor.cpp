@@ -22,6 +22,7 @@
 
 #include "launcher/supervision/job_guard.h"
 #include "launcher/supervision/output_relay.h"
+#include "launcher/supervision/proc_table.h"
 
 namespace bt::launcher {
 namespace {
@@ -40,54 +41,6 @@ std::string Describe(const Command& command) {
   std::string text;
   for (const auto& arg : command.argv) text += (text.empty() ? "" : " ") + arg;
   return text;
-}
-
-struct ProcessEntry {
-  pid_t pid = 0;
-  pid_t parent = 0;
-  pid_t group = 0;
-  char state = 0;
-};
-
-std::vector<ProcessEntry> AllProcesses() {
-  std::vector<ProcessEntry> processes;
-  DIR* proc = opendir("/proc");
-  if (proc == nullptr) return processes;
-  while (dirent* entry = readdir(proc)) {
-    if (!std::isdigit(static_cast<unsigned char>(entry->d_name[0]))) continue;
-    std::ifstream stat(std::string("/proc/") + entry->d_name + "/stat");
-    std::string line;
-    if (!std::getline(stat, line)) continue;
-    auto close = line.rfind(')');
-    if (close == std::string::npos) continue;
-    ProcessEntry process;
-    process.pid = std::atoi(entry->d_name);
-    std::istringstream fields(line.substr(close + 2));
-    fields >> process.state >> process.parent >> process.group;
-    processes.push_back(process);
-  }
-  closedir(proc);
-  return processes;
-}
-
-// Whether `pid` has a handler installed for `signal_number`: the SigCgt mask of
-// /proc/PID/status (hex, bit N-1 for signal N).
-bool HandlesSignal(pid_t pid, int signal_number) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  for (std::string line; std::getline(status, line);) {
-    if (line.rfind("SigCgt:", 0) != 0) continue;
-    const uint64_t caught = std::strtoull(line.c_str() + 7, nullptr, 16);
-    return (caught >> (signal_number - 1)) & 1;
-  }
-  return false;
-}
-
-std::string CommandLine(pid_t pid) {
-  std::ifstream file("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(file)), {});
-  std::replace(text.begin(), text.end(), '\0', ' ');
-  while (!text.empty() && text.back() == ' ') text.pop_back();
-  return text.size() > 200 ? text.substr(0, 200) + "..." : text;
 }
 
 // bt-launch's own helpers (the checkpoint uploader and what it runs) are stopped by their

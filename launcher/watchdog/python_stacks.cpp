@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "launcher/supervision/proc_table.h"
 #include "storage/durable_file.h"
 
 namespace bt::launcher::watchdog {
@@ -100,17 +101,6 @@ std::optional<std::string> StartTime(pid_t pid) {
   return std::nullopt;
 }
 
-// Whether `pid` has a handler for `signal_number`: the SigCgt mask of /proc/PID/status.
-bool CatchesSignal(pid_t pid, int signal_number) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  for (std::string line; std::getline(status, line);) {
-    if (line.rfind("SigCgt:", 0) != 0) continue;
-    const uint64_t caught = std::strtoull(line.c_str() + 7, nullptr, 16);
-    return (caught >> (signal_number - 1)) & 1;
-  }
-  return false;
-}
-
 off_t FileSize(const fs::path& path) {
   struct stat info {};
   return stat(path.c_str(), &info) == 0 ? info.st_size : 0;
@@ -143,7 +133,7 @@ std::optional<ArmedProcess> ReadMarker(const fs::path& marker) {
   if (StartTime(process.stack.pid) != json.value("start_time", std::string())) return std::nullopt;  // gone, or reused
   // The same process may have exec'd another program since it armed (os.execvp, pty.spawn):
   // the signal would kill it. Only a process that still catches the signal is one to ask.
-  if (!CatchesSignal(process.stack.pid, StackSignal())) return std::nullopt;
+  if (!HandlesSignal(process.stack.pid, StackSignal())) return std::nullopt;
   const nlohmann::json labels = json.value("labels", nlohmann::json::object());
   for (const auto& [name, value] : labels.items()) {
     if (value.is_string()) process.stack.labels[name] = value.get<std::string>();

@@ -18,6 +18,7 @@
 #include <spdlog/spdlog.h>
 
 #include "launcher/exit_codes.h"
+#include "launcher/supervision/proc_table.h"
 #include "launcher/timeline.h"
 #include "launcher/watchdog/native_stacks.h"
 #include "launcher/watchdog/python_stacks.h"
@@ -73,42 +74,6 @@ bool HasGpu() {
   return fs::is_directory("/proc/driver/nvidia/gpus", error) && !fs::is_empty("/proc/driver/nvidia/gpus", error);
 }
 
-struct ProcessEntry {
-  pid_t pid = 0;
-  pid_t parent = 0;
-  char state = '?';
-};
-
-std::vector<ProcessEntry> AllProcesses() {
-  std::vector<ProcessEntry> processes;
-  DIR* proc = opendir("/proc");
-  if (proc == nullptr) return processes;
-  while (dirent* entry = readdir(proc)) {
-    if (!std::isdigit(static_cast<unsigned char>(entry->d_name[0]))) continue;
-    const std::string stat = ReadSmallFile(fs::path("/proc") / entry->d_name / "stat");
-    const size_t close = stat.rfind(')');
-    if (close == std::string::npos || close + 2 >= stat.size()) continue;
-    ProcessEntry process;
-    process.pid = std::atoi(entry->d_name);
-    std::istringstream fields(stat.substr(close + 2));
-    fields >> process.state >> process.parent;
-    processes.push_back(process);
-  }
-  closedir(proc);
-  return processes;
-}
-
-std::string CommandLine(pid_t pid) {
-  std::string text = ReadSmallFile("/proc/" + std::to_string(pid) + "/cmdline", 512);
-  std::replace(text.begin(), text.end(), '\0', ' ');
-  while (!text.empty() && text.back() == ' ') text.pop_back();
-  return text;
-}
-
-// The job's processes without a Python stack (a shell, a native trainer, a process stuck
-// where no signal handler runs), each with its state and the kernel function it waits in.
-// The launcher's own helpers (the job guard, the uploader: this same executable) and what
-// they run are not the job's.
 struct OtherProcess {
   pid_t pid = 0;
   std::string line;  // pid, state, wait channel, command line
