@@ -140,8 +140,8 @@ std::unique_ptr<watchdog::Watchdog> ArmWatchdog(PreparedJob& job, Peers* peers, 
   const env::WatchdogSettings& settings = job.config.launcher.watchdog;
   if (!settings.enabled()) return nullptr;
   if (peers != nullptr && !peers->SharesHangs()) {
-    spdlog::info("watchdog: off under the {} backend with {} nodes: without node 0's store the nodes cannot tell a hang "
-                 "from a node that prints nothing by design", "mpi", job.identity.count);
+    spdlog::info("watchdog: off under the mpi backend with {} nodes: without node 0's store the nodes cannot tell a hang "
+                 "from a node that prints nothing by design", job.identity.count);
     return nullptr;
   }
   watchdog::WatchdogPaths paths = watchdog::PathsFor(settings, job.environment, job.identity.rank);

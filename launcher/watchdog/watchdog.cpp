@@ -135,9 +135,6 @@ bool IsRank(const ProcessStack& stack, bool job_has_ranks) {
   return (stack.labels.contains("RANK") || !job_has_ranks) && !stack.labels.contains("forked_from");
 }
 
-struct NodeStacks;
-bool JobHasRanks(const std::vector<NodeStacks>& nodes);
-
 struct NodeStacks {
   int rank = -1;
   std::string host;
@@ -469,7 +466,7 @@ void Watchdog::StopThread() {
 }
 
 bool Watchdog::StoppedAsHung() const {
-  std::lock_guard lock(const_cast<std::mutex&>(mutex_));
+  std::lock_guard lock(mutex_);
   return hung_;
 }
 

@@ -94,7 +94,7 @@ class Watchdog final : public StopRequests {
   Progress& progress_;
   int event_fd_ = -1;
 
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;
   std::optional<rendezvous::PeerEvent> stack_request_;

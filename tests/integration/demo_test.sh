@@ -9,20 +9,8 @@ SOURCE_DIR=$(realpath "$2")
 [ -x /usr/bin/torchrun ] || { echo "SKIPPED: Debian's python3-torch (torchrun) is not installed"; exit 77; }
 out=$(mktemp /tmp/bt-demo-test.XXXXXX)
 trap 'rm -f "$out"' EXIT
-# Below the ephemeral range (32768-60999), where no connection's source port can take it.
-free_port() {
-  /usr/bin/python3 -c '
-import random, socket
-for _ in range(200):
-    port = random.randrange(20000, 32000)
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-    print(port)
-    break'
-}
+# shellcheck source=common.sh
+. "$(dirname "$0")/common.sh"
 export BT_RENDEZVOUS_PORT=$(free_port) MASTER_PORT=$(free_port)
 
 fail() { echo "FAIL: $*"; tail -n 40 "$out"; exit 1; }

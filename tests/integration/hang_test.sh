@@ -24,20 +24,8 @@ fail() {
   for rank in 0 1; do echo "--- node $rank"; tail -n 30 "$work/once-$rank.log"; done
   exit 1
 }
-# Below the ephemeral range (32768-60999), where no connection's source port can take it.
-free_port() {
-  python3 -c '
-import random, socket
-for _ in range(200):
-    port = random.randrange(20000, 32000)
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-    print(port)
-    break'
-}
+# shellcheck source=common.sh
+. "$(dirname "$0")/common.sh"
 export BT_RENDEZVOUS_PORT=$(free_port) MASTER_PORT=$(free_port)
 export BT_RENDEZVOUS_TOKEN=hang-test-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')
 stall_timeout_s=10

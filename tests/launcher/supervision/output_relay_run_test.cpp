@@ -17,6 +17,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/support/pseudo_terminal.h"
+
 #include "tests/support/launcher_process.h"
 
 namespace bt::testing {
@@ -229,18 +231,15 @@ TEST(OutputThroughTheLauncher, TheLastLineOfAStoppedJobIsKept) {
 
 TEST(OutputThroughTheLauncher, ATerminalIsNotTakenOver) {
   TempDir dir;
-  const int master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
-  ASSERT_GE(master, 0);
-  ASSERT_EQ(grantpt(master), 0);
-  ASSERT_EQ(unlockpt(master), 0);
-  const int terminal = open(ptsname(master), O_RDWR | O_NOCTTY | O_CLOEXEC);
-  ASSERT_GE(terminal, 0);
+  PseudoTerminal pty;
+  ASSERT_GE(pty.terminal, 0);
+  const int master = pty.master;
   const int err = OpenForWriting(dir.path() + "/err");
   const pid_t pid = Start({"--", "sh", "-c",
                            "if [ -t 1 ]; then echo stdout-is-the-terminal; fi; "
                            "if [ -t 2 ]; then echo stderr-tty >&2; else echo stderr-relayed >&2; fi"},
-                          terminal, err);
-  close(terminal);
+                          pty.terminal, err);
+  pty.CloseTerminal();
   close(err);
   std::string seen;
   char buffer[4096];
@@ -253,7 +252,6 @@ TEST(OutputThroughTheLauncher, ATerminalIsNotTakenOver) {
     seen.append(buffer, size_t(got));
   }
   EXPECT_EQ(Wait(pid, 10s), 0);
-  close(master);
   EXPECT_NE(seen.find("stdout-is-the-terminal"), std::string::npos) << seen;
   EXPECT_EQ(ReadFile(dir.path() + "/err"), "stderr-relayed\n");
 }

@@ -19,11 +19,14 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/support/pseudo_terminal.h"
+
 namespace bt::launcher {
 namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+using testing::PseudoTerminal;
 
 struct Pipe {
   Pipe() {
@@ -108,24 +111,16 @@ TEST(RelayTakesOver, PipesAndFilesButNotTerminalsOrClosedDescriptors) {
   close(null);
   EXPECT_FALSE(RelayTakesOver(null)) << "closed";
   EXPECT_FALSE(RelayTakesOver(-1));
-  const int master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
-  ASSERT_GE(master, 0);
-  ASSERT_EQ(grantpt(master), 0);
-  ASSERT_EQ(unlockpt(master), 0);
-  const int terminal = open(ptsname(master), O_RDWR | O_NOCTTY | O_CLOEXEC);
-  ASSERT_GE(terminal, 0);
+  PseudoTerminal pty;
+  ASSERT_GE(pty.terminal, 0);
+  const int terminal = pty.terminal;
   EXPECT_FALSE(RelayTakesOver(terminal)) << "a terminal keeps isatty, colours and line buffering for the job";
-  close(terminal);
-  close(master);
 }
 
 TEST(OutputRelay, ATerminalStreamIsInheritedAndTheOtherRelayed) {
-  const int master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
-  ASSERT_GE(master, 0);
-  ASSERT_EQ(grantpt(master), 0);
-  ASSERT_EQ(unlockpt(master), 0);
-  const int terminal = open(ptsname(master), O_RDWR | O_NOCTTY | O_CLOEXEC);
-  ASSERT_GE(terminal, 0);
+  PseudoTerminal pty;
+  ASSERT_GE(pty.terminal, 0);
+  const int terminal = pty.terminal;
   Pipe err;
   watchdog::Progress progress;
   OutputRelay relay(progress, terminal, err.write_end());
@@ -141,8 +136,6 @@ TEST(OutputRelay, ATerminalStreamIsInheritedAndTheOtherRelayed) {
   char own[256] = {};
   ASSERT_GT(readlink("/proc/self/fd/1", own, sizeof own - 1), 0);
   EXPECT_EQ(ReadFor(err.read_end(), 1s), std::string(own) + "\n");
-  close(terminal);
-  close(master);
 }
 
 TEST(OutputRelay, ForwardsBothStreamsAndNotesProgressOnlyWhenTheJobWrites) {
