@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -32,6 +33,11 @@ using Clock = std::chrono::steady_clock;
 // Node 0's declaration reaches a follower whose shards of that name may still be appearing
 // (there is no barrier after a DeepSpeed or HF save): a name absent this long has no part here.
 constexpr std::chrono::seconds kAbsentPartGrace{2};
+// A follower's part of a save resumed after a restart is that save only if nothing in it was
+// written after node 0's part was complete, give or take this: the store's round trips
+// between node 0's declaration and the follower's reading of it, and mtime granularity. Far
+// less than the time between two saves, or a later save written over the part would pass.
+constexpr int64_t kResumedPartSlackNs = 500'000'000;
 constexpr std::chrono::milliseconds kBoardInterval{250};
 constexpr std::chrono::milliseconds kMinEvaluationGap{5};
 constexpr std::chrono::seconds kProgressLogEvery{5};
@@ -47,6 +53,12 @@ int64_t WallNanos() {
   return int64_t(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
 }
 
+
+int64_t NewestMtimeNs(const Candidate& candidate) {
+  int64_t newest = 0;
+  for (const FileEntry& file : candidate.files) newest = std::max(newest, file.mtime_ns);
+  return newest;
+}
 
 const char* MethodSummary(const Snapshot& snapshot) {
   bool linked = false;
@@ -111,6 +123,8 @@ class CheckpointAgent::Impl {
     std::string version_id;  // Snapshot::VersionId: where it is uploaded
     // The declaration it answers: node 0's own, or (a follower) the one it was reported for.
     std::optional<uint64_t> declaration;
+    std::string answers;  // a follower's: the save it answers (Snapshot::answers), "" if none yet
+    int64_t newest_mtime_ns = 0;  // node 0's: when its part was complete (a resumed declaration says)
     std::string snapshot_path;
     std::string staging_dir;
     Stage stage = Stage::kQueued;
@@ -148,9 +162,11 @@ class CheckpointAgent::Impl {
   }
 
   // What a killed launcher left: snapshots still to upload, uploads still to commit, and
-  // staging directories that no record needs any more.
+  // staging directories that no record needs any more. With other nodes, the commits still
+  // open are settled before any training starts (DeclareResumed, AnswerResumed).
   void Resume() {
     std::set<std::string> keep;
+    std::map<uint64_t, Snapshot> resumed;
     for (const JournalEntry& entry : journal_.Unfinished()) {
       // A version is staged in StagingDir(seq) (Handoff), whatever directory the record
       // names: the volume may be mounted elsewhere now, and a record naming a directory
@@ -165,6 +181,8 @@ class CheckpointAgent::Impl {
       version.seq = entry.seq;
       version.name = entry.name;
       version.version_id = snapshot.VersionId();
+      version.answers = snapshot.answers;
+      version.newest_mtime_ns = snapshot.NewestMtimeNs();
       version.staging_dir = snapshot.staging_dir;
       version.snapshot_path = snapshot.staging_dir + ".snapshot.json";
       version.bytes_total = snapshot.total_bytes;
@@ -172,14 +190,105 @@ class CheckpointAgent::Impl {
       version.queued_at = Clock::now();
       handled_[entry.name] = snapshot.fingerprint;
       keep.insert(std::to_string(entry.seq));
-      if (version.stage == Stage::kQueued) {
-        WriteSnapshotFile(snapshot, version.snapshot_path);
-        uploader_->Upload(version.snapshot_path);
-      }
       spdlog::info("checkpoints: resuming {} from the journal ({})", entry.name, HandoffStateName(entry.state));
       versions_[entry.seq] = std::move(version);
+      resumed.emplace(entry.seq, std::move(snapshot));
     }
     RemoveStaleStaging(keep);
+    if (options_.board && is_leader()) DropReplacedResumed(resumed);
+    for (const auto& [seq, version] : versions_) {
+      if (version.stage != Stage::kQueued) continue;
+      WriteSnapshotFile(resumed.at(seq), version.snapshot_path);
+      uploader_->Upload(version.snapshot_path);
+    }
+    if (!options_.board) return;
+    if (is_leader()) return DeclareResumed();
+    AnswerResumed();
+  }
+
+  // Node 0: of each name only the newest version not committed yet is declared again, and not
+  // if the training has since written that checkpoint again (the followers' parts of this
+  // save are then likely written over too, and the later save replaces it).
+  void DropReplacedResumed(const std::map<uint64_t, Snapshot>& resumed) {
+    std::map<std::string, uint64_t> newest;
+    for (const auto& [seq, version] : versions_) newest[version.name] = seq;
+    std::map<std::string, Candidate> on_disk;
+    for (Candidate& candidate : FindCandidates(ScanTree(options_.checkpoint_dir, options_.settings.marker),
+                                               options_.checkpoint_dir, options_.settings.marker)) {
+      on_disk.emplace(candidate.name, std::move(candidate));
+    }
+    for (auto it = versions_.begin(); it != versions_.end();) {
+      Version& version = it->second;
+      auto disk = on_disk.find(version.name);
+      std::string replaced;
+      if (newest[version.name] != version.seq) {
+        replaced = "superseded by a later save of " + version.name;
+      } else if (disk != on_disk.end() && !resumed.at(version.seq).Holds(disk->second)) {
+        replaced = version.name + " was written again on disk before this save was committed";
+      }
+      if (replaced.empty()) {
+        ++it;
+        continue;
+      }
+      spdlog::info("checkpoints: not committing the save of {} resumed from the journal: {}", version.name, replaced);
+      journal_.Record(version.seq, version.name, HandoffState::kAbandoned, replaced);
+      RemoveStaging(version);
+      it = versions_.erase(it);
+    }
+  }
+
+  void DeclareResumed() {
+    const int64_t now_ns = WallNanos();
+    BoardCall([&] {
+      for (auto& [seq, version] : versions_) {
+        const int64_t age_ns = std::max<int64_t>(0, now_ns - version.newest_mtime_ns);
+        version.declaration = options_.board->Declare({0, version.name, version.version_id, age_ns});
+      }
+      options_.board->FinishResumedDeclarations();
+    });
+  }
+
+  // A follower, before its training starts: node 0's resumed declarations are answered with
+  // the part journaled for that very save, or else with the part on disk as the last run
+  // left it, if nothing in it was written after node 0's part was complete; otherwise the
+  // part is lost (a later save was written over it) and node 0 commits nothing of that save.
+  void AnswerResumed() {
+    BoardCall([&] {
+      options_.board->WaitForResumedDeclarations();
+      resumed_read_ns_ = WallNanos();
+      for (const CommitBoard::Declaration& declaration : options_.board->DeclaredSince(0)) {
+        Register(declaration);
+        if (!declaration.resumed_age_ns) continue;
+        const std::vector<int> missing = options_.board->MissingParts(declaration.number);
+        const bool answered = std::find(missing.begin(), missing.end(), options_.node_rank) == missing.end();
+        if (answered || options_.board->GetOutcome(declaration.number) != CommitBoard::Outcome::kPending) {
+          unanswered_.erase(declaration.number);  // a replaced node rejoining: settled already
+        }
+      }
+    });
+    AnswerDeclarations();
+    Evaluate(false);
+    for (const auto& [number, declaration] : std::map(unanswered_)) {
+      if (!declaration.resumed_age_ns || BoundVersion(number) != nullptr) continue;
+      spdlog::warn("checkpoints: this node's part of the save of {} that node 0 resumed is not complete on disk; "
+                   "that save cannot be committed", declaration.name);
+      Answer(number, CommitBoard::kPartLost);
+    }
+    for (auto it = versions_.begin(); it != versions_.end();) {
+      const Version& version = it->second;
+      if (version.answers.empty() || version.declaration) {
+        ++it;
+        continue;
+      }
+      spdlog::info("checkpoints: {}: node 0 does not declare again the save this node's upload answered (it was "
+                   "committed or replaced before the restart)", version.name);
+      it = versions_.erase(it);
+    }
+  }
+
+  // Nothing of a resumed save's part here may be newer than node 0's part, give or take.
+  bool WrittenBeforeResumedSave(int64_t newest_write_ns, const CommitBoard::Declaration& declaration) const {
+    return newest_write_ns <= resumed_read_ns_ - *declaration.resumed_age_ns + kResumedPartSlackNs;
   }
 
   void RemoveStaleStaging(const std::set<std::string>& keep) {
@@ -328,7 +437,7 @@ class CheckpointAgent::Impl {
                      *owner, options_.job_id);
         continue;
       }
-      context.declared_by_leader = AwaitsPart(candidate.name);
+      context.declared_by_leader = AwaitedDeclaration(candidate.name) != nullptr;
       if (!candidate.marked && !context.declared_by_leader && candidate.layout != Layout::kQuiet) {
         if (draining) NoteIncomplete(candidate.name, "waiting for " + candidate.waiting_for);
         continue;
@@ -343,20 +452,41 @@ class CheckpointAgent::Impl {
       Handoff(candidate, verdict, fingerprint);
       handing_off += Clock::now() - handoff_started;
     }
-    std::vector<uint64_t> without_part;
-    for (const auto& [number, name] : unanswered_) {
-      if (present.contains(name) || BoundVersion(number) != nullptr || PairableVersion(name) != nullptr) {
+    std::map<uint64_t, std::string> without_part;
+    for (const auto& [number, declaration] : unanswered_) {
+      if (present.contains(declaration.name) || BoundVersion(number) != nullptr || PairableVersion(declaration) != nullptr) {
         absent_since_.erase(number);
+        continue;
+      }
+      if (declaration.resumed_age_ns) {
+        without_part[number] = AbsentResumedPart(declaration);
         continue;
       }
       auto [it, inserted] = absent_since_.emplace(number, Clock::now());
       if (Clock::now() - it->second >= kAbsentPartGrace || draining) {
-        spdlog::info("checkpoints: node 0 committed {}; this node holds no part of it", name);
-        without_part.push_back(number);
+        spdlog::info("checkpoints: node 0 committed {}; this node holds no part of it", declaration.name);
+        without_part[number] = "";
       }
     }
-    for (uint64_t number : without_part) Answer(number, "");
+    for (const auto& [number, answer] : without_part) Answer(number, answer);
     return Clock::now() - started - handing_off;
+  }
+
+  // No part of a resumed save on disk: this node never had one, unless something in the
+  // checkpoint root was created or removed since node 0's part was complete (the part may
+  // have been deleted to be written again).
+  std::string AbsentResumedPart(const CommitBoard::Declaration& declaration) {
+    struct stat root {};
+    const bool untouched = stat(options_.checkpoint_dir.c_str(), &root) == 0 &&
+                           WrittenBeforeResumedSave(int64_t(root.st_mtim.tv_sec) * 1'000'000'000 + root.st_mtim.tv_nsec,
+                                                    declaration);
+    if (untouched) {
+      spdlog::info("checkpoints: node 0 resumed {}; this node holds no part of it", declaration.name);
+      return "";
+    }
+    spdlog::warn("checkpoints: this node's part of the save of {} that node 0 resumed is gone (the checkpoint "
+                 "directory changed after that save); that save cannot be committed", declaration.name);
+    return CommitBoard::kPartLost;
   }
 
   void NoteIncomplete(const std::string& name, const std::string& reason) {
@@ -391,12 +521,22 @@ class CheckpointAgent::Impl {
 
   void Handoff(const Candidate& candidate, const Verdict& verdict, const std::string& fingerprint) {
     if (RefusedByDestination(candidate, fingerprint)) return;
+    std::optional<CommitBoard::Declaration> awaited;
+    if (const CommitBoard::Declaration* first = AwaitedDeclaration(candidate.name)) awaited = *first;
+    if (awaited && awaited->resumed_age_ns && !WrittenBeforeResumedSave(NewestMtimeNs(candidate), *awaited)) {
+      handled_[candidate.name] = fingerprint;
+      spdlog::warn("checkpoints: this node's part of the save of {} that node 0 resumed was written again since; "
+                   "that save cannot be committed", candidate.name);
+      Answer(awaited->number, CommitBoard::kPartLost);
+      return;
+    }
     const auto started = Clock::now();
     const uint64_t seq = journal_.NextSeq();
     const std::string staging = StagingDir(seq);
     Snapshot snapshot;
     try {
       snapshot = TakeSnapshot(options_.checkpoint_dir, candidate, staging, seq);
+      if (awaited) snapshot.answers = awaited->save;
     } catch (const SnapshotChanged& changed) {
       spdlog::debug("checkpoints: {} changed while it was snapshotted ({}); waiting until it is stable", candidate.name,
                     changed.what());
@@ -416,6 +556,8 @@ class CheckpointAgent::Impl {
     version.seq = seq;
     version.name = candidate.name;
     version.version_id = snapshot.VersionId();
+    version.answers = snapshot.answers;
+    version.newest_mtime_ns = snapshot.NewestMtimeNs();
     version.staging_dir = staging;
     version.snapshot_path = staging + ".snapshot.json";
     version.bytes_total = snapshot.total_bytes;
@@ -432,12 +574,14 @@ class CheckpointAgent::Impl {
                  candidate.name, LayoutName(candidate.layout), verdict.reason, snapshot.files.size(),
                  storage::FormatBytes(snapshot.total_bytes), MethodSummary(snapshot),
                  std::chrono::duration<double, std::milli>(queued_in).count());
-    if (options_.board && is_leader()) Declare(versions_[seq]);
+    if (!options_.board) return;
+    if (is_leader()) return Declare(versions_[seq]);
+    if (awaited) AnswerDeclarations();  // binds it now: its snapshot record already names the save
   }
 
-  // Node 0: every version it hands off (or resumed from the journal) is declared, each time.
+  // Node 0: every version it hands off is declared, each time.
   void Declare(Version& version) {
-    BoardCall([&] { version.declaration = options_.board->Declare(version.name); });
+    BoardCall([&] { version.declaration = options_.board->Declare({0, version.name, version.version_id, {}}); });
   }
 
   static void WriteSnapshotFile(const Snapshot& snapshot, const std::string& path) {
@@ -533,14 +677,16 @@ class CheckpointAgent::Impl {
     unlink(version.snapshot_path.c_str());
   }
 
-  // A follower's version of `name` that can answer node 0's next declaration of it: the
-  // newest snapshotted after the one that answered the previous declaration, so a second
-  // save is never answered with the first.
-  Version* PairableVersion(const std::string& name) {
+  // A follower's version that can answer `declaration`: the one snapshotted for that save;
+  // else the newest of its name snapshotted after the one that answered the previous
+  // declaration and for no save in particular, so a second save is never answered with the first.
+  Version* PairableVersion(const CommitBoard::Declaration& declaration) {
     Version* newest = nullptr;
-    const uint64_t after = last_paired_seq_[name];
+    const uint64_t after = last_paired_seq_[declaration.name];
     for (auto& [seq, version] : versions_) {
-      if (version.name == name && seq > after && !version.declaration) newest = &version;
+      if (version.name != declaration.name || version.declaration) continue;
+      if (version.answers == declaration.save) return &version;
+      if (seq > after && version.answers.empty()) newest = &version;
     }
     return newest;
   }
@@ -551,11 +697,11 @@ class CheckpointAgent::Impl {
   // the name has no part here.
   void AnswerDeclarations() {
     for (auto it = unanswered_.begin(); it != unanswered_.end();) {
-      const auto [number, name] = *it++;
-      Version* version = BoundVersion(number);
-      if (version == nullptr) version = Bind(number, name);
+      const CommitBoard::Declaration declaration = it++->second;
+      Version* version = BoundVersion(declaration.number);
+      if (version == nullptr) version = Bind(declaration);
       if (version == nullptr || version->stage == Stage::kQueued) continue;
-      Answer(number, version->version_id);
+      Answer(declaration.number, version->version_id);
     }
   }
 
@@ -566,23 +712,23 @@ class CheckpointAgent::Impl {
     return nullptr;
   }
 
-  Version* Bind(uint64_t declaration, const std::string& name) {
-    Version* version = PairableVersion(name);
+  Version* Bind(const CommitBoard::Declaration& declaration) {
+    Version* version = PairableVersion(declaration);
     if (version == nullptr) return nullptr;
-    version->declaration = declaration;
-    DropSuperseded(name, last_paired_seq_[name], version->seq);
-    last_paired_seq_[name] = version->seq;
+    version->declaration = declaration.number;
+    DropSuperseded(declaration.name, last_paired_seq_[declaration.name], version->seq);
+    last_paired_seq_[declaration.name] = std::max(last_paired_seq_[declaration.name], version->seq);
     return version;
   }
 
-  // A follower judges its part of `name` by node 0's word only while a declaration of it
-  // waits for a version: a part being written again for a later save is not complete
-  // because an earlier save of that name was.
-  bool AwaitsPart(const std::string& name) {
-    for (const auto& [number, declared] : unanswered_) {
-      if (declared == name && BoundVersion(number) == nullptr) return true;
+  // The first declaration of `name` no version answers yet. A follower judges its part of
+  // `name` by node 0's word only while there is one: a part being written again for a later
+  // save is not complete because an earlier save of that name was.
+  const CommitBoard::Declaration* AwaitedDeclaration(const std::string& name) {
+    for (const auto& [number, declaration] : unanswered_) {
+      if (declaration.name == name && BoundVersion(number) == nullptr) return &declaration;
     }
-    return false;
+    return nullptr;
   }
 
   // Versions of `name` between two that answered declarations answer none: a later save
@@ -651,7 +797,7 @@ class CheckpointAgent::Impl {
     version.stage = Stage::kCommitted;
     journal_.Record(version.seq, version.name, HandoffState::kCommitted);
     if (options_.board && is_leader() && version.declaration) {
-      BoardCall([&] { options_.board->MarkCommitted(*version.declaration); });
+      BoardCall([&] { options_.board->SetOutcome(*version.declaration, CommitBoard::Outcome::kCommitted); });
     }
   }
 
@@ -661,10 +807,7 @@ class CheckpointAgent::Impl {
     BoardCall([&] {
       if (is_leader()) return CommitAnsweredVersions();
       for (const auto& declaration : options_.board->DeclaredSince(declarations_seen_)) {
-        declarations_seen_ = declaration.number + 1;
-        declared_.insert(declaration.name);
-        declared_order_.push_back(declaration);
-        unanswered_[declaration.number] = declaration.name;
+        Register(declaration);
         new_names = true;
       }
       AnswerDeclarations();
@@ -673,8 +816,15 @@ class CheckpointAgent::Impl {
     return new_names;
   }
 
+  void Register(const CommitBoard::Declaration& declaration) {
+    declarations_seen_ = declaration.number + 1;
+    declared_.insert(declaration.name);
+    declared_order_.push_back(declaration);
+    unanswered_[declaration.number] = declaration;
+  }
+
   // Node 0: a version every node has answered its declaration for is committed with the
-  // versions they answered.
+  // versions they answered, unless a node's part of that save is lost.
   void CommitAnsweredVersions() {
     for (auto& [seq, version] : versions_) {
       if (version.stage == Stage::kCommitted) continue;
@@ -685,20 +835,55 @@ class CheckpointAgent::Impl {
         options_.board->ReportPart(declaration, version.version_id);
       }
       if (!options_.board->MissingParts(declaration).empty()) continue;
-      Commit(version, options_.board->PartVersions(declaration));
+      std::map<int, std::string> parts = options_.board->PartVersions(declaration);
+      if (LostParts(parts).empty()) {
+        Commit(version, std::move(parts));
+        continue;
+      }
+      AbandonLostSave(seq, LostParts(parts));
+      return;  // versions_ changed under the loop; the next pass goes on
     }
   }
 
-  // A follower's version is committed when node 0 committed the declaration it answered; a
-  // version of a name node 0 never declared is this node's own.
+  static std::string LostParts(const std::map<int, std::string>& parts) {
+    std::string ranks;
+    for (const auto& [rank, part] : parts) {
+      if (part == CommitBoard::kPartLost) ranks += (ranks.empty() ? "" : ", ") + std::to_string(rank);
+    }
+    return ranks;
+  }
+
+  void AbandonLostSave(uint64_t seq, const std::string& ranks) {
+    Version& version = versions_.at(seq);
+    const std::string why = "node(s) " + ranks + " no longer hold their part of this save (written again while the "
+                            "launchers restarted)";
+    spdlog::warn("checkpoints: the save of {} resumed after the restart is not committed: {}", version.name, why);
+    journal_.Record(seq, version.name, HandoffState::kAbandoned, why);
+    options_.board->SetOutcome(*version.declaration, CommitBoard::Outcome::kAbandoned);
+    RemoveStaging(version);
+    versions_.erase(seq);
+  }
+
+  // A follower's version is committed when node 0 committed the declaration it answered,
+  // and dropped when node 0 abandoned it; a version of a name node 0 never declared is this
+  // node's own.
   void CommitFollowerVersions() {
-    for (auto& [seq, version] : versions_) {
-      if (version.stage != Stage::kUploaded) continue;
+    for (auto it = versions_.begin(); it != versions_.end();) {
+      Version& version = it->second;
       const bool own = !declared_.contains(version.name);
-      if (own || (version.declaration && options_.board->IsCommitted(*version.declaration))) {
+      const auto outcome = version.stage != Stage::kUploaded || own || !version.declaration
+                               ? CommitBoard::Outcome::kPending
+                               : options_.board->GetOutcome(*version.declaration);
+      if (outcome == CommitBoard::Outcome::kAbandoned) {
+        journal_.Record(version.seq, version.name, HandoffState::kAbandoned, "node 0 did not commit this save");
+        it = versions_.erase(it);
+        continue;
+      }
+      if (version.stage == Stage::kUploaded && (own || outcome == CommitBoard::Outcome::kCommitted)) {
         version.stage = Stage::kCommitted;
         journal_.Record(version.seq, version.name, HandoffState::kCommitted);
       }
+      ++it;
     }
   }
 
@@ -764,6 +949,10 @@ class CheckpointAgent::Impl {
     if (target_declaration) {
       auto answer = answered_.find(*target_declaration);
       if (answer != answered_.end() && answer->second.empty()) return {true, "this node holds no part of checkpoint " + target};
+      if (answer != answered_.end() && answer->second == CommitBoard::kPartLost) {
+        return {true, "the save of " + target + " resumed after the restart was not committed: this node's part of it "
+                      "was written over"};
+      }
     }
     if (newest == nullptr) {
       return {false, "checkpoint " + target + " (complete on node 0) was not uploaded from this node: its part here "
@@ -809,13 +998,14 @@ class CheckpointAgent::Impl {
   std::set<std::string> declared_;  // names node 0 declared (a follower)
   std::vector<CommitBoard::Declaration> declared_order_;
   uint64_t declarations_seen_ = 0;
-  std::map<uint64_t, std::string> unanswered_;    // declaration → name
+  std::map<uint64_t, CommitBoard::Declaration> unanswered_;  // by number
   std::map<uint64_t, std::string> answered_;      // declaration → the version answered ("" none)
   std::map<std::string, uint64_t> last_paired_seq_;  // name → the version that answered last
   std::map<uint64_t, Clock::time_point> absent_since_;
   std::set<std::string> incomplete_noted_;
   std::set<std::string> warned_symlinks_;
   std::optional<std::string> board_error_;
+  int64_t resumed_read_ns_ = 0;  // when a follower read node 0's resumed declarations
   std::string last_destination_error_;
   int wake_fd_ = -1;
   std::mutex mutex_;

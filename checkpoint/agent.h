@@ -21,24 +21,40 @@ namespace bt::checkpoint {
 
 // The cross-node part of a commit, over the rendezvous store (launcher/). Markers are rank-0
 // files on node-local disks: node 0 declares each version it hands off (a number per
-// declaration, so a name saved again is declared again); every node answers each
-// declaration with its own version of that name (or none); node 0 commits the versions
-// reported for that one declaration once all have answered, never an answer to an earlier one.
+// declaration, so a name saved again is declared again, and the save: node 0's version id);
+// every node answers each declaration with its own version of that save (or none, or lost);
+// node 0 commits the versions reported for that one declaration once all have answered,
+// never an answer to an earlier one.
+//
+// After the launchers restart on their volumes, node 0 declares again what it had handed
+// off but not committed ("resumed", with how long ago its part was complete) before any
+// training starts, and says when it is done; each follower answers those from its journal,
+// or from its disk as the last run left it, before its own training rewrites anything.
 class CommitBoard {
  public:
   struct Declaration {
     uint64_t number = 0;
     std::string name;
+    std::string save;  // node 0's version id of the save declared
+    // Resumed from before a restart: how long before the declaration node 0's part of this
+    // save was complete, by node 0's clock (a duration, so no two hosts' clocks are compared).
+    std::optional<int64_t> resumed_age_ns;
   };
+  enum class Outcome { kPending, kCommitted, kAbandoned };
+  // A follower's answer when its part of a resumed save is gone (written again since).
+  static constexpr const char* kPartLost = "lost";
+
   virtual ~CommitBoard() = default;
-  virtual uint64_t Declare(const std::string& name) = 0;                         // node 0
+  virtual uint64_t Declare(const Declaration& declaration) = 0;                  // node 0; number ignored
   virtual std::vector<Declaration> DeclaredSince(uint64_t first) = 0;            // numbers first...
-  // Every node, once per declaration: the version of its part, "" for none.
+  virtual void FinishResumedDeclarations() = 0;                                  // node 0, at start
+  virtual void WaitForResumedDeclarations() = 0;                                 // followers; throws
+  // Every node, once per declaration: the version of its part, "" for none, kPartLost.
   virtual void ReportPart(uint64_t declaration, const std::string& version) = 0;
   virtual std::vector<int> MissingParts(uint64_t declaration) = 0;               // ranks not answered yet
   virtual std::map<int, std::string> PartVersions(uint64_t declaration) = 0;     // ranks with a part
-  virtual void MarkCommitted(uint64_t declaration) = 0;                          // node 0, after the commit
-  virtual bool IsCommitted(uint64_t declaration) = 0;
+  virtual void SetOutcome(uint64_t declaration, Outcome outcome) = 0;            // node 0
+  virtual Outcome GetOutcome(uint64_t declaration) = 0;
   virtual void CloseDeclarations() = 0;                                          // node 0's drain
   virtual bool DeclarationsClosed() = 0;
 };

@@ -14,7 +14,6 @@
 
 #include "storage/durable_file.h"
 #include "storage/json_bytes.h"
-#include "storage/paths.h"
 
 namespace bt::checkpoint {
 namespace {
@@ -169,18 +168,9 @@ std::optional<std::string> HandoffJournal::CommittedByAnotherJob(const std::stri
 }
 
 bool HandoffJournal::HoldsMoreThan(const Candidate& candidate) const {
-  const std::string base = candidate.is_directory ? candidate.name : storage::ParentOf(candidate.name);
   for (const auto& [seq, entry] : entries_) {
     if (entry.name != candidate.name || !entry.snapshot || entry.state == HandoffState::kAbandoned) continue;
-    const auto& recorded = entry.snapshot->files;
-    if (recorded.size() <= candidate.files.size()) continue;
-    const bool all_kept = std::all_of(candidate.files.begin(), candidate.files.end(), [&](const FileEntry& file) {
-      const std::string relative = base.empty() ? file.path : file.path.substr(base.size() + 1);
-      return std::any_of(recorded.begin(), recorded.end(), [&](const SnapshotFile& kept) {
-        return kept.path == relative && kept.size == file.size && kept.mtime_ns == file.mtime_ns;
-      });
-    });
-    if (all_kept) return true;
+    if (entry.snapshot->files.size() > candidate.files.size() && entry.snapshot->Holds(candidate)) return true;
   }
   return false;
 }

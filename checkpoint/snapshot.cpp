@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "storage/durable_file.h"
@@ -84,7 +85,8 @@ nlohmann::json Snapshot::ToJson() const {
           {"files", files_json},
           {"pointers", storage::BytesMapToJson(pointers)},
           {"total_bytes", total_bytes},
-          {"fingerprint", fingerprint}};
+          {"fingerprint", fingerprint},
+          {"answers", answers}};
 }
 
 Snapshot Snapshot::FromJson(const nlohmann::json& value) {
@@ -105,7 +107,24 @@ Snapshot Snapshot::FromJson(const nlohmann::json& value) {
   snapshot.pointers = storage::BytesMapFromJson(value.at("pointers"));
   snapshot.total_bytes = value.at("total_bytes").get<uint64_t>();
   snapshot.fingerprint = value.at("fingerprint").get<std::string>();
+  snapshot.answers = value.value("answers", "");
   return snapshot;
+}
+
+bool Snapshot::Holds(const Candidate& candidate) const {
+  const std::string base = candidate.is_directory ? candidate.name : storage::ParentOf(candidate.name);
+  return std::all_of(candidate.files.begin(), candidate.files.end(), [&](const FileEntry& file) {
+    const std::string relative = base.empty() ? file.path : file.path.substr(base.size() + 1);
+    return std::any_of(files.begin(), files.end(), [&](const SnapshotFile& kept) {
+      return kept.path == relative && kept.size == file.size && kept.mtime_ns == file.mtime_ns;
+    });
+  });
+}
+
+int64_t Snapshot::NewestMtimeNs() const {
+  int64_t newest = 0;
+  for (const SnapshotFile& file : files) newest = std::max(newest, file.mtime_ns);
+  return newest;
 }
 
 std::string Fingerprint(const Candidate& candidate) {

@@ -42,6 +42,9 @@ struct Snapshot {
   std::map<std::string, std::string> pointers;
   uint64_t total_bytes = 0;
   std::string fingerprint;  // of the source files' identity: a new one means a new version
+  // A follower's part taken for node 0's declaration: the save it answers (node 0's version
+  // id), so that after a restart it answers that save and no other.
+  std::string answers;
 
   // What a destination uploads: the staged files, this version's number.
   storage::StagedFiles Staged() const;
@@ -53,6 +56,10 @@ struct Snapshot {
   // Throws nlohmann::json::exception, or storage::ManifestError for a name or file path
   // that is not a relative path inside the checkpoint.
   static Snapshot FromJson(const nlohmann::json& value);
+  // Every file of `candidate` (paths relative to the checkpoint root) is in this snapshot,
+  // unchanged: the checkpoint on disk is this version, or this version being deleted.
+  bool Holds(const Candidate& candidate) const;
+  int64_t NewestMtimeNs() const;
 };
 
 // Files up to this size are copied, not linked: frameworks rewrite small files (`latest`,

@@ -63,7 +63,8 @@ void PrepareNode(const PreparedJob& job, const std::optional<storage::Destinatio
     phase.Publish("loading checkpoint " + resume);
     spdlog::info("resuming from checkpoint {}: this job's destination already holds it as committed (latest){}", resume,
                  job.config.runtime.load_checkpoint_config.enabled ? "; runtime.load_checkpoint_config is not loaded" : "");
-    LoadOwnCheckpoint(job.environment, *destination, job.job_id(), job.identity.rank, resume);
+    LoadOwnCheckpoint(job.environment, *destination, job.job_id(), job.identity.rank, resume,
+                      [&] { CheckStop(peers, signals); });
   } else if (job.config.runtime.load_checkpoint_config.enabled && !rejoining) {
     ClearEarlierLoads(job.environment, job.identity.rank);
     timeline.Begin("load checkpoints");

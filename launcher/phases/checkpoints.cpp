@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -14,6 +15,7 @@
 #include "storage/commit_record.h"
 #include "storage/durable_file.h"
 #include "storage/hash.h"
+#include "storage/json_bytes.h"
 #include "storage/manifest.h"
 #include "storage/paths.h"
 #include "storage/subprocess.h"
@@ -71,10 +73,12 @@ class StoreCommitBoard final : public checkpoint::CommitBoard {
   StoreCommitBoard(rendezvous::Store& store, int node_count, int node_rank)
       : store_(store), node_count_(node_count), node_rank_(node_rank) {}
 
-  uint64_t Declare(const std::string& name) override {
+  uint64_t Declare(const Declaration& declaration) override {
+    nlohmann::json value = {{"name", storage::BytesToJson(declaration.name)}, {"save", declaration.save}};
+    if (declaration.resumed_age_ns) value["resumed_age_ns"] = *declaration.resumed_age_ns;
     const int64_t number = store_.Add("bt/ckpt/declared", 0);
-    store_.Set(DeclarationKey(uint64_t(number)), name);
-    store_.Add("bt/ckpt/declared", 1);  // after the name: a reader never finds a gap
+    store_.Set(DeclarationKey(uint64_t(number)), value.dump());
+    store_.Add("bt/ckpt/declared", 1);  // after the declaration: a reader never finds a gap
     return uint64_t(number);
   }
 
@@ -82,10 +86,16 @@ class StoreCommitBoard final : public checkpoint::CommitBoard {
     std::vector<Declaration> declarations;
     const int64_t count = store_.Add("bt/ckpt/declared", 0);
     for (int64_t number = int64_t(first); number < count; ++number) {
-      declarations.push_back({uint64_t(number), store_.Get(DeclarationKey(uint64_t(number)), kStoreGetTimeout)});
+      const std::string key = DeclarationKey(uint64_t(number));
+      declarations.push_back(ParseDeclaration(uint64_t(number), store_.Get(key, kStoreGetTimeout), key));
     }
     return declarations;
   }
+
+  void FinishResumedDeclarations() override { store_.Set(kResumedKey, "1"); }
+  // Node 0 gets there right after the ready barrier, as the followers do; a minute covers a
+  // slow volume's journal replay.
+  void WaitForResumedDeclarations() override { store_.Get(kResumedKey, std::chrono::seconds(60)); }
 
   void ReportPart(uint64_t declaration, const std::string& version) override {
     store_.Set(PartKey(declaration, node_rank_), version);
@@ -111,12 +121,20 @@ class StoreCommitBoard final : public checkpoint::CommitBoard {
     return versions;
   }
 
-  void MarkCommitted(uint64_t declaration) override { store_.Add(CommittedKey(declaration), 1); }
-  bool IsCommitted(uint64_t declaration) override { return store_.Add(CommittedKey(declaration), 0) > 0; }
+  // One counter per declaration: 1 committed, 2 abandoned (Add is the store's atomic write).
+  void SetOutcome(uint64_t declaration, Outcome outcome) override {
+    if (GetOutcome(declaration) == Outcome::kPending) store_.Add(OutcomeKey(declaration), int64_t(outcome));
+  }
+  Outcome GetOutcome(uint64_t declaration) override {
+    const int64_t value = store_.Add(OutcomeKey(declaration), 0);
+    return value == 1 ? Outcome::kCommitted : value == 2 ? Outcome::kAbandoned : Outcome::kPending;
+  }
   void CloseDeclarations() override { store_.Add("bt/ckpt/closed", 1); }
   bool DeclarationsClosed() override { return store_.Add("bt/ckpt/closed", 0) > 0; }
 
  private:
+  static constexpr const char* kResumedKey = "bt/ckpt/resumed";
+
   // Keyed by the declaration's number, not the checkpoint's name: a name saved again is a
   // new declaration, and an answer to the first can never complete the second.
   static std::string DeclarationKey(uint64_t number) { return "bt/ckpt/declared/" + std::to_string(number); }
@@ -124,7 +142,18 @@ class StoreCommitBoard final : public checkpoint::CommitBoard {
   static std::string PartKey(uint64_t declaration, int rank) {
     return PartsKey(declaration) + "/rank-" + std::to_string(rank);
   }
-  static std::string CommittedKey(uint64_t declaration) { return "bt/ckpt/committed/" + std::to_string(declaration); }
+  static std::string OutcomeKey(uint64_t declaration) { return "bt/ckpt/outcome/" + std::to_string(declaration); }
+
+  static Declaration ParseDeclaration(uint64_t number, const std::string& text, const std::string& key) {
+    try {
+      const auto value = nlohmann::json::parse(text);
+      Declaration declaration{number, storage::BytesFromJson(value.at("name")), value.at("save").get<std::string>(), {}};
+      if (value.contains("resumed_age_ns")) declaration.resumed_age_ns = value["resumed_age_ns"].get<int64_t>();
+      return declaration;
+    } catch (const std::exception& error) {
+      throw std::runtime_error("the store's " + key + " is not a checkpoint declaration: " + error.what());
+    }
+  }
 
   std::vector<std::optional<std::string>> Answers(uint64_t declaration) {
     std::vector<std::string> keys;
@@ -314,11 +343,34 @@ void LoadPart(storage::Destination& destination, const storage::DestinationSpec&
                storage::JoinPath(rank_dir, manifest.name));
 }
 
+// A load the destination failed (rclone killed, a connection reset) is tried again after a
+// pause, twice: a job restarting after a crash must not end on one lost transfer. A
+// corrupt or missing checkpoint is not retried.
+constexpr int kLoadAttempts = 3;
+
+void PauseBeforeLoadRetry(int attempt, const std::function<void()>& check_stop) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(attempt);
+  while (std::chrono::steady_clock::now() < until) {
+    check_stop();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
 // Every failure of a load as the launch failure (74) that names `where`.
 template <typename Load>
-void AsLoadFailure(const std::string& where, const std::string& uri, Load load) {
+void AsLoadFailure(const std::string& where, const std::string& uri, Load load,
+                   const std::function<void()>& check_stop = [] {}) {
   try {
-    load();
+    for (int attempt = 1;; ++attempt) {
+      try {
+        return load();
+      } catch (const DestinationError& error) {
+        if (attempt == kLoadAttempts) throw;
+        spdlog::warn("{}cannot load from {} (attempt {} of {}): {}; trying again in {} s", where, uri, attempt,
+                     kLoadAttempts, error.what(), attempt);
+        PauseBeforeLoadRetry(attempt, check_stop);
+      }
+    }
   } catch (const DestinationError& error) {
     throw LaunchFailure(kExitIo, where + "cannot load from " + uri + ": " + error.what());
   } catch (const ManifestError& error) {
@@ -363,7 +415,7 @@ void LoadCheckpoints(const env::JobConfig& config, const env::JobEnvironment& en
     AsLoadFailure(where, destination_spec.uri, [&] {
       const storage::CommitRecord commit = FindCommitted(*destination, reference, where);
       LoadPart(*destination, destination_spec, commit, node_rank, rank_dir, "", where, check_stop);
-    });
+    }, check_stop);
   }
 }
 
@@ -380,7 +432,8 @@ std::optional<std::string> LatestCommittedCheckpoint(const storage::DestinationS
 }
 
 void LoadOwnCheckpoint(const env::JobEnvironment& environment, const storage::DestinationSpec& destination_spec,
-                       const std::string& job_id, int node_rank, const std::string& name) {
+                       const std::string& job_id, int node_rank, const std::string& name,
+                       const std::function<void()>& check_stop) {
   const std::string rank_dir = LoadRankDir(environment, node_rank);
   const std::string where = "resuming from checkpoint " + name + ": ";
   AsLoadFailure(where, destination_spec.uri, [&] {
@@ -392,8 +445,8 @@ void LoadOwnCheckpoint(const env::JobEnvironment& environment, const storage::De
     // The version committed under `name` now: node 0 chose the name from `latest` a moment ago.
     storage::CommitRecord commit = storage::ReadCommit(*destination, job_id, name)
                                        .value_or(storage::CommitRecord::Unversioned(job_id, name));
-    LoadPart(*destination, destination_spec, commit, node_rank, rank_dir, local_root, where, [] {});
-  });
+    LoadPart(*destination, destination_spec, commit, node_rank, rank_dir, local_root, where, check_stop);
+  }, check_stop);
 }
 
 CheckpointPhase StartCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment,

@@ -51,9 +51,11 @@ std::optional<std::string> LatestCommittedCheckpoint(const storage::DestinationS
 // This job's own committed checkpoint `name` (a restart, a retried job), this node's part,
 // into BT_LOAD_CHECKPOINT_DIR/rank-<r>/, emptied first so that nothing of an earlier load
 // lies beside it. Files this node still holds unchanged under BT_CHECKPOINT_DIR are
-// hard-linked, not downloaded. Throws LaunchFailure(74).
+// hard-linked, not downloaded. A transfer the destination failed is tried again twice, with
+// `check_stop` called while it waits. Throws LaunchFailure(74).
 void LoadOwnCheckpoint(const env::JobEnvironment& environment, const storage::DestinationSpec& destination,
-                       const std::string& job_id, int node_rank, const std::string& name);
+                       const std::string& job_id, int node_rank, const std::string& name,
+                       const std::function<void()>& check_stop = [] {});
 
 // The agent and the cross-node commit it uses; empty when checkpointing is off.
 struct CheckpointPhase {

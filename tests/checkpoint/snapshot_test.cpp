@@ -79,5 +79,25 @@ TEST(Snapshot, FileCheckpointKeepsItsNameAndFingerprintFollowsTheContent) {
   EXPECT_NE(Fingerprint(OnlyCandidate(root)), Fingerprint(first));
 }
 
+// What a restarted node 0 asks of a resumed version: is the checkpoint on disk still it (or
+// it being deleted file by file), or a later save written over it?
+TEST(Snapshot, HoldsTheCheckpointItWasTakenFromAndItsRemainsButNotALaterSave) {
+  TempDir dir;
+  const std::string root = dir.path() + "/ckpts";
+  WriteBytes(root + "/step-1/a.bin", "a");
+  WriteBytes(root + "/step-1/b.bin", "b");
+  WriteBytes(root + "/step-1/.complete", "");
+  Snapshot snapshot = TakeSnapshot(root, OnlyCandidate(root), dir.path() + "/staging/1", 1);
+  snapshot.answers = "0123abcd";
+  const Snapshot read = Snapshot::FromJson(snapshot.ToJson());
+  EXPECT_EQ(read.answers, "0123abcd");
+  EXPECT_EQ(read.NewestMtimeNs(), snapshot.NewestMtimeNs());
+  EXPECT_TRUE(read.Holds(OnlyCandidate(root)));
+  std::filesystem::remove(root + "/step-1/a.bin");  // rotation, one file at a time
+  EXPECT_TRUE(read.Holds(OnlyCandidate(root)));
+  WriteBytes(root + "/step-1/b.bin", "bb");  // the next save, over it
+  EXPECT_FALSE(read.Holds(OnlyCandidate(root)));
+}
+
 }  // namespace
 }  // namespace bt::checkpoint

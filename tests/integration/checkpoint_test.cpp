@@ -541,6 +541,42 @@ TEST_F(CheckpointJob, SigtermDuringAStuckLoadStopsAtOnceAndLeavesNothing) {
   }
 }
 
+// The transfer of a load dies (rclone killed, as the crash harness does at random): the load
+// is tried again, not the job failed. The rclone is a script first in PATH that serves the
+// destination from a local tree and kills itself on its first `copy`.
+TEST_F(CheckpointJob, ALoadWhoseTransferIsKilledIsTriedAgain) {
+  const std::string bucket = dir_.path() + "/s3";
+  const std::string save = "mkdir -p $BT_CHECKPOINT_DIR/global_step7 && head -c 300000 /dev/urandom > "
+                           "$BT_CHECKPOINT_DIR/global_step7/model_states.bin && echo global_step7 > $BT_CHECKPOINT_DIR/latest";
+  ProcessResult first = RunLauncher(Run(Config({save}, "file://" + bucket + "/ckpts/prefix")));
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+
+  const std::string killed_once = dir_.path() + "/killed-once";
+  dir_.Write("bin/rclone", "#!/bin/sh\n"  // copy --files-from-raw LIST --no-traverse btdest:DIR LOCAL
+                           "case \"$1\" in\n"
+                           "  copy) [ -e " + killed_once + " ] || { touch " + killed_once + "; kill -9 $$; }\n"
+                           "        while IFS= read -r f; do mkdir -p \"$6/$(dirname \"$f\")\"; "
+                           "cp \"" + bucket + "/${5#btdest:}/$f\" \"$6/$f\" || exit 3; done < \"$3\" ;;\n"
+                           "  copyto) cp \"" + bucket + "/${2#btdest:}\" \"$3\" 2>/dev/null || exit 3 ;;\n"
+                           "  *) exit 1 ;;\n"
+                           "esac\n");
+  fs::permissions(dir_.path() + "/bin/rclone", fs::perms::owner_all);
+  nlohmann::json load = {{"load_checkpoint_config",
+                          {{"enabled", true}, {"checkpoints", {{{"typ", "baseten_latest_checkpoint"}, {"job_id", kJob}}}}}}};
+  const std::string check = "cmp $BT_LOAD_CHECKPOINT_DIR/rank-0/global_step7/model_states.bin " + CheckpointDir() +
+                            "/global_step7/model_states.bin && echo loaded-identical";
+  nlohmann::json config = nlohmann::json::parse(ReadFile(Config({check}, "s3://ckpts/prefix", 30, load.dump())));
+  config["runtime"]["checkpointing_config"]["enabled"] = false;
+  LaunchSpec spec = Run(dir_.Write("killed-load.json", config.dump()));
+  spec.set_env = {{"PATH", dir_.path() + "/bin:" + std::getenv("PATH")}, {"AWS_ACCESS_KEY_ID", "test-key-id"},
+                  {"AWS_SECRET_ACCESS_KEY", "test-secret-key-value"}, {"AWS_REGION", "us-east-1"}};
+  ProcessResult result = RunLauncher(spec);
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_TRUE(fs::exists(killed_once)) << "the first transfer was not killed: " << result.err;
+  EXPECT_NE(result.err.find("(attempt 1 of 3)"), std::string::npos) << result.err;
+  EXPECT_NE(result.out.find("loaded-identical"), std::string::npos) << result.out << result.err;
+}
+
 // Saving a checkpoint again under its name: the new version is uploaded to a location of
 // its own and made current by its commit record; the committed one is never written again
 // (at an rclone destination it was copied over, files first, so a node lost mid-upload left
