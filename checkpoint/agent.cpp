@@ -254,8 +254,10 @@ class CheckpointAgent::Impl {
   // part is lost (a later save was written over it) and node 0 commits nothing of that save.
   void AnswerResumed() {
     BoardCall([&] {
-      options_.board->WaitForResumedDeclarations();
-      resumed_read_ns_ = WallNanos();
+      if (!options_.board->WaitForResumedDeclarations()) {
+        spdlog::warn("checkpoints: node 0 did not declare the saves it resumed in time; they are answered as they come");
+        return;
+      }
       for (const CommitBoard::Declaration& declaration : options_.board->DeclaredSince(0)) {
         Register(declaration);
         if (!declaration.resumed_age_ns) continue;
@@ -817,6 +819,7 @@ class CheckpointAgent::Impl {
   }
 
   void Register(const CommitBoard::Declaration& declaration) {
+    if (declaration.resumed_age_ns && resumed_read_ns_ == 0) resumed_read_ns_ = WallNanos();
     declarations_seen_ = declaration.number + 1;
     declared_.insert(declaration.name);
     declared_order_.push_back(declaration);
@@ -1005,7 +1008,7 @@ class CheckpointAgent::Impl {
   std::set<std::string> incomplete_noted_;
   std::set<std::string> warned_symlinks_;
   std::optional<std::string> board_error_;
-  int64_t resumed_read_ns_ = 0;  // when a follower read node 0's resumed declarations
+  int64_t resumed_read_ns_ = 0;  // when a follower first read one of node 0's resumed declarations
   std::string last_destination_error_;
   int wake_fd_ = -1;
   std::mutex mutex_;

@@ -48,7 +48,7 @@ class CommitBoard {
   virtual uint64_t Declare(const Declaration& declaration) = 0;                  // node 0; number ignored
   virtual std::vector<Declaration> DeclaredSince(uint64_t first) = 0;            // numbers first...
   virtual void FinishResumedDeclarations() = 0;                                  // node 0, at start
-  virtual void WaitForResumedDeclarations() = 0;                                 // followers; throws
+  virtual bool WaitForResumedDeclarations() = 0;                                 // followers; false: not in time
   // Every node, once per declaration: the version of its part, "" for none, kPartLost.
   virtual void ReportPart(uint64_t declaration, const std::string& version) = 0;
   virtual std::vector<int> MissingParts(uint64_t declaration) = 0;               // ranks not answered yet

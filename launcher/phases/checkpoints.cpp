@@ -93,9 +93,16 @@ class StoreCommitBoard final : public checkpoint::CommitBoard {
   }
 
   void FinishResumedDeclarations() override { store_.Set(kResumedKey, "1"); }
-  // Node 0 gets there right after the ready barrier, as the followers do; a minute covers a
-  // slow volume's journal replay.
-  void WaitForResumedDeclarations() override { store_.Get(kResumedKey, std::chrono::seconds(60)); }
+  // Node 0 gets there right after the ready barrier, as the followers do, and a follower
+  // waits here before its training starts (and deaf to signals): bounded tightly.
+  bool WaitForResumedDeclarations() override {
+    try {
+      store_.Get(kResumedKey, std::chrono::seconds(20));
+      return true;
+    } catch (const rendezvous::StoreTimeout&) {
+      return false;
+    }
+  }
 
   void ReportPart(uint64_t declaration, const std::string& version) override {
     store_.Set(PartKey(declaration, node_rank_), version);
