@@ -350,34 +350,37 @@ void LoadPart(storage::Destination& destination, const storage::DestinationSpec&
                storage::JoinPath(rank_dir, manifest.name));
 }
 
-// A load the destination failed (rclone killed, a connection reset) is tried again after a
-// pause, twice: a job restarting after a crash must not end on one lost transfer. A
-// corrupt or missing checkpoint is not retried.
-constexpr int kLoadAttempts = 3;
+// A read the destination failed (rclone killed, a connection reset) is tried again after a
+// pause, twice: a job restarting after a crash must not end, or start from scratch, on one
+// lost transfer. `what` and `uri` name it in the log; the last failure is thrown.
+constexpr int kTransferAttempts = 3;
 
-void PauseBeforeLoadRetry(int attempt, const std::function<void()>& check_stop) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(attempt);
-  while (std::chrono::steady_clock::now() < until) {
-    check_stop();
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+template <typename Read>
+auto RetryingTransfers(const std::string& what, const std::string& uri, Read read,
+                       const std::function<void()>& check_stop) {
+  for (int attempt = 1;; ++attempt) {
+    try {
+      return read();
+    } catch (const DestinationError& error) {
+      if (attempt == kTransferAttempts) throw;
+      spdlog::warn("{} from {} failed (attempt {} of {}): {}; trying again in {} s", what, uri, attempt,
+                   kTransferAttempts, error.what(), attempt);
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(attempt);
+      while (std::chrono::steady_clock::now() < until) {
+        check_stop();
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    }
   }
 }
 
-// Every failure of a load as the launch failure (74) that names `where`.
+// Every failure of a load as the launch failure (74) that names `where`. A corrupt or
+// missing checkpoint is not tried again.
 template <typename Load>
 void AsLoadFailure(const std::string& where, const std::string& uri, Load load,
                    const std::function<void()>& check_stop = [] {}) {
   try {
-    for (int attempt = 1;; ++attempt) {
-      try {
-        return load();
-      } catch (const DestinationError& error) {
-        if (attempt == kLoadAttempts) throw;
-        spdlog::warn("{}cannot load from {} (attempt {} of {}): {}; trying again in {} s", where, uri, attempt,
-                     kLoadAttempts, error.what(), attempt);
-        PauseBeforeLoadRetry(attempt, check_stop);
-      }
-    }
+    RetryingTransfers(where + "loading", uri, load, check_stop);
   } catch (const DestinationError& error) {
     throw LaunchFailure(kExitIo, where + "cannot load from " + uri + ": " + error.what());
   } catch (const ManifestError& error) {
@@ -429,7 +432,9 @@ void LoadCheckpoints(const env::JobConfig& config, const env::JobEnvironment& en
 std::optional<std::string> LatestCommittedCheckpoint(const storage::DestinationSpec& destination_spec,
                                                      const std::string& job_id) {
   try {
-    auto latest = storage::ReadLatestCommit(*storage::OpenDestination(destination_spec), job_id);
+    auto latest = RetryingTransfers("reading " + job_id + "/latest", destination_spec.uri, [&] {
+      return storage::ReadLatestCommit(*storage::OpenDestination(destination_spec), job_id);
+    }, [] {});
     if (!latest) return std::nullopt;
     return latest->name;
   } catch (const std::runtime_error& error) {

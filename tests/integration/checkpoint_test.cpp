@@ -573,7 +573,7 @@ TEST_F(CheckpointJob, ALoadWhoseTransferIsKilledIsTriedAgain) {
   ProcessResult result = RunLauncher(spec);
   EXPECT_EQ(result.exit_code, 0) << result.err;
   EXPECT_TRUE(fs::exists(killed_once)) << "the first transfer was not killed: " << result.err;
-  EXPECT_NE(result.err.find("(attempt 1 of 3)"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("failed (attempt 1 of 3)"), std::string::npos) << result.err;
   EXPECT_NE(result.out.find("loaded-identical"), std::string::npos) << result.out << result.err;
 }
 
