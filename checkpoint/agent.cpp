@@ -210,6 +210,7 @@ class CheckpointAgent::Impl {
   // if the training has since written that checkpoint again (the followers' parts of this
   // save are then likely written over too, and the later save replaces it).
   void DropReplacedResumed(const std::map<uint64_t, Snapshot>& resumed) {
+    if (versions_.empty()) return;  // the usual start: no scan
     std::map<std::string, uint64_t> newest;
     for (const auto& [seq, version] : versions_) newest[version.name] = seq;
     std::map<std::string, Candidate> on_disk;
@@ -839,11 +840,12 @@ class CheckpointAgent::Impl {
       }
       if (!options_.board->MissingParts(declaration).empty()) continue;
       std::map<int, std::string> parts = options_.board->PartVersions(declaration);
-      if (LostParts(parts).empty()) {
+      const std::string lost = LostParts(parts);
+      if (lost.empty()) {
         Commit(version, std::move(parts));
         continue;
       }
-      AbandonLostSave(seq, LostParts(parts));
+      AbandonLostSave(seq, lost);
       return;  // versions_ changed under the loop; the next pass goes on
     }
   }
