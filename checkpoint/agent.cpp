@@ -124,6 +124,7 @@ class CheckpointAgent::Impl {
     // The declaration it answers: node 0's own, or (a follower) the one it was reported for.
     std::optional<uint64_t> declaration;
     std::string answers;  // a follower's: the save it answers (Snapshot::answers), "" if none yet
+    std::string fingerprint;  // of the files it was taken from (Snapshot::fingerprint)
     int64_t newest_mtime_ns = 0;  // node 0's: when its part was complete (a resumed declaration says)
     std::string snapshot_path;
     std::string staging_dir;
@@ -182,6 +183,7 @@ class CheckpointAgent::Impl {
       version.name = entry.name;
       version.version_id = snapshot.VersionId();
       version.answers = snapshot.answers;
+      version.fingerprint = snapshot.fingerprint;
       version.newest_mtime_ns = snapshot.NewestMtimeNs();
       version.staging_dir = snapshot.staging_dir;
       version.snapshot_path = snapshot.staging_dir + ".snapshot.json";
@@ -250,15 +252,15 @@ class CheckpointAgent::Impl {
   }
 
   // A follower, before its training starts: node 0's resumed declarations are answered with
-  // the part journaled for that very save, or else with the part on disk as the last run
-  // left it, if nothing in it was written after node 0's part was complete; otherwise the
-  // part is lost (a later save was written over it) and node 0 commits nothing of that save.
+  // the part journaled for that very save; else with the part on disk as the last run left
+  // it (journaled already, or judged now), if nothing in it was written after node 0's part
+  // was complete; otherwise the part is lost (a later save was written over it) and node 0
+  // commits nothing of that save. The launcher waited for node 0 to declare them.
   void AnswerResumed() {
+    bool declared = false;
     BoardCall([&] {
-      if (!options_.board->WaitForResumedDeclarations()) {
-        spdlog::warn("checkpoints: node 0 did not declare the saves it resumed in time; they are answered as they come");
-        return;
-      }
+      declared = options_.board->ResumedDeclared();
+      if (!declared) return;
       for (const CommitBoard::Declaration& declaration : options_.board->DeclaredSince(0)) {
         Register(declaration);
         if (!declaration.resumed_age_ns) continue;
@@ -269,7 +271,13 @@ class CheckpointAgent::Impl {
         }
       }
     });
-    AnswerDeclarations();
+    if (!declared) {
+      spdlog::warn("checkpoints: node 0 did not declare the saves it resumed in time; they are answered as they come");
+      return;
+    }
+    const uint64_t first_new_seq = journal_.NextSeq();
+    AnswerDeclarations();  // the parts journaled for those very saves
+    BindUntouchedResumed();
     Evaluate(false);
     for (const auto& [number, declaration] : std::map(unanswered_)) {
       if (!declaration.resumed_age_ns || BoundVersion(number) != nullptr) continue;
@@ -277,16 +285,46 @@ class CheckpointAgent::Impl {
                    "that save cannot be committed", declaration.name);
       Answer(number, CommitBoard::kPartLost);
     }
+    // What the journal held and no declaration took answers nothing any more: a save node 0
+    // committed or replaced before the restart, or a part of a name it declared again.
     for (auto it = versions_.begin(); it != versions_.end();) {
       const Version& version = it->second;
-      if (version.answers.empty() || version.declaration) {
+      const bool left = it->first < first_new_seq && !version.declaration &&
+                        (!version.answers.empty() || declared_.contains(version.name));
+      if (!left) {
         ++it;
         continue;
       }
-      spdlog::info("checkpoints: {}: node 0 does not declare again the save this node's upload answered (it was "
-                   "committed or replaced before the restart)", version.name);
+      spdlog::info("checkpoints: {}: this node's upload from before the restart answers no save node 0 declared "
+                   "again (committed or replaced before the restart)", version.name);
       it = versions_.erase(it);
     }
+  }
+
+  // A resumed declaration with no part journaled for it takes a journaled part of no save in
+  // particular (complete on its own, bound only in memory before) when the disk still holds
+  // exactly that part and it was written before node 0's part was complete.
+  void BindUntouchedResumed() {
+    std::map<std::string, std::string> on_disk;  // name → fingerprint
+    bool scanned = false;
+    for (const auto& [number, declaration] : std::map(unanswered_)) {
+      if (!declaration.resumed_age_ns || BoundVersion(number) != nullptr) continue;
+      if (!scanned) {
+        for (const Candidate& candidate : FindCandidates(ScanTree(options_.checkpoint_dir, options_.settings.marker),
+                                                         options_.checkpoint_dir, options_.settings.marker)) {
+          on_disk[candidate.name] = Fingerprint(candidate);
+        }
+        scanned = true;
+      }
+      for (auto& [seq, version] : versions_) {
+        if (version.name != declaration.name || version.declaration || !version.answers.empty()) continue;
+        if (on_disk[version.name] != version.fingerprint) continue;
+        if (!WrittenBeforeResumedSave(version.newest_mtime_ns, declaration)) continue;
+        BindTo(version, declaration);
+        break;
+      }
+    }
+    AnswerDeclarations();  // those already uploaded
   }
 
   // Nothing of a resumed save's part here may be newer than node 0's part, give or take.
@@ -475,20 +513,21 @@ class CheckpointAgent::Impl {
     return Clock::now() - started - handing_off;
   }
 
-  // No part of a resumed save on disk: this node never had one, unless something in the
-  // checkpoint root was created or removed since node 0's part was complete (the part may
-  // have been deleted to be written again).
+  // No part of a resumed save on disk. This node never had one, unless it once recorded a
+  // part of that name (deleted since), or what stands at its path now (a directory emptied
+  // to be written again) changed after node 0's part was complete.
   std::string AbsentResumedPart(const CommitBoard::Declaration& declaration) {
-    struct stat root {};
-    const bool untouched = stat(options_.checkpoint_dir.c_str(), &root) == 0 &&
-                           WrittenBeforeResumedSave(int64_t(root.st_mtim.tv_sec) * 1'000'000'000 + root.st_mtim.tv_nsec,
-                                                    declaration);
-    if (untouched) {
+    struct stat path {};
+    const bool exists = lstat(storage::JoinPath(options_.checkpoint_dir, declaration.name).c_str(), &path) == 0;
+    const bool gone = exists ? !WrittenBeforeResumedSave(int64_t(path.st_mtim.tv_sec) * 1'000'000'000 + path.st_mtim.tv_nsec,
+                                                         declaration)
+                             : journal_.Knows(declaration.name);
+    if (!gone) {
       spdlog::info("checkpoints: node 0 resumed {}; this node holds no part of it", declaration.name);
       return "";
     }
-    spdlog::warn("checkpoints: this node's part of the save of {} that node 0 resumed is gone (the checkpoint "
-                 "directory changed after that save); that save cannot be committed", declaration.name);
+    spdlog::warn("checkpoints: this node's part of the save of {} that node 0 resumed is gone (deleted or being "
+                 "written again); that save cannot be committed", declaration.name);
     return CommitBoard::kPartLost;
   }
 
@@ -560,6 +599,7 @@ class CheckpointAgent::Impl {
     version.name = candidate.name;
     version.version_id = snapshot.VersionId();
     version.answers = snapshot.answers;
+    version.fingerprint = fingerprint;
     version.newest_mtime_ns = snapshot.NewestMtimeNs();
     version.staging_dir = staging;
     version.snapshot_path = staging + ".snapshot.json";
@@ -683,13 +723,14 @@ class CheckpointAgent::Impl {
   // A follower's version that can answer `declaration`: the one snapshotted for that save;
   // else the newest of its name snapshotted after the one that answered the previous
   // declaration and for no save in particular, so a second save is never answered with the first.
+  // A save resumed after a restart takes only the part snapshotted for it (AnswerResumed).
   Version* PairableVersion(const CommitBoard::Declaration& declaration) {
     Version* newest = nullptr;
     const uint64_t after = last_paired_seq_[declaration.name];
     for (auto& [seq, version] : versions_) {
       if (version.name != declaration.name || version.declaration) continue;
       if (version.answers == declaration.save) return &version;
-      if (seq > after && version.answers.empty()) newest = &version;
+      if (seq > after && version.answers.empty() && !declaration.resumed_age_ns) newest = &version;
     }
     return newest;
   }
@@ -717,11 +758,19 @@ class CheckpointAgent::Impl {
 
   Version* Bind(const CommitBoard::Declaration& declaration) {
     Version* version = PairableVersion(declaration);
-    if (version == nullptr) return nullptr;
-    version->declaration = declaration.number;
-    DropSuperseded(declaration.name, last_paired_seq_[declaration.name], version->seq);
-    last_paired_seq_[declaration.name] = std::max(last_paired_seq_[declaration.name], version->seq);
+    if (version != nullptr) BindTo(*version, declaration);
     return version;
+  }
+
+  // The binding is journaled (once): after a restart the version answers that save only.
+  void BindTo(Version& version, const CommitBoard::Declaration& declaration) {
+    version.declaration = declaration.number;
+    if (version.answers.empty()) {
+      version.answers = declaration.save;
+      journal_.RecordAnswers(version.seq, declaration.save);
+    }
+    DropSuperseded(declaration.name, last_paired_seq_[declaration.name], version.seq);
+    last_paired_seq_[declaration.name] = std::max(last_paired_seq_[declaration.name], version.seq);
   }
 
   // The first declaration of `name` no version answers yet. A follower judges its part of

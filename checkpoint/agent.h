@@ -28,8 +28,9 @@ namespace bt::checkpoint {
 //
 // After the launchers restart on their volumes, node 0 declares again what it had handed
 // off but not committed ("resumed", with how long ago its part was complete) before any
-// training starts, and says when it is done; each follower answers those from its journal,
-// or from its disk as the last run left it, before its own training rewrites anything.
+// training starts, and says when it is done; each follower (its launcher waited for that)
+// answers those from its journal, or from its disk as the last run left it, before its own
+// training rewrites anything.
 class CommitBoard {
  public:
   struct Declaration {
@@ -48,7 +49,7 @@ class CommitBoard {
   virtual uint64_t Declare(const Declaration& declaration) = 0;                  // node 0; number ignored
   virtual std::vector<Declaration> DeclaredSince(uint64_t first) = 0;            // numbers first...
   virtual void FinishResumedDeclarations() = 0;                                  // node 0, at start
-  virtual bool WaitForResumedDeclarations() = 0;                                 // followers; false: not in time
+  virtual bool ResumedDeclared() = 0;                                             // followers; never waits
   // Every node, once per declaration: the version of its part, "" for none, kPartLost.
   virtual void ReportPart(uint64_t declaration, const std::string& version) = 0;
   virtual std::vector<int> MissingParts(uint64_t declaration) = 0;               // ranks not answered yet

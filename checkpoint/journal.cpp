@@ -88,6 +88,7 @@ void HandoffJournal::Replay() {
       } else if (previous != entries_.end()) {
         entry.snapshot = previous->second.snapshot;
       }
+      if (value.contains("answers") && entry.snapshot) entry.snapshot->answers = value["answers"].get<std::string>();
       next_seq_ = std::max(next_seq_, entry.seq + 1);
       entries_[entry.seq] = std::move(entry);
     } catch (const std::exception& error) {
@@ -106,14 +107,18 @@ void HandoffJournal::Sync() {
   if (fdatasync(fd_) != 0) throw std::runtime_error("cannot sync the checkpoint journal " + path_ + ": " + std::strerror(errno));
 }
 
+nlohmann::json HandoffJournal::Line(uint64_t seq, const std::string& name, HandoffState state) const {
+  return {{"seq", seq},
+          {"job_id", job_id_},
+          {"destination", destination_},
+          {"name", storage::BytesToJson(name)},
+          {"state", HandoffStateName(state)},
+          {"at", int64_t(std::time(nullptr))}};
+}
+
 void HandoffJournal::Append(uint64_t seq, const std::string& name, HandoffState state, const std::string& detail,
                             const std::optional<Snapshot>& snapshot) {
-  nlohmann::json line = {{"seq", seq},
-                         {"job_id", job_id_},
-                         {"destination", destination_},
-                         {"name", storage::BytesToJson(name)},
-                         {"state", HandoffStateName(state)},
-                         {"at", int64_t(std::time(nullptr))}};
+  nlohmann::json line = Line(seq, name, state);
   if (!detail.empty()) line["detail"] = storage::BytesToJson(detail);
   if (snapshot) line["snapshot"] = snapshot->ToJson();
   const std::string text = line.dump() + "\n";
@@ -127,6 +132,22 @@ void HandoffJournal::Append(uint64_t seq, const std::string& name, HandoffState 
   entry.detail = detail;
   if (snapshot) entry.snapshot = snapshot;
   next_seq_ = std::max(next_seq_, seq + 1);
+}
+
+void HandoffJournal::RecordAnswers(uint64_t seq, const std::string& save) {
+  JournalEntry& entry = entries_.at(seq);
+  nlohmann::json line = Line(seq, entry.name, entry.state);
+  line["answers"] = save;
+  storage::WriteAll(fd_, line.dump() + "\n", "the checkpoint journal " + path_);
+  Sync();
+  if (entry.snapshot) entry.snapshot->answers = save;
+}
+
+bool HandoffJournal::Knows(const std::string& name) const {
+  return std::any_of(entries_.begin(), entries_.end(), [&](const auto& item) {
+    const JournalEntry& entry = item.second;
+    return entry.name == name && entry.job_id == job_id_ && entry.destination == destination_;
+  });
 }
 
 std::vector<JournalEntry> HandoffJournal::Entries() const {

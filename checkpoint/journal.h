@@ -45,12 +45,17 @@ class HandoffJournal {
   void Append(uint64_t seq, const std::string& name, HandoffState state, const std::string& detail = "",
               const std::optional<Snapshot>& snapshot = std::nullopt);
   void Sync();
+  // A follower's version bound to node 0's save after it was snapshotted: durable when it
+  // returns, replayed into the entry's snapshot (Snapshot::answers).
+  void RecordAnswers(uint64_t seq, const std::string& save);
 
   uint64_t NextSeq() const { return next_seq_; }
   // This job's and destination's versions by their latest state.
   std::vector<JournalEntry> Entries() const;
   // Snapshotted or uploaded but not yet committed: what a restarted launcher resumes.
   std::vector<JournalEntry> Unfinished() const;
+  // Whether any version of `name` (this job's, this destination's) was ever recorded.
+  bool Knows(const std::string& name) const;
   // The version of `name` with this fingerprint reached at least `state`.
   bool Reached(const std::string& name, const std::string& fingerprint, HandoffState state) const;
   // Another job that committed this very version of `name` from this volume (a job run
@@ -67,6 +72,7 @@ class HandoffJournal {
  private:
   void Replay();
   void EndTornLine();
+  nlohmann::json Line(uint64_t seq, const std::string& name, HandoffState state) const;  // a record's common fields
 
   std::string path_;
   int fd_ = -1;

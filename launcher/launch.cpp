@@ -224,7 +224,10 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
     throw;
   }
   CheckpointPhase checkpoints;
-  if (destination) checkpoints = StartCheckpoints(job.config, job.environment, *destination, job.identity, peers ? peers->store() : nullptr);
+  if (destination) {
+    checkpoints = StartCheckpoints(job.config, job.environment, *destination, job.identity,
+                                   peers ? peers->store() : nullptr, [&] { CheckStop(peers.get(), signals); });
+  }
   // Until the end: after its job ended, a node still answers a stack request of the others'.
   watchdog::Progress progress;
   std::unique_ptr<watchdog::Watchdog> watch = ArmWatchdog(job, peers.get(), progress);

@@ -68,6 +68,8 @@ std::string IsoTime(int64_t unix_seconds) {
   return text;
 }
 
+constexpr const char* kResumedKey = "bt/ckpt/resumed";
+
 class StoreCommitBoard final : public checkpoint::CommitBoard {
  public:
   StoreCommitBoard(rendezvous::Store& store, int node_count, int node_rank)
@@ -93,16 +95,7 @@ class StoreCommitBoard final : public checkpoint::CommitBoard {
   }
 
   void FinishResumedDeclarations() override { store_.Set(kResumedKey, "1"); }
-  // Node 0 gets there right after the ready barrier, as the followers do, and a follower
-  // waits here before its training starts (and deaf to signals): bounded tightly.
-  bool WaitForResumedDeclarations() override {
-    try {
-      store_.Get(kResumedKey, std::chrono::seconds(20));
-      return true;
-    } catch (const rendezvous::StoreTimeout&) {
-      return false;
-    }
-  }
+  bool ResumedDeclared() override { return store_.Peek({kResumedKey}).front().has_value(); }
 
   void ReportPart(uint64_t declaration, const std::string& version) override {
     store_.Set(PartKey(declaration, node_rank_), version);
@@ -140,7 +133,6 @@ class StoreCommitBoard final : public checkpoint::CommitBoard {
   bool DeclarationsClosed() override { return store_.Add("bt/ckpt/closed", 0) > 0; }
 
  private:
-  static constexpr const char* kResumedKey = "bt/ckpt/resumed";
 
   // Keyed by the declaration's number, not the checkpoint's name: a name saved again is a
   // new declaration, and an answer to the first can never complete the second.
@@ -461,9 +453,29 @@ void LoadOwnCheckpoint(const env::JobEnvironment& environment, const storage::De
   }, check_stop);
 }
 
+namespace {
+
+// A follower's agent answers the saves node 0 resumed before this node's training starts
+// (CommitBoard): node 0 declares them as its agent starts, right after the ready barrier, as
+// this node gets here. Waited for in slices, so that a signal or a lost node still stops the
+// launcher at once; past the bound the agent answers them as they come.
+void WaitForResumedDeclarations(rendezvous::Store& store, const std::function<void()>& check_stop) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline) {
+    try {
+      store.Get(kResumedKey, std::chrono::milliseconds(250));
+      return;
+    } catch (const rendezvous::StoreTimeout&) {
+      check_stop();
+    }
+  }
+}
+
+}  // namespace
+
 CheckpointPhase StartCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment,
                                  const storage::DestinationSpec& destination, const env::NodeIdentity& identity,
-                                 rendezvous::Store* store) {
+                                 rendezvous::Store* store, const std::function<void()>& check_stop) {
   CheckpointPhase phase;
   if (!config.runtime.checkpointing_config.enabled) return phase;
   checkpoint::AgentOptions options;
@@ -478,6 +490,7 @@ CheckpointPhase StartCheckpoints(const env::JobConfig& config, const env::JobEnv
   if (identity.count > 1 && store != nullptr) {
     phase.board = MakeStoreCommitBoard(*store, identity.count, identity.rank);
     options.board = phase.board.get();
+    if (identity.rank != 0) WaitForResumedDeclarations(*store, check_stop);
   } else if (identity.count > 1) {
     spdlog::warn("checkpoints: the mpi rendezvous backend has no store during the run, so nodes cannot agree on "
                  "`latest`: node 0 writes it from its own part only");

@@ -63,10 +63,11 @@ struct CheckpointPhase {
   std::unique_ptr<checkpoint::CheckpointAgent> agent;
 };
 
-// `store` is the rendezvous store (null for one node, or for the mpi backend).
+// `store` is the rendezvous store (null for one node, or for the mpi backend); a follower
+// waits on it for node 0's resumed saves (up to 20 s), calling `check_stop`, which throws.
 CheckpointPhase StartCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment,
                                  const storage::DestinationSpec& destination, const env::NodeIdentity& identity,
-                                 rendezvous::Store* store);
+                                 rendezvous::Store* store, const std::function<void()>& check_stop);
 
 // Commits what is complete within launcher.checkpoint.drain_timeout_s. Returns false (after
 // one error line naming the checkpoint and the reason) when the last complete checkpoint

@@ -16,6 +16,7 @@
 #include "rendezvous/store.h"
 #include "storage/commit_record.h"
 #include "storage/destination.h"
+#include "tests/checkpoint/fixtures.h"
 #include "tests/support/launcher_process.h"
 
 namespace bt::launcher {
@@ -74,6 +75,15 @@ class CommitAcrossRestart : public ::testing::Test {
     fs::remove_all(dir);
     testing::WriteFile(dir + "/weights.bin", std::string(bytes, 'w'));
     testing::WriteFile(dir + "/.complete", "");
+  }
+
+  // A torch.save file at the top of node `rank`'s disk: complete on its own on every node.
+  void TorchSave(int rank, const std::string& payload) {
+    testing::WriteFile(Disk(rank) + "/model.pt", testing::ZipBytes("data", payload));
+  }
+
+  std::string CommittedPayload(const storage::CommitRecord& commit, int rank) const {
+    return testing::ReadFile(Remote() + "/" + *storage::PartRoot(commit, rank) + "/model.pt");
   }
 
   void SaveOnNodeOne(const std::string& name, size_t bytes) {
@@ -208,6 +218,56 @@ TEST_F(CommitAcrossRestart, AResumedSaveWrittenAgainOnNodeZeroIsNotDeclared) {
   }
   const std::string journal = testing::ReadFile(Disk(0) + "/.bt-checkpoint/journal.jsonl");
   EXPECT_NE(journal.find("written again on disk"), std::string::npos) << journal;
+}
+
+// A part complete on its own (a torch.save file) that node 1 snapshotted before node 0 ever
+// declared that save, then node 1 wrote its next save over it while its launcher was down:
+// after the restart node 0's resumed save 2 took node 1's journaled save 1, the newest
+// version "of no save in particular". It must take the part on disk, save 2.
+TEST_F(CommitAcrossRestart, AResumedSaveNeverTakesAnEarlierPartCompleteOnItsOwn) {
+  NewStore();
+  TorchSave(1, "save 1 rank 1");
+  auto node1 = Start(1);  // node 0's agent is not up yet: nothing declares save 1
+  WaitForUploads(1, 1);
+  Kill(node1);
+  TorchSave(1, "save 2 rank 1");
+  TorchSave(0, "save 2 rank 0");
+  NewStore();  // node 0 alone: its save 2 is uploaded, never answered
+  auto node0 = Start(0);
+  WaitForUploads(0, 1);
+  Kill(node0);
+
+  NewStore();
+  node0 = Start(0);
+  node1 = Start(1);
+  auto [leader, follower] = DrainBoth(*node0, *node1);
+  EXPECT_TRUE(leader.committed) << leader.message;
+  auto commit = Committed("model.pt");
+  ASSERT_TRUE(commit.has_value()) << leader.message;
+  EXPECT_NE(CommittedPayload(*commit, 0).find("save 2 rank 0"), std::string::npos);
+  EXPECT_NE(CommittedPayload(*commit, 1).find("save 2 rank 1"), std::string::npos) << "node 1's save 1 was committed";
+}
+
+// A checkpoint only node 0 writes (an export), complete before the kill, while node 1's
+// launcher never saw it; node 1's disk changed afterwards (the next save began): node 1
+// holds no part of it, and it is committed with node 0's part alone.
+TEST_F(CommitAcrossRestart, ANodeZeroOnlyCheckpointResumedIsCommittedWithoutTheFollowersPart) {
+  NewStore();
+  SaveOnNodeZero("export-1", 1000);
+  auto node0 = Start(0);
+  WaitForUploads(0, 1);
+  Kill(node0);
+  std::this_thread::sleep_for(1s);  // past the slack: the next save starts later
+  SaveOnNodeOne("shared-2", 500);
+
+  NewStore();
+  node0 = Start(0);
+  auto node1 = Start(1);
+  auto [leader, follower] = DrainBoth(*node0, *node1);
+  auto commit = Committed("export-1");
+  ASSERT_TRUE(commit.has_value()) << leader.message << " / " << follower.message;
+  EXPECT_EQ(CommittedSize(*commit, 0, "weights.bin"), 1000u);
+  EXPECT_FALSE(storage::PartRoot(*commit, 1).has_value()) << "node 1 holds no part of export-1";
 }
 
 }  // namespace
