@@ -54,6 +54,35 @@ TEST(Journal, ResumesUnfinishedAndSkipsACorruptTail) {
   EXPECT_TRUE(journal.Unfinished().empty());
 }
 
+// A follower's version bound to node 0's save after it was snapshotted: the binding is
+// replayed into its snapshot, so after a restart it answers that save and no other.
+TEST(Journal, ABindingRecordedAfterTheSnapshotIsReplayed) {
+  TempDir dir;
+  const std::string path = dir.path() + "/journal.jsonl";
+  Snapshot snapshot;
+  snapshot.seq = 4;
+  snapshot.name = "model.pt";
+  snapshot.staging_dir = dir.path() + "/staging/4";
+  snapshot.fingerprint = "fp4";
+  {
+    HandoffJournal journal(path);
+    journal.SetScope("job", "file:///x");
+    journal.Record(4, "model.pt", HandoffState::kSnapshotted, "torch-save", snapshot);
+    journal.RecordAnswers(4, "save-of-node-0");
+    journal.Record(4, "model.pt", HandoffState::kUploaded);
+  }
+  HandoffJournal journal(path);
+  journal.SetScope("job", "file:///x");
+  auto unfinished = journal.Unfinished();
+  ASSERT_EQ(unfinished.size(), 1u);
+  EXPECT_EQ(unfinished[0].state, HandoffState::kUploaded);
+  EXPECT_EQ(unfinished[0].snapshot->answers, "save-of-node-0");
+  EXPECT_TRUE(journal.Knows("model.pt"));
+  EXPECT_FALSE(journal.Knows("export-1"));
+  journal.SetScope("another-job", "file:///x");
+  EXPECT_FALSE(journal.Knows("model.pt")) << "another job's records are not this job's";
+}
+
 // A launcher killed mid-append left a last line without its newline: the next launcher's
 // first record was appended to it, and every later replay skipped both (found by the
 // handoff_records fuzz target).

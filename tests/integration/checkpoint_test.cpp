@@ -653,6 +653,35 @@ std::pair<ProcessResult, ProcessResult> CheckpointJob::RunTwoNodes(const std::st
   return {leader, nodes[1]->Finish()};
 }
 
+// A follower waits (up to 20 s, before its training starts) for node 0 to declare the saves
+// it resumed; node 0 here never will (checkpointing off in its config). SIGTERM during that
+// wait stops the follower at once, not when the wait ends.
+TEST_F(CheckpointJob, SigtermWhileAFollowerWaitsForNodeZerosResumedSavesStopsAtOnce) {
+  nlohmann::json config = nlohmann::json::parse(ReadFile(Config({"sleep 30"})));
+  config["compute"] = {{"node_count", 2}};
+  config["launcher"]["rendezvous"] = {{"port", FreePort()}, {"join_timeout_s", 20}};
+  const std::string follower_config = dir_.Write("follower.json", config.dump());
+  config["runtime"]["checkpointing_config"]["enabled"] = false;
+  const std::string leader_config = dir_.Write("leader.json", config.dump());
+  std::vector<std::unique_ptr<LauncherProcess>> nodes;
+  for (int rank = 0; rank < 2; ++rank) {
+    LaunchSpec spec = Run(rank == 0 ? leader_config : follower_config);
+    spec.args.insert(spec.args.end(), {"--node-rank", std::to_string(rank), "--node-count", "2", "--leader-addr", "127.0.0.1"});
+    spec.set_env["BT_RENDEZVOUS_TOKEN"] = "checkpoint-test";
+    nodes.push_back(std::make_unique<LauncherProcess>(spec));
+  }
+  ASSERT_TRUE(nodes[1]->WaitForLog("all 2 nodes are ready", 20s));
+  std::this_thread::sleep_for(1s);
+  const auto signalled = std::chrono::steady_clock::now();
+  nodes[1]->Signal(SIGTERM);
+  ProcessResult follower = nodes[1]->Finish();
+  EXPECT_LT(std::chrono::steady_clock::now() - signalled, 5s) << follower.err;
+  EXPECT_EQ(follower.exit_code, 143) << follower.err;
+  EXPECT_NE(follower.err.find("stopped by Terminated before the start commands"), std::string::npos) << follower.err;
+  nodes[0]->Signal(SIGTERM);
+  nodes[0]->Finish();
+}
+
 TEST_F(CheckpointJob, TwoNodesCommitLatestOnlyAfterEveryPartIsUploaded) { RunTwoNodesSavingOneCheckpoint(""); }
 
 // A checkpoint's name may hold '/' (a Trainer writing to a subdirectory): its parts are
