@@ -69,6 +69,23 @@ class CommitAcrossRestart : public ::testing::Test {
     agent.reset();
   }
 
+  // Node `rank`'s launcher runs alone (the other's is down) until it uploaded `uploads`
+  // versions, and is killed.
+  void UploadAloneThenKill(int rank, size_t uploads) {
+    NewStore();
+    auto agent = Start(rank);
+    WaitForUploads(rank, uploads);
+    Kill(agent);
+  }
+
+  // Every launcher starts again on its volume, the training ends at once, both drain.
+  std::pair<checkpoint::DrainResult, checkpoint::DrainResult> RestartBothAndDrain() {
+    NewStore();
+    auto node0 = Start(0);
+    auto node1 = Start(1);
+    return DrainBoth(*node0, *node1);
+  }
+
   // Node 0's part of a save of `name`: a weights file of `bytes` bytes, then the marker.
   void SaveOnNodeZero(const std::string& name, size_t bytes) {
     const std::string dir = Disk(0) + "/" + name;
@@ -137,10 +154,7 @@ TEST_F(CommitAcrossRestart, OnlyTheNewestSaveOfANameIsCommittedWithTheFollowersP
   WaitForUploads(0, 2);
   Kill(node0);
 
-  NewStore();
-  node0 = Start(0);
-  auto node1 = Start(1);
-  auto [leader, follower] = DrainBoth(*node0, *node1);
+  auto [leader, follower] = RestartBothAndDrain();
   EXPECT_TRUE(leader.committed) << leader.message;
   EXPECT_TRUE(follower.committed) << follower.message;
   auto commit = Committed("ckpt");
@@ -153,21 +167,15 @@ TEST_F(CommitAcrossRestart, OnlyTheNewestSaveOfANameIsCommittedWithTheFollowersP
 // later save started over it before the launchers died): that save is lost on node 1, so
 // node 0 commits nothing of it, and neither drain waits for it.
 TEST_F(CommitAcrossRestart, AFollowerPartWrittenAfterTheResumedSaveIsLostAndNothingIsCommitted) {
-  NewStore();
   SaveOnNodeZero("ckpt", 1000);
-  auto node0 = Start(0);
-  WaitForUploads(0, 1);
-  Kill(node0);
+  UploadAloneThenKill(0, 1);
   SaveOnNodeOne("ckpt", 1500);
   const std::string shard = Disk(1) + "/ckpt/shard-1.bin";
   const auto later = fs::last_write_time(shard) + 5s;  // as a save 5 s after node 0's would be
   fs::last_write_time(shard, later);
 
-  NewStore();
-  node0 = Start(0);
-  auto node1 = Start(1);
   const auto started = Clock::now();
-  auto [leader, follower] = DrainBoth(*node0, *node1);
+  auto [leader, follower] = RestartBothAndDrain();
   EXPECT_LT(Clock::now() - started, 10s) << "a drain waited for a save that cannot be committed";
   EXPECT_FALSE(Committed("ckpt").has_value()) << "node 0's save was committed with a later part of node 1";
   EXPECT_TRUE(leader.committed) << leader.message;
@@ -177,17 +185,11 @@ TEST_F(CommitAcrossRestart, AFollowerPartWrittenAfterTheResumedSaveIsLostAndNoth
 // Node 1's part as the last run left it, written before node 0's part was complete, answers
 // the save node 0 declares again: the checkpoint complete before the kill is committed.
 TEST_F(CommitAcrossRestart, AFollowerPartUntouchedSinceTheResumedSaveIsCommitted) {
-  NewStore();
   SaveOnNodeOne("ckpt", 1500);
   SaveOnNodeZero("ckpt", 1000);
-  auto node0 = Start(0);
-  WaitForUploads(0, 1);
-  Kill(node0);
+  UploadAloneThenKill(0, 1);
 
-  NewStore();
-  node0 = Start(0);
-  auto node1 = Start(1);
-  auto [leader, follower] = DrainBoth(*node0, *node1);
+  auto [leader, follower] = RestartBothAndDrain();
   EXPECT_TRUE(leader.committed) << leader.message;
   auto commit = Committed("ckpt");
   ASSERT_TRUE(commit.has_value()) << leader.message;
@@ -199,19 +201,13 @@ TEST_F(CommitAcrossRestart, AFollowerPartUntouchedSinceTheResumedSaveIsCommitted
 // resumed save is not declared again; the part on disk is judged as any other (here the
 // training ends with exit 0, which makes the unmarked files final).
 TEST_F(CommitAcrossRestart, AResumedSaveWrittenAgainOnNodeZeroIsNotDeclared) {
-  NewStore();
   SaveOnNodeOne("ckpt", 1500);
   SaveOnNodeZero("ckpt", 1000);
-  auto node0 = Start(0);
-  WaitForUploads(0, 1);
-  Kill(node0);
+  UploadAloneThenKill(0, 1);
   fs::remove(Disk(0) + "/ckpt/.complete");
   testing::WriteFile(Disk(0) + "/ckpt/weights.bin", std::string(3000, 'n'));  // half of the next save
 
-  NewStore();
-  node0 = Start(0);
-  auto node1 = Start(1);
-  auto [leader, follower] = DrainBoth(*node0, *node1);
+  auto [leader, follower] = RestartBothAndDrain();
   auto commit = Committed("ckpt");
   if (commit) {
     EXPECT_EQ(CommittedSize(*commit, 0, "weights.bin"), 3000u) << "the save written over was committed";
@@ -225,22 +221,13 @@ TEST_F(CommitAcrossRestart, AResumedSaveWrittenAgainOnNodeZeroIsNotDeclared) {
 // after the restart node 0's resumed save 2 took node 1's journaled save 1, the newest
 // version "of no save in particular". It must take the part on disk, save 2.
 TEST_F(CommitAcrossRestart, AResumedSaveNeverTakesAnEarlierPartCompleteOnItsOwn) {
-  NewStore();
   TorchSave(1, "save 1 rank 1");
-  auto node1 = Start(1);  // node 0's agent is not up yet: nothing declares save 1
-  WaitForUploads(1, 1);
-  Kill(node1);
+  UploadAloneThenKill(1, 1);  // node 0's launcher is down: nothing declares save 1
   TorchSave(1, "save 2 rank 1");
   TorchSave(0, "save 2 rank 0");
-  NewStore();  // node 0 alone: its save 2 is uploaded, never answered
-  auto node0 = Start(0);
-  WaitForUploads(0, 1);
-  Kill(node0);
+  UploadAloneThenKill(0, 1);  // node 1's is down: node 0's save 2 is never answered
 
-  NewStore();
-  node0 = Start(0);
-  node1 = Start(1);
-  auto [leader, follower] = DrainBoth(*node0, *node1);
+  auto [leader, follower] = RestartBothAndDrain();
   EXPECT_TRUE(leader.committed) << leader.message;
   auto commit = Committed("model.pt");
   ASSERT_TRUE(commit.has_value()) << leader.message;
@@ -252,18 +239,12 @@ TEST_F(CommitAcrossRestart, AResumedSaveNeverTakesAnEarlierPartCompleteOnItsOwn)
 // launcher never saw it; node 1's disk changed afterwards (the next save began): node 1
 // holds no part of it, and it is committed with node 0's part alone.
 TEST_F(CommitAcrossRestart, ANodeZeroOnlyCheckpointResumedIsCommittedWithoutTheFollowersPart) {
-  NewStore();
   SaveOnNodeZero("export-1", 1000);
-  auto node0 = Start(0);
-  WaitForUploads(0, 1);
-  Kill(node0);
+  UploadAloneThenKill(0, 1);
   std::this_thread::sleep_for(1s);  // past the slack: the next save starts later
   SaveOnNodeOne("shared-2", 500);
 
-  NewStore();
-  node0 = Start(0);
-  auto node1 = Start(1);
-  auto [leader, follower] = DrainBoth(*node0, *node1);
+  auto [leader, follower] = RestartBothAndDrain();
   auto commit = Committed("export-1");
   ASSERT_TRUE(commit.has_value()) << leader.message << " / " << follower.message;
   EXPECT_EQ(CommittedSize(*commit, 0, "weights.bin"), 1000u);
