@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -74,7 +75,9 @@ struct OutputRelay::State {
     bool warned = false;
     size_t pipe_size = 0;  // what the pipe holds (0: not asked yet); grown once the job writes fast
     bool grown = false;
-    bool splices = true;   // false once the destination refused a splice (O_APPEND, a kind without it)
+    // Whether whole lines are spliced to the destination (SpliceLines): only to a pipe, asked
+    // at the first large chunk; off too once a splice failed.
+    enum class Splicing { kUnknown, kOn, kOff } splicing = Splicing::kUnknown;
   };
 
   State(watchdog::Progress& progress, Options options) : progress(progress), options(options) {}
@@ -226,13 +229,15 @@ size_t ReadOnce(State& state, Stream& stream, size_t limit) {
 }
 
 // Splicing. A job that writes fast (100 MB of logs, a `cat`) pays for the relay's copies:
-// read from the pipe, written again. For a chunk of at least kSpliceMin, the bytes that
-// are whole lines move from the job's pipe to the destination inside the kernel instead
-// (splice(2): a pipe destination takes the pages as they are, a file copies them once),
-// and the relay reads only where the chunk's lines end: a copy of the chunk (tee(2), no
-// bytes copied) whose first and last kLineEndPeek bytes it reads. Every write still ends
-// at a line end, so lines stay whole; a held partial line goes out with its end in one
-// write, and the chunk's own partial line is held as a read would hold it.
+// read from the pipe, written again. When the destination is a pipe (a container's log),
+// the bytes of a chunk of at least kSpliceMin that are whole lines move from the job's pipe
+// to it inside the kernel instead (splice(2) hands over the pages, no copy), and the relay
+// reads only where the chunk's lines end: a copy of the chunk (tee(2), no bytes copied)
+// whose first and last kLineEndPeek bytes it reads. Every write still ends at a line end, so
+// lines stay whole; a held partial line goes out with its end in one write, and the chunk's
+// own partial line is held as a read would hold it. A file is written from the buffer: a
+// splice into it holds the job's pipe locked while the file system takes the bytes, and a
+// job that writes fast waited on that lock (1.8x the direct run's time against 1.3x).
 
 // Exactly `count` bytes of `fd`, a pipe that holds at least that many.
 bool ReadExactly(int fd, char* into, size_t count) {
@@ -319,9 +324,8 @@ std::optional<LineEnds> FindLineEnds(State& state, const Stream& stream, size_t 
 }
 
 // Moves `count` bytes from the stream's pipe to its destination; returns how many moved.
-// A destination that is full (a pipe, a socket) is waited for as WriteAll waits. One that
-// refuses (O_APPEND, a kind without splice) or fails is not spliced to again: what it did
-// not take is read, and WriteAll says what fails.
+// A destination that is full is waited for as WriteAll waits. One that fails is not
+// spliced to again: what it did not take is read, and WriteAll says what fails.
 size_t SpliceOut(State& state, Stream& stream, size_t count) {
   size_t moved = 0;
   while (moved < count && !state.abandoned.load()) {
@@ -338,16 +342,26 @@ size_t SpliceOut(State& state, Stream& stream, size_t count) {
       poll(&writable, 1, kWritableWaitMs);
       continue;
     }
-    stream.splices = false;
+    stream.splicing = Stream::Splicing::kOff;
     break;
   }
   return moved;
 }
 
+// Whether the stream's destination is a pipe, asked once (on the relay's thread).
+bool SplicesTo(Stream& stream) {
+  if (stream.splicing == Stream::Splicing::kUnknown) {
+    struct stat info {};
+    const bool pipe = fstat(stream.destination, &info) == 0 && S_ISFIFO(info.st_mode);
+    stream.splicing = pipe ? Stream::Splicing::kOn : Stream::Splicing::kOff;
+  }
+  return stream.splicing == Stream::Splicing::kOn;
+}
+
 // Up to `limit` bytes the stream's pipe holds, forwarded by splicing whole lines (see
 // above): the count taken from the pipe, 0 when this chunk is for ReadOnce.
 size_t SpliceLines(State& state, Stream& stream, size_t limit) {
-  if (!stream.splices || stream.broken || !SplicingReady(state)) return 0;
+  if (stream.broken || !SplicesTo(stream) || !SplicingReady(state)) return 0;
   int available = 0;
   if (ioctl(stream.source, FIONREAD, &available) != 0 || size_t(available) < kSpliceMin) return 0;
   const std::optional<LineEnds> ends = FindLineEnds(state, stream, std::min(limit, size_t(available)));

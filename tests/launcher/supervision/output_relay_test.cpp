@@ -296,8 +296,7 @@ TEST(OutputRelay, LargeChunksArriveWithEveryLineWhole) {
   EXPECT_EQ(LinesTagged(seen, 'e'), err_lines);
 }
 
-// splice(2) refuses a file opened O_APPEND (`>>`): such a destination gets every byte by
-// the relay's reads and writes.
+// A file opened O_APPEND (`>>`, which splice(2) would refuse) gets every byte after what it held.
 TEST(OutputRelay, AnAppendOnlyDestinationGetsEveryByte) {
   const std::string source = TempPath("append-source");
   const std::string destination = TempPath("append-destination");
