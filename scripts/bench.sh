@@ -13,7 +13,11 @@ root=$(mktemp -d /tmp/bt-launch-bench.XXXXXX)
 trap 'rm -rf "$root"' EXIT
 
 echo "== PID 1 overhead: bt-launch vs tini vs plain exec"
-build/tests/pid1_overhead build/launcher/bt-launch "$(command -v tini)" "$root" "${RUNS:-2000}"
+# A copy, as `cmake --install` leaves it: the linker's own output file starts 0.1-0.3 ms
+# slower on every exec than a copy of the same bytes (measured 2026-11-25, docs/PERFORMANCE.md),
+# and users run a copy.
+cp build/launcher/bt-launch "$root/bt-launch"
+build/tests/pid1_overhead "$root/bt-launch" "$(command -v tini)" "$root" "${RUNS:-2000}"
 
 echo "== rendezvous of N nodes arriving together: bt-launch against torch's TCPStore"
 RUNS=3 ./scripts/bench_rendezvous.sh

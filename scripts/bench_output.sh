@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Job output through the launcher (issue 21): a job writing SIZE bytes as fast as it can,
-# run directly, under tini, under the output relay (build/tests/relay_run: `bt-launch run`
-# reduced to its supervision, given a watchdog::Progress) and under `bt-launch run` as
-# built, round-robin so that machine noise hits all alike. Jobs: `cat` of a file (nothing
+# run directly, under tini, with its stdout through a plain pipe (`| cat`: what any pipe
+# between the job and its destination costs), under the output relay (build/tests/relay_run:
+# `bt-launch run` reduced to its supervision, given a watchdog::Progress) and under
+# `bt-launch run` as built (the watchdog on, so the relay too), round-robin so that machine
+# noise hits all alike. Jobs: `cat` of a file (nothing
 # but writes: the relay's worst case per byte), `base64` of random bytes (76-byte lines),
 # python print()ing numbered lines (a training log, far faster than any real one), block-
 # buffered ("print") and with PYTHONUNBUFFERED=1 ("print-unbuffered": one write per line,
@@ -43,6 +45,7 @@ commands = {
 contenders = {"direct": []}
 if tini:
     contenders["tini"] = [tini, "-s", "--"]
+contenders["| cat"] = ["/bin/sh", "-c", '"$@" | cat', "pipe"]
 contenders["relay"] = [os.path.join(build, "tests", "relay_run"), "--"]
 contenders["bt-launch run"] = [os.path.join(build, "launcher", "bt-launch"), "run", "--root", os.path.join(work, "root"), "--"]
 

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,6 +35,13 @@ constexpr int kWritableWaitMs = 100;
 constexpr size_t kRelayThreadStack = 256 * 1024;
 // A read this large grows the pipe to kRelayPipeSize.
 constexpr size_t kGrowAfterRead = 16 * 1024;
+// What a chunk must hold to be spliced (SpliceLines): below it, reading it costs less than
+// the calls that find its line ends.
+constexpr size_t kSpliceMin = 64 * 1024;
+// How far from a chunk's start and end a line end is looked for (the bytes the relay reads
+// of a spliced chunk); a chunk whose last line is longer takes the buffer's way.
+constexpr size_t kLineEndPeek = 4096;
+static_assert(kSpliceMin >= 2 * kLineEndPeek, "a chunk's first and last kLineEndPeek bytes must not overlap");
 
 const char* StreamName(int number) { return number == 1 ? "stdout" : "stderr"; }
 
@@ -65,8 +73,11 @@ struct OutputRelay::State {
     Clock::time_point pending_since;  // when the first of them arrived
     bool broken = false;   // the destination is gone: what comes is read and discarded
     bool warned = false;
-    size_t pipe_size = 0;  // what the pipe holds; grown once the job writes fast
+    size_t pipe_size = 0;  // what the pipe holds (0: not asked yet); grown once the job writes fast
     bool grown = false;
+    // Whether whole lines are spliced to the destination (SpliceLines): only to a pipe, asked
+    // at the first large chunk; off too once a splice failed.
+    enum class Splicing { kUnknown, kOn, kOff } splicing = Splicing::kUnknown;
   };
 
   State(watchdog::Progress& progress, Options options) : progress(progress), options(options) {}
@@ -74,7 +85,9 @@ struct OutputRelay::State {
     for (auto& stream : streams) {
       if (stream.source >= 0) close(stream.source);
     }
-    if (wake >= 0) close(wake);
+    for (int fd : {wake, scratch[0], scratch[1], discard}) {
+      if (fd >= 0) close(fd);
+    }
   }
 
   size_t capacity() const { return kRelayReadSize + options.max_partial_line; }
@@ -83,6 +96,11 @@ struct OutputRelay::State {
   const Options options;
   Stream streams[2];
   int wake = -1;  // eventfd: a Sync or the Finish was asked for
+  // The thread's, made at the first chunk spliced: a pipe that holds a copy of a chunk
+  // (tee) while its line ends are looked for, and /dev/null to drop what is not looked at.
+  int scratch[2] = {-1, -1};
+  int discard = -1;
+  bool splice_off = false;  // they could not be made, or misbehaved: every stream reads
 
   std::mutex mutex;
   std::condition_variable changed;
@@ -171,25 +189,36 @@ void EndSource(State& state, Stream& stream) {
   stream.open = false;
 }
 
+// Allocated at the first read, not value-initialised: a job that writes nothing (or little)
+// costs no buffer (or only the pages it touched).
+char* Buffer(const State& state, Stream& stream) {
+  if (!stream.buffer) stream.buffer.reset(new char[state.capacity()]);
+  return stream.buffer.get();
+}
+
+// `count` bytes came from the job: that is progress. A job that writes this much at once gets
+// a pipe that holds more (F_SETPIPE_SZ is best effort: /proc/sys/fs/pipe-max-size), so that
+// it waits less on the relay. The pipe's size is asked here, on the relay's thread, not when
+// the pipe is made: `run` pays for no call that only a job with output needs.
+void Arrived(State& state, Stream& stream, size_t count, Clock::time_point now) {
+  state.progress.Note(now);
+  if (stream.pipe_size == 0) stream.pipe_size = size_t(std::max(4096, fcntl(stream.source, F_GETPIPE_SZ)));
+  if (stream.grown || count < kGrowAfterRead) return;
+  stream.grown = true;
+  const int grown = fcntl(stream.source, F_SETPIPE_SZ, kRelayPipeSize);
+  if (grown > 0) stream.pipe_size = size_t(grown);
+}
+
 // One read, at most `limit` bytes: the count read, 0 at end of file (the stream is ended
 // then) or when nothing is there.
 size_t ReadOnce(State& state, Stream& stream, size_t limit) {
-  // Allocated at the first read, not value-initialised: a job that writes nothing (or
-  // little) costs no buffer (or only the pages it touched).
-  if (!stream.buffer) stream.buffer.reset(new char[state.capacity()]);
+  char* buffer = Buffer(state, stream);
   const size_t room = std::min(limit, state.capacity() - stream.pending);
   state.busy.store(true);
-  const ssize_t got = read(stream.source, stream.buffer.get() + stream.pending, room);
+  const ssize_t got = read(stream.source, buffer + stream.pending, room);
   if (got > 0) {
     const auto now = Clock::now();
-    state.progress.Note(now);
-    if (!stream.grown && size_t(got) >= kGrowAfterRead) {
-      // A job that writes this much at once gets a pipe that holds more (F_SETPIPE_SZ is
-      // best effort: /proc/sys/fs/pipe-max-size), so that it waits less on the relay.
-      stream.grown = true;
-      const int grown = fcntl(stream.source, F_SETPIPE_SZ, kRelayPipeSize);
-      if (grown > 0) stream.pipe_size = size_t(grown);
-    }
+    Arrived(state, stream, size_t(got), now);
     Consume(state, stream, size_t(got), now);
     return size_t(got);
   }
@@ -197,6 +226,170 @@ size_t ReadOnce(State& state, Stream& stream, size_t limit) {
   if (got < 0) spdlog::warn("reading the job's {} failed ({}); forwarding it ends", StreamName(stream.number), std::strerror(errno));
   EndSource(state, stream);
   return 0;
+}
+
+// Splicing. A job that writes fast (100 MB of logs, a `cat`) pays for the relay's copies:
+// read from the pipe, written again. When the destination is a pipe (a container's log),
+// the bytes of a chunk of at least kSpliceMin that are whole lines move from the job's pipe
+// to it inside the kernel instead (splice(2) hands over the pages, no copy), and the relay
+// reads only where the chunk's lines end: a copy of the chunk (tee(2), no bytes copied)
+// whose first and last kLineEndPeek bytes it reads. Every write still ends at a line end, so
+// lines stay whole; a held partial line goes out with its end in one write, and the chunk's
+// own partial line is held as a read would hold it. A file is written from the buffer: a
+// splice into it holds the job's pipe locked while the file system takes the bytes, and a
+// job that writes fast waited on that lock (1.8x the direct run's time against 1.3x).
+
+// Exactly `count` bytes of `fd`, a pipe that holds at least that many.
+bool ReadExactly(int fd, char* into, size_t count) {
+  while (count > 0) {
+    const ssize_t got = read(fd, into, count);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    into += got;
+    count -= size_t(got);
+  }
+  return true;
+}
+
+// `count` bytes of the scratch pipe dropped unread (/dev/null takes a splice without a copy).
+bool DropScratch(State& state, size_t count) {
+  while (count > 0) {
+    const ssize_t dropped = splice(state.scratch[0], nullptr, state.discard, nullptr, count, SPLICE_F_NONBLOCK);
+    if (dropped < 0 && errno == EINTR) continue;
+    if (dropped <= 0) return false;
+    count -= size_t(dropped);
+  }
+  return true;
+}
+
+// Splicing ends for every stream: the scratch pipe may hold bytes of a chunk that are no
+// longer the pipe's first, and would be taken for the next chunk's.
+void TurnSplicingOff(State& state) {
+  state.splice_off = true;
+  for (int& fd : state.scratch) {
+    if (fd >= 0) close(fd);
+    fd = -1;
+  }
+}
+
+// The scratch pipe (as large as the job's, or tee copies less) and /dev/null, made once.
+bool SplicingReady(State& state) {
+  if (state.splice_off) return false;
+  if (state.discard >= 0) return true;
+  if (pipe2(state.scratch, O_CLOEXEC | O_NONBLOCK) != 0) {
+    state.splice_off = true;
+    return false;
+  }
+  fcntl(state.scratch[1], F_SETPIPE_SZ, kRelayPipeSize);
+  state.discard = open("/dev/null", O_WRONLY | O_CLOEXEC);
+  if (state.discard < 0) TurnSplicingOff(state);
+  return state.discard >= 0;
+}
+
+struct LineEnds {
+  size_t chunk = 0;  // the pipe's first bytes they were found in
+  size_t first = 0;  // just past the chunk's first newline; 0 when no partial line is held
+  size_t last = 0;   // just past its last newline
+};
+
+// Where the first `available` bytes of the stream's pipe have their line ends, from a copy
+// that leaves the pipe as it is: the first newline matters only to a held partial line.
+// None when the chunk is small or the newlines are too far from its ends.
+std::optional<LineEnds> FindLineEnds(State& state, const Stream& stream, size_t available) {
+  const ssize_t teed = tee(stream.source, state.scratch[1], available, SPLICE_F_NONBLOCK);
+  if (teed <= 0) return std::nullopt;
+  const size_t chunk = size_t(teed);
+  if (chunk < kSpliceMin) {
+    if (!DropScratch(state, chunk)) TurnSplicingOff(state);
+    return std::nullopt;
+  }
+  char head[kLineEndPeek];
+  char tail[kLineEndPeek];
+  const bool held = stream.pending > 0;
+  const bool peeked = (!held || ReadExactly(state.scratch[0], head, sizeof head)) &&
+                      DropScratch(state, chunk - sizeof tail - (held ? sizeof head : 0)) &&
+                      ReadExactly(state.scratch[0], tail, sizeof tail);
+  if (!peeked) {
+    TurnSplicingOff(state);
+    return std::nullopt;
+  }
+  const char* first = held ? static_cast<const char*>(memchr(head, '\n', sizeof head)) : nullptr;
+  const char* last = static_cast<const char*>(memrchr(tail, '\n', sizeof tail));
+  if ((held && first == nullptr) || last == nullptr) return std::nullopt;
+  LineEnds ends;
+  ends.chunk = chunk;
+  ends.first = held ? size_t(first - head) + 1 : 0;
+  ends.last = chunk - sizeof tail + size_t(last - tail) + 1;
+  return ends;
+}
+
+// Moves `count` bytes from the stream's pipe to its destination; returns how many moved.
+// A destination that is full is waited for as WriteAll waits. One that fails is not
+// spliced to again: what it did not take is read, and WriteAll says what fails.
+size_t SpliceOut(State& state, Stream& stream, size_t count) {
+  size_t moved = 0;
+  while (moved < count && !state.abandoned.load()) {
+    const ssize_t got = splice(stream.source, nullptr, stream.destination, nullptr, count - moved, SPLICE_F_MOVE);
+    if (got > 0) {
+      moved += size_t(got);
+      continue;
+    }
+    if (got < 0 && errno == EINTR) continue;
+    // The job's pipe is non-blocking, which makes the splice non-blocking as a whole: a
+    // destination without room says EAGAIN. One with room that still says it is left.
+    pollfd writable = {stream.destination, POLLOUT, 0};
+    if (got < 0 && errno == EAGAIN && poll(&writable, 1, 0) == 0) {
+      poll(&writable, 1, kWritableWaitMs);
+      continue;
+    }
+    stream.splicing = Stream::Splicing::kOff;
+    break;
+  }
+  return moved;
+}
+
+// Whether the stream's destination is a pipe, asked once (on the relay's thread).
+bool SplicesTo(Stream& stream) {
+  if (stream.splicing == Stream::Splicing::kUnknown) {
+    struct stat info {};
+    const bool pipe = fstat(stream.destination, &info) == 0 && S_ISFIFO(info.st_mode);
+    stream.splicing = pipe ? Stream::Splicing::kOn : Stream::Splicing::kOff;
+  }
+  return stream.splicing == Stream::Splicing::kOn;
+}
+
+// Up to `limit` bytes the stream's pipe holds, forwarded by splicing whole lines (see
+// above): the count taken from the pipe, 0 when this chunk is for ReadOnce.
+size_t SpliceLines(State& state, Stream& stream, size_t limit) {
+  if (stream.broken || !SplicesTo(stream) || !SplicingReady(state)) return 0;
+  int available = 0;
+  if (ioctl(stream.source, FIONREAD, &available) != 0 || size_t(available) < kSpliceMin) return 0;
+  const std::optional<LineEnds> ends = FindLineEnds(state, stream, std::min(limit, size_t(available)));
+  if (!ends) return 0;
+  char* buffer = Buffer(state, stream);
+  state.busy.store(true);
+  const auto now = Clock::now();
+  Arrived(state, stream, ends->chunk, now);
+  if (ends->first > 0) {
+    // The held partial line and its end, in one write.
+    if (!ReadExactly(stream.source, buffer + stream.pending, ends->first)) return 0;
+    WriteAll(state, stream, buffer, stream.pending + ends->first);
+    stream.pending = 0;
+  }
+  const size_t through = ends->first + SpliceOut(state, stream, ends->last - ends->first);
+  if (through < ends->last) return through;  // the rest of the lines take the buffer's way
+  // The chunk's own partial line is held, as Consume holds one.
+  stream.pending = ends->chunk - ends->last;
+  stream.pending_since = now;
+  if (!ReadExactly(stream.source, buffer, stream.pending)) stream.pending = 0;
+  if (stream.pending >= state.options.max_partial_line) FlushPending(state, stream);
+  return ends->chunk;
+}
+
+// Up to `limit` bytes the stream's pipe holds, spliced or read: the count taken.
+size_t TakeAvailable(State& state, Stream& stream, size_t limit) {
+  if (const size_t spliced = SpliceLines(state, stream, limit)) return spliced;
+  return ReadOnce(state, stream, limit);
 }
 
 // Forwards what the pipes hold now, and no more: a writer that never stops cannot keep
@@ -207,7 +400,7 @@ void ForwardWhatIsThere(State& state) {
     int available = 0;
     if (ioctl(stream.source, FIONREAD, &available) != 0) available = 0;
     while (available > 0 && stream.open) {
-      const size_t got = ReadOnce(state, stream, size_t(available));
+      const size_t got = TakeAvailable(state, stream, size_t(available));
       if (got == 0) break;
       available -= int(got);
     }
@@ -217,19 +410,28 @@ void ForwardWhatIsThere(State& state) {
 
 bool AllEnded(const State& state) { return !state.streams[0].open && !state.streams[1].open; }
 
-// A read below this is small (kRelayCoalesceDelay): a quarter of the smaller pipe, so that a
-// writer that fills the pipe while the relay waits is read at once after.
+// What may arrive during kRelayCoalesceDelay (see the header): a quarter of the smaller
+// pipe, so that a writer that keeps its pace while the relay waits never fills it.
 size_t SmallRead(const State& state) {
   size_t small = kRelaySmallRead;
   for (const auto& stream : state.streams) {
-    if (stream.open) small = std::min(small, stream.pipe_size / 4);
+    if (stream.open && stream.pipe_size > 0) small = std::min(small, stream.pipe_size / 4);
   }
   return small;
+}
+
+// Whether `got` bytes taken `since` the previous take come from a job that writes slowly:
+// at that rate, less than SmallRead arrives during kRelayCoalesceDelay.
+bool WritesSlowly(const State& state, size_t got, Clock::duration since) {
+  const auto delay_ns = uint64_t(std::chrono::nanoseconds(kRelayCoalesceDelay).count());
+  const auto since_ns = uint64_t(std::max<int64_t>(1, std::chrono::nanoseconds(since).count()));
+  return got * delay_ns < SmallRead(state) * since_ns;
 }
 
 void Forward(State& state) {
   uint64_t synced = 0;
   Clock::time_point quiet_until;  // the pipes are not read before (kRelayCoalesceDelay)
+  Clock::time_point last_take = Clock::now();
   while (!state.abandoned.load()) {
     uint64_t sync_target = 0;
     bool finishing = false;
@@ -283,13 +485,16 @@ void Forward(State& state) {
     for (int i = 0; i < 2; ++i) {
       if (!state.streams[i].open) continue;
       if (fds[i + 1].revents & POLLIN) {
-        got += ReadOnce(state, state.streams[i], kRelayReadSize);
+        got += TakeAvailable(state, state.streams[i], kRelayPipeSize);
       } else if (fds[i + 1].revents & (POLLHUP | POLLERR)) {
         EndSource(state, state.streams[i]);  // no writer and nothing left: no buffer needed to see it
       }
     }
     now = Clock::now();
-    if (got > 0 && got < SmallRead(state)) quiet_until = now + kRelayCoalesceDelay;
+    if (got > 0) {
+      if (WritesSlowly(state, got, now - last_take)) quiet_until = now + kRelayCoalesceDelay;
+      last_take = now;
+    }
     for (auto& stream : state.streams) {
       if (stream.pending > 0 && now >= stream.pending_since + state.options.partial_line_delay) {
         FlushPending(state, stream);
@@ -366,7 +571,6 @@ bool PipesAtEnd(const State& state) {
 OutputRelay::OutputRelay(watchdog::Progress& progress, int stdout_destination, int stderr_destination, Options options)
     : state_(std::make_shared<State>(progress, options)) {
   const int destinations[2] = {stdout_destination, stderr_destination};
-  bool any = false;
   for (int i = 0; i < 2; ++i) {
     Stream& stream = state_->streams[i];
     stream.number = i + 1;
@@ -385,18 +589,10 @@ OutputRelay::OutputRelay(watchdog::Progress& progress, int stdout_destination, i
       if (fds[1] >= 0) close(fds[1]);
       continue;
     }
-    fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);  // the launcher's end only: the job's blocks
-    stream.pipe_size = size_t(std::max(4096, fcntl(fds[0], F_GETPIPE_SZ)));
+    fcntl(fds[0], F_SETFL, O_RDONLY | O_NONBLOCK);  // the launcher's end only: the job's blocks
     stream.source = fds[0];
     stream.open = true;
     child_ends_[i] = fds[1];
-    any = true;
-  }
-  if (!any) return;
-  state_->wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (state_->wake < 0) {
-    spdlog::warn("cannot relay the job's output (eventfd: {}); it writes to the launcher's directly", std::strerror(errno));
-    TakeOverNothing();
   }
 }
 
@@ -413,19 +609,29 @@ void OutputRelay::TakeOverNothing() {
 }
 
 void OutputRelay::Start() {
-  if (running_ || state_->wake < 0 || (state_->streams[0].source < 0 && state_->streams[1].source < 0)) return;
+  if (running_ || (state_->streams[0].source < 0 && state_->streams[1].source < 0)) return;
+  // The thread's wake-up (Sync, Finish) is made with the thread: a job that writes nothing
+  // needs neither.
+  if (state_->wake < 0) state_->wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (state_->wake < 0) {
+    CannotRelay("eventfd", errno);
+    return;
+  }
   pthread_attr_t attributes;
   pthread_attr_init(&attributes);
   pthread_attr_setstacksize(&attributes, kRelayThreadStack);
   const int error = pthread_create(&thread_, &attributes, RelayThread, state_.get());
   pthread_attr_destroy(&attributes);
   running_ = error == 0;
-  if (!running_) {
-    // Unlikely (no thread to be had): a job that already writes into the pipes would block
-    // on them, so the launcher's ends close and later commands inherit the launcher's.
-    spdlog::error("cannot start relaying the job's output ({}); its output to the launcher is lost", std::strerror(error));
-    TakeOverNothing();
-  }
+  if (!running_) CannotRelay("pthread_create", error);
+}
+
+// Unlikely (no descriptor or thread to be had): a job that already writes into the pipes
+// would block on them, so the launcher's ends close and later commands inherit the launcher's.
+void OutputRelay::CannotRelay(const char* call, int error) {
+  spdlog::error("cannot start relaying the job's output ({}: {}); its output to the launcher is lost", call,
+                std::strerror(error));
+  TakeOverNothing();
 }
 
 bool OutputRelay::TakesOver(int stream) const {
@@ -441,7 +647,7 @@ void OutputRelay::AddToSpawn(posix_spawn_file_actions_t& actions) const {
 
 std::array<pollfd, 2> OutputRelay::StartWhenReadable() const {
   std::array<pollfd, 2> fds = {pollfd{-1, POLLIN, 0}, pollfd{-1, POLLIN, 0}};
-  if (running_ || finished_ || state_->wake < 0) return fds;
+  if (running_ || finished_) return fds;
   for (int i = 0; i < 2; ++i) fds[i].fd = state_->streams[i].source;
   return fds;
 }

@@ -7,6 +7,8 @@
 // a trailing partial line waits for its newline at most kPartialLineDelay (a progress bar,
 // a prompt) or until kMaxPartialLine bytes are pending. So a line the job writes in pieces
 // reaches the output whole, not cut by the other stream's lines or the launcher's log.
+// The whole lines of a large chunk are spliced from the pipe to the destination rather
+// than copied through the launcher: only where its lines end is read (output_relay.cpp).
 //
 // A stream whose destination is a terminal (an interactive `bt-launch run`: colours,
 // isatty, line buffering) or is not open is left alone: the job inherits it, as without
@@ -36,10 +38,13 @@ inline constexpr size_t kRelayReadSize = 256 * 1024;
 // What a pipe is grown to once the job writes fast (F_SETPIPE_SZ; the default 64 KiB makes
 // a fast writer wait on the relay more often). Above /proc/sys/fs/pipe-max-size it is not.
 inline constexpr int kRelayPipeSize = 1024 * 1024;
-// After a read that found little (a job that writes a line at a time, PYTHONUNBUFFERED),
-// the pipes are left alone this long so that the next read takes many writes at once: one
-// wake-up of the relay per write would cost more CPU than the job's own writes. A line
-// that comes alone is still forwarded at once; it is the lines right behind it that wait.
+// When the job writes slowly (a line at a time, PYTHONUNBUFFERED), the pipes are left alone
+// this long after each read so that the next read takes many writes at once: one wake-up of
+// the relay per write would cost more CPU than the job's own writes. Slowly: at the rate of
+// the last read, less than kRelaySmallRead (or a quarter of the smaller pipe) arrives
+// meanwhile, so the pause never makes the job wait on a full pipe (a fast writer that the
+// relay has caught up with is read again at once). A line that comes alone is still
+// forwarded at once; it is the lines right behind it that wait.
 inline constexpr std::chrono::microseconds kRelayCoalesceDelay{1000};
 inline constexpr size_t kRelaySmallRead = 64 * 1024;
 // After the last command, how long the relay waits for the pipes' end of file (every
@@ -94,6 +99,7 @@ class OutputRelay {
   struct State;  // shared with the thread, which may outlive the relay (a blocked destination)
 
  private:
+  void CannotRelay(const char* call, int error);
   void TakeOverNothing();
 
   std::shared_ptr<State> state_;

@@ -17,13 +17,14 @@ class StopUnion final : public StopRequests {
   StopUnion(const StopUnion&) = delete;
   StopUnion& operator=(const StopUnion&) = delete;
 
-  int fd() const override { return epoll_fd_; }
+  int fd() const override { return fd_; }
   std::optional<std::string> TakeStop() override;
 
  private:
   StopRequests* first_;
   StopRequests* second_;
-  int epoll_fd_ = -1;
+  int fd_ = -1;           // an epoll descriptor over both, or the one source's own
+  bool owns_fd_ = false;  // the epoll descriptor is ours to close
 };
 
 }  // namespace bt::launcher

@@ -2,8 +2,8 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <sys/eventfd.h>
 #include <sys/stat.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -58,6 +58,16 @@ std::optional<int64_t> ModificationTimeNs(const fs::path& path) {
   struct stat info {};
   if (stat(path.c_str(), &info) != 0) return std::nullopt;
   return int64_t(info.st_mtim.tv_sec) * 1'000'000'000 + info.st_mtim.tv_nsec;
+}
+
+// The heartbeat file exists from the start, so that os.utime() on it works; its creation is
+// not progress (the time is taken after it). It is created only when missing: after the
+// first start on a volume this is one stat.
+std::optional<int64_t> CreatedModificationTimeNs(const fs::path& path) {
+  if (std::optional<int64_t> mtime = ModificationTimeNs(path)) return mtime;
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOCTTY, 0644);
+  if (fd >= 0) close(fd);
+  return ModificationTimeNs(path);
 }
 
 std::string ReadSmallFile(const fs::path& path, size_t max_bytes = 4096) {
@@ -390,37 +400,37 @@ double StallLimitSeconds(const env::WatchdogSettings& settings, bool progress_se
 Watchdog::Watchdog(const env::WatchdogSettings& settings, WatchdogPaths paths, WatchdogNode node, Peers* peers,
                    Progress& progress)
     : settings_(settings), paths_(std::move(paths)), node_(std::move(node)), peers_(peers), progress_(progress) {
-  event_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (event_fd_ < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
+  wake_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+  if (wake_fd_ < 0) throw std::runtime_error(std::string("timerfd_create: ") + std::strerror(errno));
   if (peers_ != nullptr && !peers_->SharesHangs()) peers_ = nullptr;
   if (peers_ == nullptr) return;
-  // The request arrives on the supervisor's thread: it is only handed to the watch.
+  // The request arrives on the supervisor's thread: it is handed to the watch, whose thread
+  // starts for it if the cycle's first check has not yet started it.
   peers_->OnStackRequest([this](const rendezvous::PeerEvent& request) {
-    std::lock_guard lock(mutex_);
-    stack_request_ = request;
-    wake_.notify_all();
+    {
+      std::lock_guard lock(mutex_);
+      stack_request_ = request;
+      wake_.notify_all();
+    }
+    StartThreadIfNeeded();
   });
 }
 
 Watchdog::~Watchdog() {
   StopThread();
   if (peers_ != nullptr) peers_->OnStackRequest({});
-  close(event_fd_);
+  close(wake_fd_);
 }
 
 void Watchdog::BeginCycle(int64_t cycle) {
   StopThread();
   progress_.Reset();
-  PruneStaleMarkers(paths_.stack_dir);
-  // The heartbeat file exists from the start, so that os.utime() on it works (its creation
-  // is not progress: the time is taken after it).
-  if (!paths_.heartbeat_file.empty()) {
-    const int fd = open(paths_.heartbeat_file.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOCTTY, 0644);
-    if (fd >= 0) close(fd);
-  }
   touched_paths_.clear();
-  for (const fs::path& path : {paths_.heartbeat_file, paths_.checkpoint_dir}) {
-    if (!path.empty()) touched_paths_.emplace_back(path, ModificationTimeNs(path));
+  if (!paths_.heartbeat_file.empty()) {
+    touched_paths_.emplace_back(paths_.heartbeat_file, CreatedModificationTimeNs(paths_.heartbeat_file));
+  }
+  if (!paths_.checkpoint_dir.empty()) {
+    touched_paths_.emplace_back(paths_.checkpoint_dir, ModificationTimeNs(paths_.checkpoint_dir));
   }
   {
     std::lock_guard lock(mutex_);
@@ -430,15 +440,37 @@ void Watchdog::BeginCycle(int64_t cycle) {
     hung_ = false;
     cycle_ = cycle;
   }
-  StartThread(cycle, true);
+  phase_ = Phase::kWatching;
+  cycle_start_ = Clock::now();
+  WakeSupervisorIn(kTick);  // the first check: TakeStop starts the thread then
 }
 
 void Watchdog::EndCycle() {
   StopThread();
   // This node's job has ended, but the others' may hang (a rank stuck in a final save while
   // this node waits at the exit barrier): it still answers a stack request of the cycle,
-  // with no stacks, and node 0 still gathers.
-  if (peers_ != nullptr) StartThread(cycle_, false);
+  // with no stacks, and node 0 still gathers. The thread starts when a request comes.
+  phase_ = peers_ != nullptr ? Phase::kAnswering : Phase::kIdle;
+  if (HasStackRequest()) StartThreadIfNeeded();
+}
+
+bool Watchdog::HasStackRequest() {
+  std::lock_guard lock(mutex_);
+  return stack_request_.has_value();
+}
+
+void Watchdog::StartThreadIfNeeded() {
+  if (phase_ == Phase::kIdle || thread_.joinable()) return;
+  StartThread(cycle_, phase_ == Phase::kWatching);
+}
+
+// A timerfd is readable once its time has come: the supervisor, which polls fd(), calls
+// TakeStop then. A delay of 0 would disarm it, so "at once" is one nanosecond.
+void Watchdog::WakeSupervisorIn(Clock::duration delay) {
+  const int64_t ns = std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::nanoseconds>(delay).count());
+  itimerspec when{};
+  when.it_value = {time_t(ns / 1'000'000'000), long(ns % 1'000'000'000)};
+  timerfd_settime(wake_fd_, 0, &when, nullptr);
 }
 
 void Watchdog::StartThread(int64_t cycle, bool watching) {
@@ -446,9 +478,9 @@ void Watchdog::StartThread(int64_t cycle, bool watching) {
     std::lock_guard lock(mutex_);
     stopping_ = false;
   }
-  thread_ = std::thread([this, cycle, watching] {
+  thread_ = std::thread([this, cycle, watching, since = cycle_start_] {
     try {
-      Watch(cycle, watching);
+      Watch(cycle, watching, since);
     } catch (const std::exception& error) {
       // The watch is an aid: its failure must never end the job it watches.
       spdlog::error("watchdog: stopped watching cycle {}: {}", cycle, error.what());
@@ -471,8 +503,10 @@ bool Watchdog::StoppedAsHung() const {
 }
 
 std::optional<std::string> Watchdog::TakeStop() {
-  uint64_t count = 0;
-  [[maybe_unused]] ssize_t ignored = read(event_fd_, &count, sizeof count);
+  uint64_t expirations = 0;
+  [[maybe_unused]] ssize_t ignored = read(wake_fd_, &expirations, sizeof expirations);
+  // The supervisor also asks before each command: the thread waits for the first check's time.
+  if (phase_ == Phase::kWatching && Clock::now() - cycle_start_ >= kTick) StartThreadIfNeeded();
   std::lock_guard lock(mutex_);
   if (!stop_ || stop_taken_) return std::nullopt;
   stop_taken_ = true;
@@ -493,17 +527,19 @@ void Watchdog::PollTouchedPaths() {
   }
 }
 
-void Watchdog::Watch(int64_t cycle, bool watching) {
-  const Clock::time_point start = Clock::now();
+void Watchdog::Watch(int64_t cycle, bool watching, Clock::time_point since) {
+  // Here rather than at the cycle's start: a job that ends within kTick never pays for it.
+  if (watching) PruneStaleMarkers(paths_.stack_dir);
   Clock::time_point previous{};
   double longest_gap_s = 0;
   bool reported = false;
   Clock::time_point last_at_report{};
-  while (true) {
+  // A thread that watches starts when the first check is due: that check comes first.
+  for (bool due = watching;; due = false) {
     std::optional<rendezvous::PeerEvent> request;
     {
       std::unique_lock lock(mutex_);
-      wake_.wait_for(lock, kTick, [this] { return stopping_ || stack_request_.has_value(); });
+      if (!due) wake_.wait_for(lock, kTick, [this] { return stopping_ || stack_request_.has_value(); });
       if (stopping_) return;
       request.swap(stack_request_);
     }
@@ -534,7 +570,7 @@ void Watchdog::Watch(int64_t cycle, bool watching) {
       }
     }
     const double limit_s = StallLimitSeconds(settings_, progress_.seen(), longest_gap_s);
-    const double quiet_s = Seconds(Clock::now() - (progress_.seen() ? last : start));
+    const double quiet_s = Seconds(Clock::now() - (progress_.seen() ? last : since));
     if (limit_s <= 0 || quiet_s < limit_s) continue;
     reported = true;
     last_at_report = last;
@@ -574,8 +610,7 @@ void Watchdog::OnStall(int64_t cycle, double quiet_s, double limit_s) {
   std::lock_guard lock(mutex_);
   stop_ = "the job hung: " + cause;
   hung_ = true;
-  const uint64_t one = 1;
-  [[maybe_unused]] ssize_t ignored = write(event_fd_, &one, sizeof one);
+  WakeSupervisorIn(Clock::duration::zero());
 }
 
 std::string Watchdog::NodeAnswer(double quiet_s) {

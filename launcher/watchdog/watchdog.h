@@ -5,6 +5,7 @@
 // restarts or ends the job like any failure. A single node does all of it alone.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <filesystem>
@@ -54,6 +55,8 @@ struct WatchdogNode {
 
 class Watchdog final : public StopRequests {
  public:
+  using Clock = std::chrono::steady_clock;
+
   // `peers`: null for a single node, or a backend that does not share hangs (each node then
   // judges its own job). `progress` is fed by the output relay and the checkpoint watcher.
   Watchdog(const env::WatchdogSettings& settings, WatchdogPaths paths, WatchdogNode node, Peers* peers,
@@ -70,16 +73,25 @@ class Watchdog final : public StopRequests {
   // node alone; with peers the hang reaches every node as the cycle's failure).
   bool StoppedAsHung() const;
 
-  // StopRequests: readable once a node alone has found its job hung.
-  int fd() const override { return event_fd_; }
+  // StopRequests: readable once a node alone has found its job hung, and when the cycle's
+  // first stall check falls due: the watch's thread starts then (in TakeStop, on the
+  // supervisor's thread), so that a job that ends sooner (`run -- /bin/true`) costs no
+  // thread, no join and no stale-marker pass.
+  int fd() const override { return wake_fd_; }
   std::optional<std::string> TakeStop() override;
 
  private:
-  // The watch of a running job (`watching`), or, after it ended, only the answer to a
-  // stack request of its cycle (and node 0's gathering).
-  void Watch(int64_t cycle, bool watching);
+  // What the watch does between the cycles' calls (only the supervisor's thread changes it).
+  enum class Phase { kIdle, kWatching, kAnswering };
+
+  // The watch of a running job (`watching`, quiet since `since`), or, after it ended, only
+  // the answer to a stack request of its cycle (and node 0's gathering).
+  void Watch(int64_t cycle, bool watching, Clock::time_point since);
+  void StartThreadIfNeeded();
   void StartThread(int64_t cycle, bool watching);
   void StopThread();
+  void WakeSupervisorIn(Clock::duration delay);
+  bool HasStackRequest();
   void OnStall(int64_t cycle, double quiet_s, double limit_s);
   void AnswerStackRequest(int64_t cycle, bool finished);
   void GatherAndDeclare(int64_t cycle, int stalled_rank);
@@ -92,7 +104,9 @@ class Watchdog final : public StopRequests {
   WatchdogNode node_;
   Peers* peers_;
   Progress& progress_;
-  int event_fd_ = -1;
+  int wake_fd_ = -1;  // a timerfd: the first check's time, or at once for a stop (fd())
+  Phase phase_ = Phase::kIdle;
+  Clock::time_point cycle_start_;
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;

@@ -1,6 +1,9 @@
-// Interleaves `CMD`, `tini -- CMD` and `bt-launch run -- CMD`, round-robin, so that
-// machine noise hits all three alike; prints per-exec latency, overhead over a plain
-// exec, the ratio to tini's overhead, and peak RSS (wait4's ru_maxrss).
+// Interleaves `CMD`, `tini -- CMD` and `bt-launch run -- CMD` (the watchdog on, as by
+// default), round-robin, so that machine noise hits all alike; prints per-exec latency,
+// overhead over a plain exec, the ratio to tini's overhead, and peak RSS (wait4's
+// ru_maxrss). Two more contenders in the same rounds say what the watchdog costs: `run`
+// given a config (BT_JOB_CONFIG) with the watchdog on, and the same config with it off
+// (both parse a config, which the headline run does not).
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/resource.h>
@@ -18,24 +21,41 @@ extern char** environ;
 
 namespace {
 
+constexpr const char* kWatchdogOnConfig = R"(BT_JOB_CONFIG={"runtime":{"start_commands":["true"]}})";
+constexpr const char* kWatchdogOffConfig =
+    R"(BT_JOB_CONFIG={"runtime":{"start_commands":["true"]},"launcher":{"watchdog":{"stall_timeout_s":0,"startup_timeout_s":0}}})";
+
 struct Contender {
   std::string name;
   std::vector<std::string> argv;
+  std::string config;  // a BT_JOB_CONFIG=... entry that replaces this process's, or none
   std::vector<double> micros;
   long max_rss_kib = 0;
 };
+
+// This process's environment, without BT_JOB_CONFIG, plus the contender's config.
+std::vector<char*> EnvironmentOf(Contender& contender) {
+  std::vector<char*> entries;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    if (std::string(*entry).rfind("BT_JOB_CONFIG=", 0) != 0) entries.push_back(*entry);
+  }
+  if (!contender.config.empty()) entries.push_back(contender.config.data());
+  entries.push_back(nullptr);
+  return entries;
+}
 
 double RunOnce(Contender& contender) {
   std::vector<char*> argv;
   for (auto& arg : contender.argv) argv.push_back(arg.data());
   argv.push_back(nullptr);
+  std::vector<char*> environment = EnvironmentOf(contender);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
   posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
   auto start = std::chrono::steady_clock::now();
   pid_t pid = 0;
-  if (posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ) != 0) {
+  if (posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environment.data()) != 0) {
     std::perror(argv[0]);
     std::exit(1);
   }
@@ -65,14 +85,23 @@ int main(int argc, char** argv) {
     return 64;
   }
   const int runs = argc > 4 ? std::atoi(argv[4]) : 2000;
+  const std::vector<std::string> run = {argv[1], "run", "--root", argv[3], "--", "/bin/true"};
   std::vector<Contender> contenders = {
-      {"/bin/true", {"/bin/true"}, {}, 0},
-      {"tini -- /bin/true", {argv[2], "-s", "--", "/bin/true"}, {}, 0},
-      {"bt-launch run -- /bin/true", {argv[1], "run", "--root", argv[3], "--", "/bin/true"}, {}, 0},
+      {"/bin/true", {"/bin/true"}, "", {}, 0},
+      {"tini -- /bin/true", {argv[2], "-s", "--", "/bin/true"}, "", {}, 0},
+      {"bt-launch run -- /bin/true", run, "", {}, 0},
+      {"  config, watchdog on", run, kWatchdogOnConfig, {}, 0},
+      {"  config, watchdog off", run, kWatchdogOffConfig, {}, 0},
   };
   for (auto& contender : contenders) RunOnce(contender);  // warm the page cache
+  // Each round starts with the next contender: the one that runs right after /bin/true or
+  // tini finds colder caches than one that follows another bt-launch, and no contender
+  // may always be that one.
   for (int i = 0; i < runs; ++i) {
-    for (auto& contender : contenders) contender.micros.push_back(RunOnce(contender));
+    for (size_t k = 0; k < contenders.size(); ++k) {
+      Contender& contender = contenders[(k + size_t(i)) % contenders.size()];
+      contender.micros.push_back(RunOnce(contender));
+    }
   }
   const double plain = Percentile(contenders[0].micros, 0.5);
   const double tini_overhead = Percentile(contenders[1].micros, 0.5) - plain;
@@ -86,6 +115,8 @@ int main(int argc, char** argv) {
   const double ours = Percentile(contenders[2].micros, 0.5) - plain;
   std::printf("bt-launch overhead - tini overhead: %.0f us (goal: < 1000 us)\n", ours - tini_overhead);
   std::printf("bt-launch overhead / tini overhead: %.2f\n", tini_overhead > 0 ? ours / tini_overhead : 0.0);
+  std::printf("the watchdog adds: %.0f us (config, watchdog on - config, watchdog off)\n",
+              Percentile(contenders[3].micros, 0.5) - Percentile(contenders[4].micros, 0.5));
   std::printf("bt-launch peak RSS: %.1f MiB (goal: < 8 MiB)\n", double(contenders[2].max_rss_kib) / 1024.0);
   return 0;
 }

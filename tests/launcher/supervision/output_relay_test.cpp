@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -100,6 +101,42 @@ int WaitExit(pid_t pid) {
 
 std::string TempPath(const std::string& name) {
   return std::string("/tmp/bt-relay-test-") + std::to_string(getpid()) + "-" + name;
+}
+
+// Everything `fd` gives until end of file, `pause` after each read (a slow reader).
+std::string ReadToEnd(int fd, std::chrono::microseconds pause = {}) {
+  std::string text;
+  char buffer[65536];
+  for (ssize_t got; (got = read(fd, buffer, sizeof buffer)) != 0;) {
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) break;
+    text.append(buffer, size_t(got));
+    std::this_thread::sleep_for(pause);
+  }
+  return text;
+}
+
+// `count` lines "<tag><n> <filler>\n" of 8 to 200 bytes, written to a file: a job `cat`s it
+// in 128 KiB writes that end mid-line, the relay's large chunks.
+std::string WriteNumberedLines(const std::string& path, char tag, int count) {
+  std::string text;
+  for (int n = 0; n < count; ++n) text += tag + std::to_string(n) + " " + std::string(size_t(n * 7919 % 193), 'x') + "\n";
+  FILE* file = std::fopen(path.c_str(), "w");
+  if (file == nullptr || std::fwrite(text.data(), 1, text.size(), file) != text.size()) ADD_FAILURE() << "cannot write " << path;
+  if (file != nullptr) std::fclose(file);
+  return text;
+}
+
+// The lines of `text` that start with `tag`, in order.
+std::string LinesTagged(const std::string& text, char tag) {
+  std::string lines;
+  for (size_t start = 0; start < text.size();) {
+    size_t end = text.find('\n', start);
+    end = end == std::string::npos ? text.size() : end + 1;
+    if (text[start] == tag) lines.append(text, start, end - start);
+    start = end;
+  }
+  return lines;
 }
 
 TEST(RelayTakesOver, PipesAndFilesButNotTerminalsOrClosedDescriptors) {
@@ -230,6 +267,57 @@ TEST(OutputRelay, ANonBlockingDestinationThatFillsLosesNothing) {
   std::string expected;
   for (int i = 1; i <= 600000; ++i) expected += std::to_string(i) + "\n";
   EXPECT_TRUE(seen == expected) << "got " << seen.size() << " bytes, expected " << expected.size();
+}
+
+// A job that writes fast (large chunks, which the relay splices) on stdout while its
+// stderr writes lines into the same destination: every line arrives whole, each stream's
+// in order, none lost. The destination is read slowly, so that the job's output piles up
+// in its pipe while the relay waits for room: the relay takes it in large chunks.
+TEST(OutputRelay, LargeChunksArriveWithEveryLineWhole) {
+  const std::string path = TempPath("lines");
+  const std::string out_lines = WriteNumberedLines(path, 'o', 100000);  // ~10 MB
+  std::string err_lines;
+  for (int n = 1; n <= 3000; ++n) err_lines += "e" + std::to_string(n) + "\n";
+  Pipe both;
+  std::string seen;
+  std::thread reader([&] { seen = ReadToEnd(both.read_end(), 200us); });
+  {
+    watchdog::Progress progress;
+    OutputRelay relay(progress, both.write_end(), both.write_end());
+    const pid_t child = SpawnShell(relay, "cat " + path + " & n=1; while [ $n -le 3000 ]; do echo e$n >&2; n=$((n+1)); done; wait");
+    EXPECT_EQ(WaitExit(child), 0);
+    relay.Finish(2s);
+  }
+  both.CloseWrite();
+  reader.join();
+  std::remove(path.c_str());
+  EXPECT_EQ(seen.size(), out_lines.size() + err_lines.size());
+  EXPECT_TRUE(LinesTagged(seen, 'o') == out_lines) << "stdout's lines were cut, reordered or lost";
+  EXPECT_EQ(LinesTagged(seen, 'e'), err_lines);
+}
+
+// A file opened O_APPEND (`>>`, which splice(2) would refuse) gets every byte after what it held.
+TEST(OutputRelay, AnAppendOnlyDestinationGetsEveryByte) {
+  const std::string source = TempPath("append-source");
+  const std::string destination = TempPath("append-destination");
+  const std::string text = WriteNumberedLines(source, 'o', 100000);
+  const int fd = open(destination.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(write(fd, "before\n", 7), 7);
+  {
+    watchdog::Progress progress;
+    OutputRelay relay(progress, fd, STDERR_FILENO);
+    const pid_t child = SpawnShell(relay, "cat " + source);
+    EXPECT_EQ(WaitExit(child), 0);
+    relay.Finish(2s);
+  }
+  close(fd);
+  const int written = open(destination.c_str(), O_RDONLY | O_CLOEXEC);
+  const std::string seen = ReadToEnd(written);
+  close(written);
+  std::remove(source.c_str());
+  std::remove(destination.c_str());
+  EXPECT_TRUE(seen == "before\n" + text) << "got " << seen.size() << " bytes, expected " << text.size() + 7;
 }
 
 // A process out of the launcher's reach keeps the pipe open: Finish forwards what was
