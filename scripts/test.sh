@@ -13,7 +13,7 @@ else
   cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release -DBT_WERROR=ON >/dev/null
   cmake --build build-release
   for unit_tests in env_tests rendezvous_tests storage_tests checkpoint_tests launcher_unit_tests; do
-    build-release/tests/$unit_tests --gtest_brief=1
+    timeout 600 build-release/tests/$unit_tests --gtest_brief=1  # bounded: a hung test fails, not CI's clock
   done
 fi
 cd "${BUILD_DIR:-build}"

@@ -467,6 +467,9 @@ void WaitForResumedDeclarations(rendezvous::Store& store, const std::function<vo
       return;
     } catch (const rendezvous::StoreTimeout&) {
       check_stop();
+    } catch (const rendezvous::StoreError&) {
+      check_stop();  // a lost node 0 is named by the peers' verdict, when one came
+      return;        // else the agent finds the store broken and says so
     }
   }
 }

@@ -79,13 +79,23 @@ bool ReadUntil(int fd, std::string& seen, const std::string& text, std::chrono::
   return true;
 }
 
+// The shell starts with no signal blocked: an earlier test of this binary may have left
+// SIGCHLD blocked in this thread (a SignalRouter), and a shell that inherits that never
+// wakes from `wait` (dash's sigsuspend keeps the inherited mask).
 pid_t SpawnShell(OutputRelay& relay, const std::string& script) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   relay.AddToSpawn(actions);
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attributes, &none);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
   const char* argv[] = {"/bin/sh", "-c", script.c_str(), nullptr};
   pid_t pid = -1;
-  const int error = posix_spawn(&pid, "/bin/sh", &actions, nullptr, const_cast<char**>(argv), environ);
+  const int error = posix_spawn(&pid, "/bin/sh", &actions, &attributes, const_cast<char**>(argv), environ);
+  posix_spawnattr_destroy(&attributes);
   posix_spawn_file_actions_destroy(&actions);
   relay.Start();
   if (error != 0) ADD_FAILURE() << "posix_spawn: " << error;
