@@ -113,6 +113,9 @@ struct OutputRelay::State {
   // State's last owner may be the thread then).
   std::shared_ptr<State>* self = nullptr;
   std::atomic<bool> abandoned{false};  // the launcher no longer waits: drop what cannot be written
+  // Set when Finish lets the thread go: `progress` is the caller's, and may be gone by the
+  // time a write blocked on a destination that reads nothing fails and the thread reads on.
+  std::atomic<bool> let_go{false};
   // Set before each read, cleared once what was read is written and no partial line waits:
   // with the pipes empty too, a Sync has nothing to wait for.
   std::atomic<bool> busy{false};
@@ -201,7 +204,7 @@ char* Buffer(const State& state, Stream& stream) {
 // it waits less on the relay. The pipe's size is asked here, on the relay's thread, not when
 // the pipe is made: `run` pays for no call that only a job with output needs.
 void Arrived(State& state, Stream& stream, size_t count, Clock::time_point now) {
-  state.progress.Note(now);
+  if (!state.let_go.load()) state.progress.Note(now);
   if (stream.pipe_size == 0) stream.pipe_size = size_t(std::max(4096, fcntl(stream.source, F_GETPIPE_SZ)));
   if (stream.grown || count < kGrowAfterRead) return;
   stream.grown = true;
@@ -695,6 +698,7 @@ void OutputRelay::Finish(std::chrono::milliseconds bound) {
     }
   }
   if (let_go) {
+    state_->let_go = true;
     state_->self = new std::shared_ptr<State>(state_);
     lock.unlock();
     pthread_detach(thread_);

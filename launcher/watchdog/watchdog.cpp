@@ -440,6 +440,10 @@ void Watchdog::BeginCycle(int64_t cycle) {
     hung_ = false;
     cycle_ = cycle;
   }
+  // Before the job starts, not on the watch thread: pids repeat (a new pod's namespace), and
+  // a pass running while the job's processes arm deleted a new process's marker and dump
+  // together with the stale marker of the same pid it had judged a moment before.
+  PruneStaleMarkers(paths_.stack_dir);
   phase_ = Phase::kWatching;
   cycle_start_ = Clock::now();
   WakeSupervisorIn(kTick);  // the first check: TakeStop starts the thread then
@@ -528,8 +532,6 @@ void Watchdog::PollTouchedPaths() {
 }
 
 void Watchdog::Watch(int64_t cycle, bool watching, Clock::time_point since) {
-  // Here rather than at the cycle's start: a job that ends within kTick never pays for it.
-  if (watching) PruneStaleMarkers(paths_.stack_dir);
   Clock::time_point previous{};
   double longest_gap_s = 0;
   bool reported = false;
