@@ -216,8 +216,7 @@ class CheckpointAgent::Impl {
     std::map<std::string, uint64_t> newest;
     for (const auto& [seq, version] : versions_) newest[version.name] = seq;
     std::map<std::string, Candidate> on_disk;
-    for (Candidate& candidate : FindCandidates(ScanTree(options_.checkpoint_dir, options_.settings.marker),
-                                               options_.checkpoint_dir, options_.settings.marker)) {
+    for (Candidate& candidate : CandidatesOnDisk()) {
       on_disk.emplace(candidate.name, std::move(candidate));
     }
     for (auto it = versions_.begin(); it != versions_.end();) {
@@ -310,8 +309,7 @@ class CheckpointAgent::Impl {
     for (const auto& [number, declaration] : std::map(unanswered_)) {
       if (!declaration.resumed_age_ns || BoundVersion(number) != nullptr) continue;
       if (!scanned) {
-        for (const Candidate& candidate : FindCandidates(ScanTree(options_.checkpoint_dir, options_.settings.marker),
-                                                         options_.checkpoint_dir, options_.settings.marker)) {
+        for (const Candidate& candidate : CandidatesOnDisk()) {
           on_disk[candidate.name] = Fingerprint(candidate);
         }
         scanned = true;
@@ -325,6 +323,11 @@ class CheckpointAgent::Impl {
       }
     }
     AnswerDeclarations();  // those already uploaded
+  }
+
+  std::vector<Candidate> CandidatesOnDisk() const {
+    return FindCandidates(ScanTree(options_.checkpoint_dir, options_.settings.marker), options_.checkpoint_dir,
+                          options_.settings.marker);
   }
 
   // Nothing of a resumed save's part here may be newer than node 0's part, give or take.
