@@ -20,6 +20,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "launcher/watchdog/output_files.h"
+
 namespace bt::launcher {
 namespace {
 
@@ -59,7 +61,7 @@ int AboveStandard(int fd) {
 bool RelayTakesOver(int destination) {
   const int flags = fcntl(destination, F_GETFL);
   if (flags < 0 || (flags & O_ACCMODE) == O_RDONLY) return false;
-  return isatty(destination) == 0;
+  return isatty(destination) == 0 && !watchdog::LeftToTheJob(destination);
 }
 
 struct OutputRelay::State {

@@ -12,7 +12,8 @@
 //
 // A stream whose destination is a terminal (an interactive `bt-launch run`: colours,
 // isatty, line buffering) or is not open is left alone: the job inherits it, as without
-// the relay, and that stream gives no progress.
+// the relay, and that stream gives no progress. So is one that goes to a regular file the
+// launcher can read back: the watchdog reads what the job appends (watchdog/output_files.h).
 #pragma once
 
 #include <pthread.h>
@@ -53,7 +54,7 @@ inline constexpr size_t kRelaySmallRead = 64 * 1024;
 inline constexpr std::chrono::milliseconds kRelayDrainBound{2000};
 
 // Whether the launcher takes over the stream that goes to `destination` (its fd 1 or 2):
-// it is open for writing and not a terminal.
+// it is open for writing, not a terminal and not left to the job (watchdog::LeftToTheJob).
 bool RelayTakesOver(int destination);
 
 struct OutputRelayOptions {

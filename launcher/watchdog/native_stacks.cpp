@@ -14,16 +14,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string FindOnPath(const std::string& program) {
-  const char* path = getenv("PATH");
-  std::istringstream directories(path != nullptr ? path : "/usr/bin:/bin");
-  for (std::string directory; std::getline(directories, directory, ':');) {
-    const std::string candidate = (directory.empty() ? "." : directory) + "/" + program;
-    if (access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return "";
-}
-
 // gdb's output without its chatter ("[New LWP ...]", symbol warnings): thread headers and
 // frames.
 std::string FramesOf(const std::string& output, size_t max_bytes) {
@@ -42,7 +32,7 @@ std::string FramesOf(const std::string& output, size_t max_bytes) {
 NativeStacks CollectNativeStacks(const std::vector<pid_t>& pids, std::chrono::milliseconds timeout, size_t max_bytes,
                                  const std::function<bool()>& stop) {
   NativeStacks stacks;
-  const std::string gdb = FindOnPath("gdb");
+  const std::string gdb = storage::FindOnPath("gdb");
   if (gdb.empty()) {
     stacks.note = "native frames: SKIPPED (gdb is not installed; apt-get install gdb to have them)";
     return stacks;

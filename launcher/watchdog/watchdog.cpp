@@ -78,12 +78,6 @@ std::string ReadSmallFile(const fs::path& path, size_t max_bytes = 4096) {
   return text;
 }
 
-bool HasGpu() {
-  std::error_code error;
-  if (fs::exists("/dev/nvidia0", error)) return true;
-  return fs::is_directory("/proc/driver/nvidia/gpus", error) && !fs::is_empty("/proc/driver/nvidia/gpus", error);
-}
-
 struct OtherProcess {
   pid_t pid = 0;
   std::string line;  // pid, state, wait channel, command line
@@ -120,22 +114,6 @@ std::vector<OtherProcess> OtherJobProcesses(const std::set<pid_t>& with_python_s
     if (others.size() >= kMaxProcesses) break;
   }
   return others;
-}
-
-// PyTorch's NCCL flight recorder writes a dump per rank when its own watchdog times out
-// (TORCH_NCCL_DUMP_ON_TIMEOUT): the files are pickles, so the report names them.
-std::string FlightRecorderNote(const fs::path& directory) {
-  if (!HasGpu()) return "NCCL flight recorder: SKIPPED (no GPU on this node)";
-  std::string files;
-  std::error_code error;
-  for (const auto& entry : fs::directory_iterator(directory, error)) {
-    files += "\n  " + entry.path().string() + " (" + std::to_string(entry.file_size(error)) + " bytes)";
-  }
-  if (files.empty()) {
-    return "NCCL flight recorder: no dump in " + directory.string() +
-           " (PyTorch writes one when its NCCL watchdog times out, TORCH_NCCL_DUMP_ON_TIMEOUT)";
-  }
-  return "NCCL flight recorder dumps (read them with `python3 -m torch.distributed.flight_recorder.fr_trace`):" + files;
 }
 
 // Processes with a RANK of their own (torchrun's workers, an mpirun rank), not forked from
@@ -383,12 +361,9 @@ void ArmJobEnvironment(WatchdogPaths& paths, env::JobEnvironment& environment) {
   for (const auto& [name, value] : InstallPythonStackHook(paths.python_hook_dir, paths.stack_dir, user_pythonpath)) {
     environment.variables[name] = value;
   }
-  Offer(environment, "TORCH_NCCL_TRACE_BUFFER_SIZE", "2000");
-  Offer(environment, "TORCH_NCCL_DUMP_ON_TIMEOUT", "1");
-  Offer(environment, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", (paths.nccl_trace_dir / "rank_").string());
   // What the job will use, where the user chose: the watch and the report follow it.
+  paths.flight_recorder = ArmFlightRecorder(paths.nccl_trace_dir, environment);
   paths.heartbeat_file = environment.variables.at(kHeartbeatVariable);
-  paths.nccl_trace_dir = fs::path(environment.variables.at("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")).parent_path();
 }
 
 double StallLimitSeconds(const env::WatchdogSettings& settings, bool progress_seen, double longest_gap_s) {
@@ -426,6 +401,7 @@ void Watchdog::BeginCycle(int64_t cycle) {
   StopThread();
   progress_.Reset();
   touched_paths_.clear();
+  output_files_.Rebase();
   if (!paths_.heartbeat_file.empty()) {
     touched_paths_.emplace_back(paths_.heartbeat_file, CreatedModificationTimeNs(paths_.heartbeat_file));
   }
@@ -522,13 +498,14 @@ bool Watchdog::Stopping() {
   return stopping_;
 }
 
-void Watchdog::PollTouchedPaths() {
+void Watchdog::LookForProgress() {
   for (auto& [path, seen] : touched_paths_) {
     const std::optional<int64_t> mtime = ModificationTimeNs(path);
     if (mtime == seen) continue;
     seen = mtime;
     if (mtime) progress_.Note();
   }
+  if (output_files_.JobWrote()) progress_.Note();
 }
 
 void Watchdog::Watch(int64_t cycle, bool watching, Clock::time_point since) {
@@ -553,7 +530,7 @@ void Watchdog::Watch(int64_t cycle, bool watching, Clock::time_point since) {
       continue;
     }
     if (!watching) continue;
-    PollTouchedPaths();
+    LookForProgress();
     const Clock::time_point last = progress_.last();
     if (progress_.seen() && last != previous) {
       if (previous != Clock::time_point{}) longest_gap_s = std::max(longest_gap_s, Seconds(last - previous));
@@ -618,6 +595,9 @@ void Watchdog::OnStall(int64_t cycle, double quiet_s, double limit_s) {
 std::string Watchdog::NodeAnswer(double quiet_s) {
   const auto timeout = std::chrono::milliseconds(int64_t(settings_.stack_timeout_s * 1000));
   const auto stopping = [this] { return Stopping(); };
+  // First: PyTorch's threads write the dumps while the stacks are taken.
+  const std::vector<AskedDump> dumps = RequestDumps(paths_.flight_recorder);
+  const auto dumps_deadline = Clock::now() + timeout;
   std::vector<ProcessStack> stacks = CollectPythonStacks(paths_.stack_dir, timeout, kMaxDumpBytes, stopping);
   if (stacks.size() > kMaxProcesses) stacks.resize(kMaxProcesses);
   std::set<pid_t> with_stack;
@@ -643,7 +623,7 @@ std::string Watchdog::NodeAnswer(double quiet_s) {
               {"others", std::move(others)},
               {"native", std::move(native_frames)},
               {"native_note", native.note},
-              {"nccl", FlightRecorderNote(paths_.nccl_trace_dir)}};
+              {"nccl", DescribeDumps(paths_.flight_recorder, dumps, dumps_deadline, stopping)}};
   if (progress_.seen()) answer["quiet_s"] = quiet_s;
   // Stacks hold paths, which are bytes: what is not UTF-8 is replaced, never thrown on.
   return answer.dump(-1, ' ', false, json::error_handler_t::replace);

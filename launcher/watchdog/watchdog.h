@@ -18,6 +18,8 @@
 #include "env/environment.h"
 #include "env/job_config.h"
 #include "launcher/supervision/peers.h"
+#include "launcher/watchdog/flight_recorder.h"
+#include "launcher/watchdog/output_files.h"
 #include "launcher/watchdog/progress.h"
 
 namespace bt::launcher::watchdog {
@@ -31,6 +33,7 @@ struct WatchdogPaths {
   std::filesystem::path python_hook_dir;
   std::filesystem::path stack_dir;
   std::filesystem::path nccl_trace_dir;
+  FlightRecorderFiles flight_recorder;  // under nccl_trace_dir, unless the job chose its own
   std::filesystem::path checkpoint_dir;  // BT_CHECKPOINT_DIR when checkpointing is on: a new checkpoint is progress
 };
 WatchdogPaths PathsFor(const env::WatchdogSettings& settings, const env::JobEnvironment& environment, int rank);
@@ -38,8 +41,8 @@ WatchdogPaths PathsFor(const env::WatchdogSettings& settings, const env::JobEnvi
 // The job's side of the watch: BT_HEARTBEAT_FILE, the Python stack hook (PYTHONPATH,
 // BT_STACK_DIR, BT_STACK_SIGNAL) and PyTorch's NCCL flight recorder, each unless the user
 // set it. Creates the directories; throws std::runtime_error naming a path it cannot write.
-// `paths` then names what the job will use: a BT_HEARTBEAT_FILE or a
-// TORCH_NCCL_DEBUG_INFO_TEMP_FILE the user set is the one watched and reported.
+// `paths` then names what the job will use: a BT_HEARTBEAT_FILE or flight-recorder files
+// the user set are the ones watched, asked for and reported.
 void ArmJobEnvironment(WatchdogPaths& paths, env::JobEnvironment& environment);
 
 // The limit in force: before the cycle's first progress, startup_timeout_s; after it, the
@@ -96,7 +99,7 @@ class Watchdog final : public StopRequests {
   void AnswerStackRequest(int64_t cycle, bool finished);
   void GatherAndDeclare(int64_t cycle, int stalled_rank);
   std::string NodeAnswer(double quiet_s);
-  void PollTouchedPaths();
+  void LookForProgress();
   bool Stopping();
 
   env::WatchdogSettings settings_;
@@ -120,6 +123,8 @@ class Watchdog final : public StopRequests {
   // The heartbeat file and the checkpoint directory, with the modification time last seen:
   // a change is progress.
   std::vector<std::pair<std::filesystem::path, std::optional<int64_t>>> touched_paths_;
+  // The job's stdout and stderr where they are files, not relayed: what it appends is progress.
+  OutputFiles output_files_;
   // The previous hang's place (node 0): a hang at the same place in a later cycle is named.
   std::optional<std::pair<int64_t, std::string>> last_hang_;
 };

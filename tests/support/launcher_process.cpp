@@ -30,8 +30,15 @@ LauncherProcess::LauncherProcess(const LaunchSpec& spec, const std::string& bina
   pid_ = fork();
   if (pid_ < 0) throw std::runtime_error("fork failed");
   if (pid_ == 0) {
-    dup2(out_pipe[1], STDOUT_FILENO);
-    dup2(err_pipe[1], STDERR_FILENO);
+    if (spec.output_file) {
+      const int file = open(spec.output_file->c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (file < 0) _exit(125);
+      dup2(file, STDOUT_FILENO);
+      dup2(file, STDERR_FILENO);
+    } else {
+      dup2(out_pipe[1], STDOUT_FILENO);
+      dup2(err_pipe[1], STDERR_FILENO);
+    }
     int devnull = open("/dev/null", O_RDONLY);
     dup2(devnull, STDIN_FILENO);
     setpgid(0, 0);  // so Finish() can kill everything the launcher left behind

@@ -26,6 +26,9 @@ struct LaunchSpec {
   std::vector<std::string> unset_env;
   std::optional<uid_t> run_as_uid;               // setuid (and setgid to the same id) before exec
   std::chrono::milliseconds timeout{30000};
+  // When set, the launcher's stdout and stderr are this file, appended to (created if need
+  // be), as `bt-launch run >> FILE 2>&1` gives them; ProcessResult's out and err stay empty.
+  std::optional<std::string> output_file;
 };
 
 class LauncherProcess {

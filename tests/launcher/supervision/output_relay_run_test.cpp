@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <optional>
 #include <string>
@@ -66,28 +67,52 @@ std::optional<int> Wait(pid_t pid, std::chrono::milliseconds bound) {
 
 int OpenForWriting(const std::string& path) { return open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644); }
 
-// Runs `command` under relay_run (or directly, `relay` false) with stdout and stderr to files.
+// Copies everything `source` gives to `path` until end of file, on a thread of its own: a
+// container runtime's log pipe.
+std::thread DrainInto(int source, const std::string& path) {
+  return std::thread([source, path] {
+    const int file = OpenForWriting(path);
+    char buffer[1 << 16];
+    for (ssize_t got; (got = read(source, buffer, sizeof buffer)) != 0;) {
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0 || write(file, buffer, size_t(got)) != got) break;
+    }
+    close(file);
+    close(source);
+  });
+}
+
+// Runs `command` directly with stdout and stderr to files, or under relay_run (`relay`)
+// with pipes drained into them: a file the launcher would leave to the job.
 std::optional<int> RunToFiles(bool relay, const std::vector<std::string>& command, const std::string& out,
                               const std::string& err, std::chrono::milliseconds bound) {
-  const int out_fd = OpenForWriting(out);
-  const int err_fd = OpenForWriting(err);
-  pid_t pid = -1;
   if (relay) {
+    int out_pipe[2], err_pipe[2];
+    if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) return std::nullopt;
+    std::thread out_drain = DrainInto(out_pipe[0], out);
+    std::thread err_drain = DrainInto(err_pipe[0], err);
     std::vector<std::string> args = {"--"};
     args.insert(args.end(), command.begin(), command.end());
-    pid = Start(args, out_fd, err_fd);
-  } else {
-    pid = fork();
-    if (pid == 0) {
-      dup2(out_fd, STDOUT_FILENO);
-      dup2(err_fd, STDERR_FILENO);
-      setpgid(0, 0);
-      std::vector<char*> argv;
-      for (const auto& arg : command) argv.push_back(const_cast<char*>(arg.c_str()));
-      argv.push_back(nullptr);
-      execvp(argv[0], argv.data());
-      _exit(127);
-    }
+    const pid_t pid = Start(args, out_pipe[1], err_pipe[1]);
+    close(out_pipe[1]);
+    close(err_pipe[1]);
+    const std::optional<int> code = Wait(pid, bound);
+    out_drain.join();
+    err_drain.join();
+    return code;
+  }
+  const int out_fd = OpenForWriting(out);
+  const int err_fd = OpenForWriting(err);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out_fd, STDOUT_FILENO);
+    dup2(err_fd, STDERR_FILENO);
+    setpgid(0, 0);
+    std::vector<char*> argv;
+    for (const auto& arg : command) argv.push_back(const_cast<char*>(arg.c_str()));
+    argv.push_back(nullptr);
+    execvp(argv[0], argv.data());
+    _exit(127);
   }
   close(out_fd);
   close(err_fd);
@@ -139,6 +164,23 @@ TEST(OutputThroughTheLauncher, HundredMegabytesArriveUnchangedAndInOrder) {
   EXPECT_EQ(std::hash<std::string>{}(relayed_err), std::hash<std::string>{}(direct_err));
   EXPECT_TRUE(relayed_out == direct_out) << "stdout differs: " << relayed_out.size() << " bytes, expected " << direct_out.size();
   EXPECT_TRUE(relayed_err == direct_err) << "stderr differs: " << relayed_err.size() << " bytes, expected " << direct_err.size();
+}
+
+// `bt-launch run >> train.log`: the job's fd 1 is the file itself, and every byte lands
+// after what the file held.
+TEST(OutputThroughTheLauncher, AFileIsTheJobsOwnAndGetsEveryByte) {
+  TempDir dir;
+  std::string text;
+  for (int n = 0; n < 200000; ++n) text += "line " + std::to_string(n) + " " + std::string(size_t(n % 97), 'x') + "\n";
+  const std::string source = dir.Write("source", text);
+  const std::string log = dir.path() + "/train.log";
+  const int out = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+  ASSERT_EQ(write(out, "before\n", 7), 7);
+  const pid_t pid = Start({"--", "sh", "-c", "readlink /proc/$$/fd/1 >&2; cat " + source}, out, out);
+  close(out);
+  ASSERT_EQ(Wait(pid, 30s), 0);
+  const std::string written = ReadFile(log);
+  EXPECT_TRUE(written == "before\n" + log + "\n" + text) << written.substr(0, 200);
 }
 
 TEST(OutputThroughTheLauncher, AwkwardBytesPassUnchanged) {
@@ -237,7 +279,7 @@ TEST(OutputThroughTheLauncher, ATerminalIsNotTakenOver) {
   const int err = OpenForWriting(dir.path() + "/err");
   const pid_t pid = Start({"--", "sh", "-c",
                            "if [ -t 1 ]; then echo stdout-is-the-terminal; fi; "
-                           "if [ -t 2 ]; then echo stderr-tty >&2; else echo stderr-relayed >&2; fi"},
+                           "if [ -t 2 ]; then echo stderr-tty >&2; else echo stderr-not-a-terminal >&2; fi"},
                           pty.terminal, err);
   pty.CloseTerminal();
   close(err);
@@ -253,7 +295,7 @@ TEST(OutputThroughTheLauncher, ATerminalIsNotTakenOver) {
   }
   EXPECT_EQ(Wait(pid, 10s), 0);
   EXPECT_NE(seen.find("stdout-is-the-terminal"), std::string::npos) << seen;
-  EXPECT_EQ(ReadFile(dir.path() + "/err"), "stderr-relayed\n");
+  EXPECT_EQ(ReadFile(dir.path() + "/err"), "stderr-not-a-terminal\n");
 }
 
 // The launcher's stdout is a pipe whose reader exits: the job's output is discarded, the

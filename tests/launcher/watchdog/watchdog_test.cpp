@@ -2,7 +2,9 @@
 // the heartbeat file), the limits (a fixed stall timeout, auto, the startup timeout), the
 // report a hang leaves, and the job's own Python startup hooks still running. The
 // multi-node hang (torchrun, gloo, a restart) is tests/integration/hang_test.sh.
+#include <atomic>
 #include <filesystem>
+#include <thread>
 #include <regex>
 
 #include <gtest/gtest.h>
@@ -24,9 +26,11 @@ class WatchdogTest : public ::testing::Test {
     if (access(kPython, X_OK) != 0) GTEST_SKIP() << "SKIPPED: " << kPython << " is not installed";
   }
 
-  // Runs `script` (Python) as the job's one start command under `watchdog` settings.
+  // Runs `script` (Python) as the job's one start command under `watchdog` settings; the
+  // launcher's stdout and stderr are pipes, or `output_file` (appended to).
   ProcessResult RunPython(const std::string& script, const nlohmann::json& watchdog,
-                          std::map<std::string, std::string> variables = {}) {
+                          std::map<std::string, std::string> variables = {},
+                          std::optional<std::string> output_file = std::nullopt) {
     const std::string program = dir_.Write("job.py", script);
     nlohmann::json config = {
         {"compute", {{"node_count", 1}}},
@@ -34,7 +38,7 @@ class WatchdogTest : public ::testing::Test {
         {"runtime", {{"start_commands", {std::string(kPython) + " " + program}}, {"environment_variables", variables}}},
         {"launcher", {{"watchdog", watchdog}, {"grace_period_s", 2}, {"peer_failure_grace_s", 2}}}};
     const std::string path = dir_.Write("job.json", config.dump());
-    return RunLauncher({{"run", "--config", path, "--root", dir_.path()}, {}, {}, std::nullopt, 60s});
+    return RunLauncher({{"run", "--config", path, "--root", dir_.path()}, {}, {}, std::nullopt, 60s, output_file});
   }
 
   // The hang reports node 0 wrote (under the default report_dir, in the scratch directory).
@@ -112,6 +116,49 @@ for step in range(12):
                                    {{"stall_timeout_s", 2}, {"startup_timeout_s", 2}});
   EXPECT_EQ(result.exit_code, 0) << result.err;
   EXPECT_EQ(result.err.find("made no progress"), std::string::npos) << result.err;
+}
+
+// `bt-launch run > train.log 2>&1`: the job writes to the file itself (no pipe, no copy by
+// the launcher), and what it appends is progress.
+TEST_F(WatchdogTest, AJobWhoseOutputIsAFileWritesToItItselfAndItsLinesAreProgress) {
+  const std::string log = dir_.path() + "/train.log";
+  ProcessResult result = RunPython(R"PY(
+import os, time
+print("stdout is", os.readlink("/proc/self/fd/1"), flush=True)
+for step in range(8):
+    print("step", step, flush=True)
+    time.sleep(0.7)
+)PY",
+                                   {{"stall_timeout_s", 2}, {"startup_timeout_s", 2}}, {}, log);
+  const std::string output = ReadFile(log);
+  EXPECT_EQ(result.exit_code, 0) << output;
+  EXPECT_NE(output.find("stdout is " + log + "\n"), std::string::npos) << output;
+  EXPECT_NE(output.find("step 7\n"), std::string::npos) << output;
+  EXPECT_EQ(output.find("made no progress"), std::string::npos) << output;
+}
+
+// Other launchers log into the same file (nodes of a local test sharing one log): their
+// lines, text or JSON, are not this job's progress, and its silence is still a hang.
+TEST_F(WatchdogTest, OtherLaunchersLinesInTheJobsOutputFileAreNotItsProgress) {
+  const std::string log = dir_.path() + "/shared.log";
+  std::atomic<bool> done{false};
+  std::thread neighbour([&] {
+    for (int round = 0; !done; ++round) {
+      RunLauncher({{"run", "--root", dir_.path() + "/neighbour", "--log-level", "debug", "--log-format",
+                    round % 2 == 0 ? "text" : "json", "--", "true"},
+                   {}, {}, std::nullopt, 20s, log});
+      std::this_thread::sleep_for(100ms);
+    }
+  });
+  ProcessResult result = RunPython("import time\nprint('loading', flush=True)\ntime.sleep(1000)\n",
+                                   {{"stall_timeout_s", 2}, {"startup_timeout_s", 2}}, {}, log);
+  done = true;
+  neighbour.join();
+  const std::string output = ReadFile(log);
+  EXPECT_EQ(result.exit_code, 124) << output;
+  EXPECT_LT(result.elapsed, 20s);
+  EXPECT_NE(output.find("this node's job made no progress for"), std::string::npos) << output;
+  EXPECT_NE(output.find("\"node\":0,\"ts\""), std::string::npos) << "the neighbour logged no JSON line";
 }
 
 // A BT_HEARTBEAT_FILE the job's config sets is the one watched.

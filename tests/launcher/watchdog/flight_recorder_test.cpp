@@ -1,0 +1,158 @@
+// PyTorch's NCCL flight recorder at a hang (watchdog/flight_recorder.h), against a stand-in
+// for PyTorch's side written in Python: a FIFO per rank, read without blocking by a thread
+// that writes the rank's dump (a pickle, as PyTorch's DebugInfoWriter does) when asked. On
+// a GPU host the real one runs in tests/integration/gpu_hang_test.sh.
+#include "launcher/watchdog/flight_recorder.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "tests/support/launcher_process.h"
+
+namespace bt::launcher::watchdog {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using bt::testing::ReadFile;
+using bt::testing::TempDir;
+
+constexpr const char* kPython = "/usr/bin/python3";
+
+// A rank's side: makes <pipe prefix><rank>.pipe, and when a byte arrives writes
+// <dump prefix><rank>, whose last collective is `last_state`.
+constexpr const char* kRank = R"PY(
+import os, pickle, sys, time
+pipe_prefix, dump_prefix, rank, last_state = sys.argv[1:5]
+pipe = f"{pipe_prefix}{rank}.pipe"
+os.mkfifo(pipe)
+fd = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)
+open(pipe + ".ready", "w").close()
+while True:
+    try:
+        if os.read(fd, 128):
+            break
+    except BlockingIOError:
+        pass
+    time.sleep(0.05)
+entries = [{"collective_seq_id": n, "profiling_name": "nccl:all_reduce", "state": "completed",
+            "process_group": ("0", "default_pg"), "input_sizes": [[1024, 1024]], "input_dtypes": ["Float"]}
+           for n in range(1, 21)]
+entries[-1]["state"] = last_state
+with open(f"{dump_prefix}{rank}", "wb") as dump:
+    pickle.dump({"version": "2.10", "entries": entries}, dump)
+)PY";
+
+class FlightRecorderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (access(kPython, X_OK) != 0) GTEST_SKIP() << "SKIPPED: " << kPython << " is not installed";
+    files_ = {dir_.path() + "/dumps/rank_", dir_.path() + "/pipes/rank_"};
+    fs::create_directories(dir_.path() + "/dumps");
+    fs::create_directories(dir_.path() + "/pipes");
+  }
+  void TearDown() override {
+    for (pid_t rank : ranks_) {
+      kill(rank, SIGKILL);
+      waitpid(rank, nullptr, 0);
+    }
+  }
+
+  // Starts rank `rank`'s side and waits until its FIFO is open.
+  void StartRank(int rank, const std::string& last_state) {
+    const std::string script = dir_.Write("rank.py", kRank);
+    const std::string rank_text = std::to_string(rank);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      execl(kPython, kPython, script.c_str(), files_.pipe_prefix.c_str(), files_.dump_prefix.c_str(), rank_text.c_str(),
+            last_state.c_str(), nullptr);
+      _exit(127);
+    }
+    ranks_.push_back(pid);
+    const std::string ready = files_.pipe_prefix.string() + rank_text + ".pipe.ready";
+    for (int i = 0; i < 200 && access(ready.c_str(), F_OK) != 0; ++i) std::this_thread::sleep_for(25ms);
+    ASSERT_EQ(access(ready.c_str(), F_OK), 0) << "rank " << rank << " never opened its FIFO";
+  }
+
+  std::string Describe(const std::vector<AskedDump>& asked) {
+    return DescribeDumps(files_, asked, std::chrono::steady_clock::now() + 10s, {});
+  }
+
+  TempDir dir_;
+  FlightRecorderFiles files_;
+  std::vector<pid_t> ranks_;
+};
+
+TEST_F(FlightRecorderTest, EveryRankIsAskedAndItsLastCollectivesAreInTheNote) {
+  StartRank(0, "completed");
+  StartRank(1, "scheduled");
+  const std::vector<AskedDump> asked = RequestDumps(files_);
+  ASSERT_EQ(asked.size(), 2u);
+  EXPECT_EQ(asked[0].path, files_.dump_prefix.string() + "0");
+  const std::string note = Describe(asked);
+  EXPECT_NE(note.find("2 rank(s) asked for a dump; 2 dump(s)"), std::string::npos) << note;
+  EXPECT_NE(note.find(files_.dump_prefix.string() + "1: 20 collectives recorded; the last:"), std::string::npos) << note;
+  EXPECT_NE(note.find("#20 nccl:all_reduce scheduled (group 0, inputs [1024x1024] Float)"), std::string::npos) << note;
+  EXPECT_NE(note.find("#20 nccl:all_reduce completed"), std::string::npos) << note;
+}
+
+// A FIFO left by a rank that is gone has no reader: it is skipped at once, never waited on.
+TEST_F(FlightRecorderTest, AFifoNobodyReadsIsSkipped) {
+  ASSERT_EQ(mkfifo((files_.pipe_prefix.string() + "7.pipe").c_str(), 0600), 0);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(RequestDumps(files_).empty());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+}
+
+// A dump from an earlier hang is not taken for this one's: the note waits for the new one.
+TEST_F(FlightRecorderTest, AnEarlierDumpIsNotTakenForTheNewOne) {
+  bt::testing::WriteFile(files_.dump_prefix.string() + "0", "stale");
+  fs::last_write_time(files_.dump_prefix.string() + "0", fs::file_time_type::clock::now() - 1h);
+  StartRank(0, "started");
+  const std::vector<AskedDump> asked = RequestDumps(files_);
+  ASSERT_EQ(asked.size(), 1u);
+  const std::string note = Describe(asked);
+  EXPECT_NE(note.find("#20 nccl:all_reduce started"), std::string::npos) << note;
+}
+
+// A dump is data: a pickle that would call a function is refused, never run.
+TEST_F(FlightRecorderTest, APickleThatNamesAFunctionIsRefusedNotRun) {
+  const std::string marker = dir_.path() + "/ran";
+  const std::string make = "import os, pickle\nclass Evil:\n    def __reduce__(self):\n        return (os.system, ('touch " +
+                           marker + "',))\nopen('" + files_.dump_prefix.string() + "0', 'wb').write(pickle.dumps(Evil()))\n";
+  ASSERT_EQ(bt::testing::RunLauncher({{"-c", make}}, kPython).exit_code, 0);
+  const std::string note = Describe({});
+  EXPECT_NE(note.find("not a readable dump (UnpicklingError: it names posix.system)"), std::string::npos) << note;
+  EXPECT_FALSE(fs::exists(marker));
+}
+
+TEST_F(FlightRecorderTest, NothingToAskOrReadIsSaidPlainly) {
+  const std::string note = Describe({});
+  if (HasGpu()) {
+    EXPECT_NE(note.find("no process group of the job armed it"), std::string::npos) << note;
+  } else {
+    EXPECT_EQ(note, "NCCL flight recorder: SKIPPED (no GPU on this node)");
+  }
+}
+
+TEST(ArmFlightRecorder, TheJobsOwnValuesWin) {
+  env::JobEnvironment environment;
+  environment.variables["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = "/mine/trace_";
+  environment.variables["TORCH_NCCL_TRACE_BUFFER_SIZE"] = "50";
+  const FlightRecorderFiles files = ArmFlightRecorder("/scratch/nccl-trace", environment);
+  EXPECT_EQ(files.dump_prefix, "/mine/trace_");
+  EXPECT_EQ(files.pipe_prefix, "/scratch/nccl-trace/rank_");
+  EXPECT_EQ(environment.variables.at("TORCH_NCCL_TRACE_BUFFER_SIZE"), "50");
+  EXPECT_EQ(environment.variables.at("TORCH_NCCL_DUMP_ON_TIMEOUT"), "1");
+  EXPECT_EQ(environment.variables.at("TORCH_NCCL_DEBUG_INFO_PIPE_FILE"), "/scratch/nccl-trace/rank_");
+}
+
+}  // namespace
+}  // namespace bt::launcher::watchdog
