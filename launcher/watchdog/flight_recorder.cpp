@@ -117,11 +117,16 @@ bool HasGpu() {
 }
 
 FlightRecorderFiles ArmFlightRecorder(const fs::path& directory, env::JobEnvironment& environment) {
+  // The FIFOs in a folder of their own: fr_trace, given the dumps' folder, would open a FIFO
+  // left by a killed rank and wait on it forever.
+  std::error_code error;
+  fs::create_directories(directory / "pipes", error);
+  if (error) throw std::runtime_error("cannot create " + (directory / "pipes").string() + ": " + error.message());
   auto& variables = environment.variables;
   variables.emplace("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000");
   variables.emplace("TORCH_NCCL_DUMP_ON_TIMEOUT", "1");
   variables.emplace("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", (directory / "rank_").string());
-  variables.emplace("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", (directory / "rank_").string());
+  variables.emplace("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", (directory / "pipes" / "rank_").string());
   return {variables.at("TORCH_NCCL_DEBUG_INFO_TEMP_FILE"), variables.at("TORCH_NCCL_DEBUG_INFO_PIPE_FILE")};
 }
 

@@ -25,7 +25,7 @@ struct FlightRecorderFiles {
 };
 
 // Offers the recorder's variables under `directory` (the job's own values win) and returns
-// the files in force.
+// the files in force. Throws std::runtime_error naming a folder it cannot create.
 FlightRecorderFiles ArmFlightRecorder(const std::filesystem::path& directory, env::JobEnvironment& environment);
 
 struct AskedDump {

@@ -8,7 +8,7 @@
 # not completed; that the Python stack names the stuck function; and that the launcher
 # exits 124. SKIPPED (77) without a GPU or a PyTorch with CUDA and NCCL (CI has neither:
 # run it where the hardware is).
-#   tests/integration/gpu_hang_test.sh BT_LAUNCH
+#   [KEEP_REPORT=FILE] tests/integration/gpu_hang_test.sh BT_LAUNCH
 set -euo pipefail
 BIN=$(realpath "$1")
 [ -e /dev/nvidia0 ] || { echo "SKIPPED: no GPU (/dev/nvidia0 absent)"; exit 77; }
@@ -75,6 +75,7 @@ grep -q "hangs at step 11" "$work/job.log" || fail "rank $((gpus - 1)) never rea
 [ "$code" -eq 124 ] || fail "bt-launch exited $code, expected 124 (a hang)"
 report=$(find "$work/root" -name 'hang-*-cycle-0.txt' | head -n 1)
 [ -n "$report" ] || fail "no hang report under $work/root"
+[ -z "${KEEP_REPORT:-}" ] || cp "$report" "$KEEP_REPORT"  # KEEP_REPORT=FILE: the report outlives the test
 echo "== the report's flight-recorder part"
 sed -n '/NCCL flight recorder/,/^$/p' "$report"
 grep -q "NCCL flight recorder: $gpus rank(s) asked for a dump; $gpus dump(s)" "$report" ||

@@ -142,16 +142,30 @@ TEST_F(FlightRecorderTest, NothingToAskOrReadIsSaidPlainly) {
   }
 }
 
-TEST(ArmFlightRecorder, TheJobsOwnValuesWin) {
+TEST(ArmFlightRecorder, TheJobsOwnValuesWinAndTheFifosHaveAFolderOfTheirOwn) {
+  TempDir dir;
   env::JobEnvironment environment;
   environment.variables["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = "/mine/trace_";
   environment.variables["TORCH_NCCL_TRACE_BUFFER_SIZE"] = "50";
-  const FlightRecorderFiles files = ArmFlightRecorder("/scratch/nccl-trace", environment);
+  const FlightRecorderFiles files = ArmFlightRecorder(dir.path() + "/nccl-trace", environment);
   EXPECT_EQ(files.dump_prefix, "/mine/trace_");
-  EXPECT_EQ(files.pipe_prefix, "/scratch/nccl-trace/rank_");
+  EXPECT_EQ(files.pipe_prefix, dir.path() + "/nccl-trace/pipes/rank_");
+  EXPECT_TRUE(fs::is_directory(dir.path() + "/nccl-trace/pipes"));
   EXPECT_EQ(environment.variables.at("TORCH_NCCL_TRACE_BUFFER_SIZE"), "50");
   EXPECT_EQ(environment.variables.at("TORCH_NCCL_DUMP_ON_TIMEOUT"), "1");
-  EXPECT_EQ(environment.variables.at("TORCH_NCCL_DEBUG_INFO_PIPE_FILE"), "/scratch/nccl-trace/rank_");
+  EXPECT_EQ(environment.variables.at("TORCH_NCCL_DEBUG_INFO_PIPE_FILE"), dir.path() + "/nccl-trace/pipes/rank_");
+}
+
+TEST(ArmFlightRecorder, AFolderItCannotMakeIsNamed) {
+  TempDir dir;
+  bt::testing::WriteFile(dir.path() + "/nccl-trace", "a file where the folder goes");
+  env::JobEnvironment environment;
+  try {
+    ArmFlightRecorder(dir.path() + "/nccl-trace", environment);
+    ADD_FAILURE() << "no error";
+  } catch (const std::runtime_error& error) {
+    EXPECT_NE(std::string(error.what()).find(dir.path() + "/nccl-trace/pipes"), std::string::npos) << error.what();
+  }
 }
 
 }  // namespace
