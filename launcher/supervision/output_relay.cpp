@@ -425,12 +425,15 @@ size_t SmallRead(const State& state) {
   return small;
 }
 
-// Whether `got` bytes taken `since` the previous take come from a job that writes slowly:
-// at that rate, less than SmallRead arrives during kRelayCoalesceDelay.
-bool WritesSlowly(const State& state, size_t got, Clock::duration since) {
-  const auto delay_ns = uint64_t(std::chrono::nanoseconds(kRelayCoalesceDelay).count());
+// How long the pipes are left alone after `got` bytes were taken `since` the previous take:
+// the time SmallRead takes to arrive at that rate, at most kRelayCoalesceDelay. A slow
+// writer's lines are then taken many at once, a fast writer's (one that the relay keeps up
+// with, one small write at a time) in chunks large enough to splice, and at the same pace
+// neither fills a pipe meanwhile.
+Clock::duration QuietFor(const State& state, size_t got, Clock::duration since) {
   const auto since_ns = uint64_t(std::max<int64_t>(1, std::chrono::nanoseconds(since).count()));
-  return got * delay_ns < SmallRead(state) * since_ns;
+  const uint64_t fill_ns = SmallRead(state) * since_ns / std::max<size_t>(got, 1);
+  return std::min<Clock::duration>(std::chrono::nanoseconds(fill_ns), kRelayCoalesceDelay);
 }
 
 void Forward(State& state) {
@@ -497,7 +500,7 @@ void Forward(State& state) {
     }
     now = Clock::now();
     if (got > 0) {
-      if (WritesSlowly(state, got, now - last_take)) quiet_until = now + kRelayCoalesceDelay;
+      quiet_until = now + QuietFor(state, got, now - last_take);
       last_take = now;
     }
     for (auto& stream : state.streams) {

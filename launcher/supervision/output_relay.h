@@ -39,13 +39,13 @@ inline constexpr size_t kRelayReadSize = 256 * 1024;
 // What a pipe is grown to once the job writes fast (F_SETPIPE_SZ; the default 64 KiB makes
 // a fast writer wait on the relay more often). Above /proc/sys/fs/pipe-max-size it is not.
 inline constexpr int kRelayPipeSize = 1024 * 1024;
-// When the job writes slowly (a line at a time, PYTHONUNBUFFERED), the pipes are left alone
-// this long after each read so that the next read takes many writes at once: one wake-up of
-// the relay per write would cost more CPU than the job's own writes. Slowly: at the rate of
-// the last read, less than kRelaySmallRead (or a quarter of the smaller pipe) arrives
-// meanwhile, so the pause never makes the job wait on a full pipe (a fast writer that the
-// relay has caught up with is read again at once). A line that comes alone is still
-// forwarded at once; it is the lines right behind it that wait.
+// After each read the pipes are left alone for as long as kRelaySmallRead (or a quarter of
+// the smaller pipe) takes to arrive at the rate of that read, and at most this long, so that
+// the next read takes many writes at once: one wake-up of the relay per write would cost
+// more CPU than the job's own writes, whether the job writes a line at a time
+// (PYTHONUNBUFFERED) or fast in small writes the relay keeps up with (`base64`, 4 KiB at a
+// time). At that pace the pause never makes the job wait on a full pipe. A line that comes
+// alone is still forwarded at once; it is the lines right behind it that wait.
 inline constexpr std::chrono::microseconds kRelayCoalesceDelay{1000};
 inline constexpr size_t kRelaySmallRead = 64 * 1024;
 // After the last command, how long the relay waits for the pipes' end of file (every

@@ -28,7 +28,7 @@ constexpr size_t kMaxSummaryBytes = 32 << 10;
 // Reads each dump with nothing but plain data allowed to load (a pickle that names any
 // class or function is refused, never run), pickle or JSON, and prints its last entries.
 constexpr const char* kReadDumps = R"PY(
-import json, pickle, sys
+import json, os, pickle, sys, time
 sys.stdout.reconfigure(errors="backslashreplace")
 
 class PlainData(pickle.Unpickler):
@@ -51,7 +51,8 @@ for path in sys.argv[1:]:
         print(f"{path}: not a readable dump ({type(error).__name__}: {error})")
         continue
     entries = [e for e in (dump.get("entries") or []) if isinstance(e, dict)] if isinstance(dump, dict) else []
-    print(f"{path}: {len(entries)} collectives recorded" + ("; the last:" if entries else ""))
+    age = time.time() - os.path.getmtime(path)
+    print(f"{path} (written {age:.0f} s ago): {len(entries)} collectives recorded" + ("; the last:" if entries else ""))
     for entry in entries[-4:]:
         group = entry.get("process_group")
         group = group[0] if isinstance(group, (list, tuple)) and group else group

@@ -94,11 +94,13 @@ bool OutputFiles::JobWroteTo(File& file) {
         file.seen += off_t(start);
         return false;
       }
-      file.seen += got;
+      file.seen = info.st_size;
       return !log::MayBecomeLauncherLine(rest);
     }
+    // One line of the job's is enough: the rest is not read (a job that writes fast is
+    // judged by a few KiB a look, however far it ran ahead).
     if (!log::IsLauncherLine(data.substr(start, newline - start))) {
-      file.seen += got;
+      file.seen = info.st_size;
       return true;
     }
     start = newline + 1;
