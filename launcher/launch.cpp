@@ -169,8 +169,8 @@ CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, const std
   hooks.run = [&cli, &job, peers, watch, progress, &signals](int64_t cycle, const std::string& resume) {
     auto grace = std::chrono::milliseconds(int64_t(job.config.launcher.grace_period_s * 1000));
     auto peer_grace = std::chrono::milliseconds(int64_t(job.config.launcher.peer_failure_grace_s * 1000));
-    // With the watchdog on, the job's output goes through the launcher: it is progress.
-    Supervisor supervisor(signals, grace, peer_grace, watch ? progress : nullptr);
+    // With the watchdog on, the job's output is progress: relayed, or written to its files.
+    Supervisor supervisor(signals, grace, peer_grace, watch ? progress : nullptr, watch ? &watch->output_files() : nullptr);
     StopUnion stops(peers, watch);
     if (watch) watch->BeginCycle(cycle);
     JobOutcome outcome = supervisor.Run(CommandsToRun(cli, job.config), CycleEnviron(job.environment, job.config, cycle, resume),

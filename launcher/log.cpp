@@ -1,11 +1,9 @@
 #include "launcher/log.h"
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <ctime>
 #include <mutex>
-#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -54,19 +52,9 @@ class TextFormatter final : public spdlog::formatter {
  public:
   void format(const spdlog::details::log_msg& message, spdlog::memory_buf_t& out) override {
     auto level = spdlog::level::to_string_view(message.level);
-    const std::string prefix = Timestamp(message.time) + " bt-launch[node " + NodeLabel() + "] " +
-                               std::string(level.data(), level.size()) + ": ";
-    // Each line of a message (a table, a quoted error) carries the prefix: a reader of the
-    // job's output file tells the launcher's lines by it (IsLauncherLine), and grep by node works.
-    const std::string payload = Payload(message);
-    size_t start = 0;
-    do {
-      const size_t newline = std::min(payload.find('\n', start), payload.size());
-      out.append(prefix.data(), prefix.data() + prefix.size());
-      out.append(payload.data() + start, payload.data() + newline);
-      out.push_back('\n');
-      start = newline + 1;
-    } while (start < payload.size());
+    std::string line = Timestamp(message.time) + " bt-launch[node " + NodeLabel() + "] " +
+                       std::string(level.data(), level.size()) + ": " + Payload(message) + "\n";
+    out.append(line.data(), line.data() + line.size());
   }
   std::unique_ptr<spdlog::formatter> clone() const override { return std::make_unique<TextFormatter>(); }
 };
@@ -85,50 +73,7 @@ class JsonFormatter final : public spdlog::formatter {
   std::unique_ptr<spdlog::formatter> clone() const override { return std::make_unique<JsonFormatter>(); }
 };
 
-// How a launcher's line starts ('0' for any digit): TextFormatter's, JsonFormatter's (its keys
-// in nlohmann's order: sorted), and how a JSON line ends.
-constexpr std::string_view kTextStart = "0000-00-00T00:00:00.000Z bt-launch[node ";
-constexpr std::string_view kJsonStart = "{\"level\":\"";
-constexpr std::string_view kJsonNode = ",\"node\":";  // then the rank, then kJsonEnd
-constexpr std::string_view kJsonEnd = ",\"ts\":\"0000-00-00T00:00:00.000Z\"}";
-constexpr std::string_view kOwnName = "bt-launch";
-
-// How many of `text`'s first bytes agree with `pattern` (kTextStart's digits as digits).
-size_t Agreeing(std::string_view text, std::string_view pattern) {
-  const size_t length = std::min(text.size(), pattern.size());
-  for (size_t i = 0; i < length; ++i) {
-    const bool agrees = pattern[i] == '0' ? text[i] >= '0' && text[i] <= '9' : text[i] == pattern[i];
-    if (!agrees) return i;
-  }
-  return length;
-}
-
-bool StartsLike(std::string_view text, std::string_view pattern) { return Agreeing(text, pattern) == pattern.size(); }
-bool CouldStartLike(std::string_view text, std::string_view pattern) {
-  return Agreeing(text, pattern) == std::min(text.size(), pattern.size());
-}
-
-// JsonFormatter's ending: `,"node":<rank>,"ts":"<time>"}`.
-bool EndsLikeJson(std::string_view line) {
-  if (line.size() < kJsonEnd.size() || !StartsLike(line.substr(line.size() - kJsonEnd.size()), kJsonEnd)) return false;
-  line.remove_suffix(kJsonEnd.size());
-  const size_t rank = line.find_last_not_of("0123456789");
-  if (rank == std::string_view::npos || rank + 1 == line.size()) return false;
-  line.remove_suffix(line.size() - rank - 1);
-  if (line.back() == '-') line.remove_suffix(1);
-  return line.size() >= kJsonNode.size() && line.substr(line.size() - kJsonNode.size()) == kJsonNode;
-}
-
 }  // namespace
-
-bool IsLauncherLine(std::string_view line) {
-  if (StartsLike(line, kTextStart) || StartsLike(line, kOwnName)) return true;
-  return StartsLike(line, kJsonStart) && EndsLikeJson(line);
-}
-
-bool MayBecomeLauncherLine(std::string_view start) {
-  return CouldStartLike(start, kTextStart) || CouldStartLike(start, kOwnName) || CouldStartLike(start, kJsonStart);
-}
 
 void Init(Format format, spdlog::level::level_enum level) {
   auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();

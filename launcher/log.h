@@ -2,7 +2,6 @@
 #pragma once
 
 #include <string>
-#include <string_view>
 
 #include <spdlog/spdlog.h>
 
@@ -17,15 +16,6 @@ void Init(Format format, spdlog::level::level_enum level);
 void SetNodeRank(int rank);
 
 Format ParseFormat(const std::string& text);  // throws std::invalid_argument
-
-// Whether `line` (without its newline) is a line some bt-launch wrote: a log line in either
-// format, of any node, or a line that starts with "bt-launch" (a fatal error, the upload
-// worker's last words). The watchdog reads back a job's output file that launchers also
-// write to, and only the other lines are the job's progress.
-bool IsLauncherLine(std::string_view line);
-// Whether `start`, the beginning of a line whose newline has not arrived, may still become
-// such a line (a launcher's write the reader saw only part of).
-bool MayBecomeLauncherLine(std::string_view start);
 
 // Every later log line has `value` replaced by "<secret>", whatever put it there (a start
 // command that embeds a token, an error that quotes a value). The rule: values of at least

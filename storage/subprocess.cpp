@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -160,7 +161,8 @@ std::string FindOnPath(const std::string& program) {
   std::istringstream directories(path != nullptr ? path : "/usr/bin:/bin");
   for (std::string directory; std::getline(directories, directory, ':');) {
     const std::string candidate = (directory.empty() ? "." : directory) + "/" + program;
-    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+    struct stat info {};
+    if (stat(candidate.c_str(), &info) == 0 && S_ISREG(info.st_mode) && access(candidate.c_str(), X_OK) == 0) return candidate;
   }
   return "";
 }

@@ -27,7 +27,7 @@ ProcessResult RunProcess(const std::vector<std::string>& argv, const std::vector
                          const std::function<void(const std::string&)>& on_stderr_line,
                          const std::function<void()>& every_second = nullptr);
 
-// The first executable `program` in the launcher's PATH (/usr/bin:/bin without one), or "".
+// The first executable file `program` in the launcher's PATH (/usr/bin:/bin without one), or "".
 std::string FindOnPath(const std::string& program);
 
 // The path of the running binary (/proc/self/exe): the uploader, the preflight worker and

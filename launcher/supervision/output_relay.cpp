@@ -20,8 +20,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include "launcher/watchdog/output_files.h"
-
 namespace bt::launcher {
 namespace {
 
@@ -61,7 +59,7 @@ int AboveStandard(int fd) {
 bool RelayTakesOver(int destination) {
   const int flags = fcntl(destination, F_GETFL);
   if (flags < 0 || (flags & O_ACCMODE) == O_RDONLY) return false;
-  return isatty(destination) == 0 && !watchdog::LeftToTheJob(destination);
+  return isatty(destination) == 0;
 }
 
 struct OutputRelay::State {
@@ -583,6 +581,7 @@ OutputRelay::OutputRelay(watchdog::Progress& progress, int stdout_destination, i
     Stream& stream = state_->streams[i];
     stream.number = i + 1;
     stream.destination = destinations[i];
+    if (options.files != nullptr && options.files->JobDescription(i + 1) >= 0) continue;  // the job writes its file itself
     if (!RelayTakesOver(destinations[i])) continue;
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) != 0) {
@@ -642,6 +641,11 @@ void OutputRelay::CannotRelay(const char* call, int error) {
   TakeOverNothing();
 }
 
+int OutputRelay::JobsOwnFile(int stream) const {
+  const watchdog::OutputFiles* files = state_->options.files;
+  return files != nullptr && !finished_ ? files->JobDescription(stream) : -1;
+}
+
 bool OutputRelay::TakesOver(int stream) const {
   return (stream == 1 || stream == 2) && !finished_ && child_ends_[stream - 1] >= 0;
 }
@@ -649,7 +653,11 @@ bool OutputRelay::TakesOver(int stream) const {
 void OutputRelay::AddToSpawn(posix_spawn_file_actions_t& actions) const {
   for (int i = 0; i < 2; ++i) {
     // dup2 clears close-on-exec on the copy; the original closes at exec.
-    if (TakesOver(i + 1)) posix_spawn_file_actions_adddup2(&actions, child_ends_[i], i + 1);
+    if (TakesOver(i + 1)) {
+      posix_spawn_file_actions_adddup2(&actions, child_ends_[i], i + 1);
+    } else if (const int file = JobsOwnFile(i + 1); file >= 0) {
+      posix_spawn_file_actions_adddup2(&actions, file, i + 1);
+    }
   }
 }
 

@@ -12,8 +12,9 @@
 //
 // A stream whose destination is a terminal (an interactive `bt-launch run`: colours,
 // isatty, line buffering) or is not open is left alone: the job inherits it, as without
-// the relay, and that stream gives no progress. So is one that goes to a regular file the
-// launcher can read back: the watchdog reads what the job appends (watchdog/output_files.h).
+// the relay, and that stream gives no progress. One that goes to a regular file is the
+// job's to write, through a description of its own (`Options::files`,
+// watchdog/output_files.h), whose offset tells the watchdog that the job wrote.
 #pragma once
 
 #include <pthread.h>
@@ -26,6 +27,7 @@
 #include <cstddef>
 #include <memory>
 
+#include "launcher/watchdog/output_files.h"
 #include "launcher/watchdog/progress.h"
 
 namespace bt::launcher {
@@ -54,12 +56,15 @@ inline constexpr size_t kRelaySmallRead = 64 * 1024;
 inline constexpr std::chrono::milliseconds kRelayDrainBound{2000};
 
 // Whether the launcher takes over the stream that goes to `destination` (its fd 1 or 2):
-// it is open for writing, not a terminal and not left to the job (watchdog::LeftToTheJob).
+// it is open for writing and not a terminal (nor a file the job writes itself).
 bool RelayTakesOver(int destination);
 
 struct OutputRelayOptions {
   std::chrono::milliseconds partial_line_delay = kPartialLineDelay;
   size_t max_partial_line = kMaxPartialLine;
+  // The job's own descriptions of the files among the destinations: those streams are not
+  // taken over, the job's fd 1 or 2 is its description. Outlives the relay.
+  const watchdog::OutputFiles* files = nullptr;
 };
 
 // Used from one thread (the supervisor's); it runs one thread of its own.
@@ -77,7 +82,10 @@ class OutputRelay {
 
   // Whether the stream that goes to fd 1 (`stream` 1) or fd 2 (2) is taken over.
   bool TakesOver(int stream) const;
-  // The child's fd 1 and 2 become the pipes of the streams taken over. Until Finish.
+  // The job's own description of the file that `stream` goes to, or -1 (Options::files).
+  int JobsOwnFile(int stream) const;
+  // The child's fd 1 and 2 become the pipes of the streams taken over, or the job's own
+  // descriptions of its files. Until Finish.
   void AddToSpawn(posix_spawn_file_actions_t& actions) const;
   // The forwarding thread starts when the job first writes: a job that writes nothing
   // (`run -- /bin/true`) costs no thread, and a launcher that ends it waits on no thread

@@ -183,13 +183,15 @@ pid_t Spawn(const Command& command, const std::vector<std::string>& environ, con
 Command ShellCommand(const std::string& text) { return Command{{"/bin/sh", "-c", text}, false}; }
 
 Supervisor::Supervisor(SignalRouter& signals, std::chrono::milliseconds grace_period,
-                       std::chrono::milliseconds peer_failure_grace, watchdog::Progress* progress)
+                       std::chrono::milliseconds peer_failure_grace, watchdog::Progress* progress,
+                       const watchdog::OutputFiles* output_files)
     : signals_(signals),
       grace_period_(grace_period),
       peer_failure_grace_(peer_failure_grace),
       active_grace_(grace_period),
       inherited_children_(CurrentChildren()),
-      progress_(progress) {
+      progress_(progress),
+      output_files_(output_files) {
   // Not PID 1 (docker run without --init, a local test, mpirun): become a subreaper so
   // that orphaned grandchildren are re-parented to us and reaped, not to the host's init.
   if (getpid() != 1 && prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
@@ -241,7 +243,11 @@ int Supervisor::RunOne(const Command& command, const std::vector<std::string>& e
   sigaddset(&reset, SIGPIPE);
   // One relay for all the commands of this Run: a process that left a command's group
   // (setsid) may write on while the next command runs, until the end of the Run stops it.
-  if (progress_ != nullptr && !relay_) relay_ = std::make_unique<OutputRelay>(*progress_);
+  if (progress_ != nullptr && !relay_) {
+    OutputRelay::Options options;
+    options.files = output_files_;
+    relay_ = std::make_unique<OutputRelay>(*progress_, STDOUT_FILENO, STDERR_FILENO, options);
+  }
   // Under mpirun the launcher may be SIGKILLed a second after its SIGTERM: the group must
   // not outlive it. The guard is ours, not the job's: never signalled as an escaped process.
   JobGuard guard;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "launcher/supervision/signals.h"
+#include "launcher/watchdog/output_files.h"
 #include "launcher/watchdog/progress.h"
 
 namespace bt::launcher {
@@ -50,11 +51,12 @@ class Supervisor {
  public:
   // `peer_failure_grace` replaces `grace_period` when the stop comes from another node.
   // With `progress`, the commands' stdout and stderr go through the launcher (OutputRelay:
-  // pipes and one thread per Run, for the streams that are not a terminal) and every byte
-  // they write is noted there; without it (nullptr) the commands inherit the launcher's.
+  // pipes and one thread per Run, for the streams that are not a terminal, nor a file in
+  // `output_files`, which the commands write through their own descriptions) and every
+  // byte they write is noted there; without it (nullptr) the commands inherit the launcher's.
   Supervisor(SignalRouter& signals, std::chrono::milliseconds grace_period,
              std::chrono::milliseconds peer_failure_grace = std::chrono::seconds(5),
-             watchdog::Progress* progress = nullptr);
+             watchdog::Progress* progress = nullptr, const watchdog::OutputFiles* output_files = nullptr);
   ~Supervisor();
 
   // Runs `commands` in order and stops at the first that fails or at a shutdown. `label`
@@ -87,6 +89,7 @@ class Supervisor {
   std::optional<std::chrono::steady_clock::time_point> stop_grace_ends_;
   bool shutting_down_ = false;
   watchdog::Progress* progress_ = nullptr;
+  const watchdog::OutputFiles* output_files_ = nullptr;
   std::unique_ptr<OutputRelay> relay_;  // during Run, with `progress_`
 };
 

@@ -1,12 +1,17 @@
 #include "launcher/watchdog/flight_recorder.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <optional>
 #include <stdexcept>
 #include <thread>
+
+#include <spdlog/spdlog.h>
 
 #include "storage/subprocess.h"
 
@@ -22,14 +27,18 @@ constexpr auto kPollEvery = 100ms;
 // How long python3 may take to read the dumps (each holds at most the ring: 2,000 entries,
 // read in well under a second): within the slack node 0 gives a node's answer.
 constexpr auto kReadTimeout = 5s;
-// What the report keeps of python3's lines.
-constexpr size_t kMaxSummaryBytes = 32 << 10;
+// What the report keeps of python3's lines (the script prints no more than this either, so
+// that a crafted dump cannot fill the launcher's memory through its output).
+constexpr size_t kMaxSummaryBytes = 33 << 10;
 
 // Reads each dump with nothing but plain data allowed to load (a pickle that names any
 // class or function is refused, never run), pickle or JSON, and prints its last entries.
 constexpr const char* kReadDumps = R"PY(
 import json, os, pickle, sys, time
 sys.stdout.reconfigure(errors="backslashreplace")
+MAX_DUMP_BYTES = 256 << 20  # PyTorch's ring of 2,000 entries is far smaller
+MAX_FIELD = 200             # what is printed of any one field
+budget = 32 << 10           # what is printed in all
 
 class PlainData(pickle.Unpickler):
     def find_class(self, module, name):
@@ -41,25 +50,51 @@ def load(path):
         dump.seek(0)
         return json.load(dump) if first in (b"{", b"[") else PlainData(dump).load()
 
-def sizes(value):
-    return "x".join(str(n) for n in value) if isinstance(value, (list, tuple)) else str(value)
+def short(value):
+    text = value if isinstance(value, str) else str(value)
+    return text if len(text) <= MAX_FIELD else text[:MAX_FIELD] + "..."
 
-for path in sys.argv[1:]:
-    try:
-        dump = load(path)
-    except Exception as error:
-        print(f"{path}: not a readable dump ({type(error).__name__}: {error})")
-        continue
+def sizes(value):
+    return "x".join(short(n) for n in value) if isinstance(value, (list, tuple)) else short(value)
+
+def describe(path):
+    if os.path.getsize(path) > MAX_DUMP_BYTES:
+        return [f"{path}: {os.path.getsize(path)} bytes, too large to read here"]
+    dump = load(path)
     entries = [e for e in (dump.get("entries") or []) if isinstance(e, dict)] if isinstance(dump, dict) else []
     age = time.time() - os.path.getmtime(path)
-    print(f"{path} (written {age:.0f} s ago): {len(entries)} collectives recorded" + ("; the last:" if entries else ""))
+    lines = [f"{path} (written {age:.0f} s ago): {len(entries)} collectives recorded" + ("; the last:" if entries else "")]
     for entry in entries[-4:]:
         group = entry.get("process_group")
         group = group[0] if isinstance(group, (list, tuple)) and group else group
-        inputs = ", ".join(sizes(s) for s in entry.get("input_sizes") or [])
-        print(f"  #{entry.get('collective_seq_id')} {entry.get('profiling_name')} {entry.get('state')}"
-              f" (group {group}, inputs [{inputs}] {','.join(map(str, entry.get('input_dtypes') or []))})")
+        inputs = entry.get("input_sizes") or []
+        inputs = ", ".join(sizes(s) for s in inputs[:8]) if isinstance(inputs, (list, tuple)) else short(inputs)
+        dtypes = entry.get("input_dtypes") or []
+        dtypes = ",".join(short(d) for d in dtypes[:8]) if isinstance(dtypes, (list, tuple)) else short(dtypes)
+        lines.append(f"  #{short(entry.get('collective_seq_id'))} {short(entry.get('profiling_name'))} "
+                     f"{short(entry.get('state'))} (group {short(group)}, inputs [{short(inputs)}] {short(dtypes)})")
+    return lines
+
+for path in sys.argv[1:]:
+    try:
+        lines = describe(path)
+    except Exception as error:
+        lines = [f"{path}: not a readable dump ({type(error).__name__}: {short(error)})"]
+    for line in lines:
+        if budget <= 0:
+            print("... (the rest is cut)")
+            sys.exit(0)
+        budget -= len(line) + 1
+        print(line)
 )PY";
+
+// Whether a FIFO can be made in `directory` (errno says why not).
+bool CanMakeFifos(const fs::path& directory) {
+  const fs::path probe = directory / (".probe-" + std::to_string(getpid()));
+  if (mkfifo(probe.c_str(), 0600) != 0) return false;
+  unlink(probe.c_str());
+  return true;
+}
 
 std::optional<fs::file_time_type> WrittenAt(const fs::path& path) {
   std::error_code error;
@@ -120,19 +155,31 @@ bool HasGpu() {
 FlightRecorderFiles ArmFlightRecorder(const fs::path& directory, env::JobEnvironment& environment) {
   // The FIFOs in a folder of their own: fr_trace, given the dumps' folder, would open a FIFO
   // left by a killed rank and wait on it forever.
+  const fs::path pipes = directory / "pipes";
   std::error_code error;
-  fs::create_directories(directory / "pipes", error);
-  if (error) throw std::runtime_error("cannot create " + (directory / "pipes").string() + ": " + error.message());
+  fs::create_directories(pipes, error);
+  if (error) throw std::runtime_error("cannot create " + pipes.string() + ": " + error.message());
   auto& variables = environment.variables;
   variables.emplace("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000");
   variables.emplace("TORCH_NCCL_DUMP_ON_TIMEOUT", "1");
   variables.emplace("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", (directory / "rank_").string());
-  variables.emplace("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", (directory / "pipes" / "rank_").string());
-  return {variables.at("TORCH_NCCL_DEBUG_INFO_TEMP_FILE"), variables.at("TORCH_NCCL_DEBUG_INFO_PIPE_FILE")};
+  if (!variables.contains("TORCH_NCCL_DEBUG_INFO_PIPE_FILE")) {
+    // PyTorch fails the process group outright when it cannot make its FIFO: where this
+    // filesystem makes none, the dumps are not asked for rather than every rank lost.
+    if (CanMakeFifos(pipes)) {
+      variables.emplace("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", (pipes / "rank_").string());
+    } else {
+      spdlog::warn("watchdog: {} holds no FIFO ({}): at a hang the NCCL flight recorder is not asked for dumps",
+                   pipes.string(), std::strerror(errno));
+    }
+  }
+  const auto pipe = variables.find("TORCH_NCCL_DEBUG_INFO_PIPE_FILE");
+  return {variables.at("TORCH_NCCL_DEBUG_INFO_TEMP_FILE"), pipe != variables.end() ? pipe->second : ""};
 }
 
 std::vector<AskedDump> RequestDumps(const FlightRecorderFiles& files) {
   std::vector<AskedDump> asked;
+  if (files.pipe_prefix.empty()) return asked;
   for (const fs::path& pipe : WithPrefix(files.pipe_prefix, true)) {
     const fs::path dump = DumpFor(files, pipe);
     const std::optional<fs::file_time_type> before = WrittenAt(dump);
@@ -176,7 +223,9 @@ std::string DescribeDumps(const FlightRecorderFiles& files, const std::vector<As
         argv, {"LC_ALL=C.UTF-8"}, [&](const std::string& line) { errors += line + "\n"; },
         [&] {
           if (Clock::now() > read_deadline) throw std::runtime_error("python3 took longer than 5 s to read them");
+          if (stop && stop()) throw std::runtime_error("the launcher is stopping");
         });
+    if (!result.spawn_error.empty()) throw std::runtime_error(python + " cannot be started: " + result.spawn_error);
     std::string lines = result.output.substr(0, kMaxSummaryBytes);
     if (lines.size() < result.output.size()) lines += "... (cut)\n";
     for (size_t start = 0; start < lines.size();) {
@@ -186,7 +235,8 @@ std::string DescribeDumps(const FlightRecorderFiles& files, const std::vector<As
     }
     if (result.exit_code != 0) note += "\n  python3 exited with " + std::to_string(result.exit_code) + ": " + errors.substr(0, 2000);
   } catch (const std::exception& error) {
-    note += "\n  the dumps could not be read: " + std::string(error.what());
+    note += "\n  the dumps could not be read (" + std::string(error.what()) + "):";
+    for (const fs::path& dump : dumps) note += "\n  " + dump.string();
   }
   return note;
 }

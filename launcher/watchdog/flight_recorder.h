@@ -21,7 +21,7 @@ namespace bt::launcher::watchdog {
 
 struct FlightRecorderFiles {
   std::filesystem::path dump_prefix;  // TORCH_NCCL_DEBUG_INFO_TEMP_FILE: dumps are <prefix><rank>
-  std::filesystem::path pipe_prefix;  // TORCH_NCCL_DEBUG_INFO_PIPE_FILE: FIFOs are <prefix><rank>.pipe
+  std::filesystem::path pipe_prefix;  // TORCH_NCCL_DEBUG_INFO_PIPE_FILE: FIFOs are <prefix><rank>.pipe; empty: none
 };
 
 // Offers the recorder's variables under `directory` (the job's own values win) and returns

@@ -76,6 +76,10 @@ class Watchdog final : public StopRequests {
   // node alone; with peers the hang reaches every node as the cycle's failure).
   bool StoppedAsHung() const;
 
+  // The job's own descriptions of the files that are its stdout and stderr (the
+  // supervisor spawns the job with them); what it writes there is progress.
+  const OutputFiles& output_files() const { return output_files_; }
+
   // StopRequests: readable once a node alone has found its job hung, and when the cycle's
   // first stall check falls due: the watch's thread starts then (in TakeStop, on the
   // supervisor's thread), so that a job that ends sooner (`run -- /bin/true`) costs no

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "launcher/log.h"
 #include "launcher/supervision/signals.h"
 #include "launcher/supervision/supervisor.h"
+#include "launcher/watchdog/output_files.h"
 #include "launcher/watchdog/progress.h"
 
 extern char** environ;
@@ -44,14 +46,16 @@ int main(int argc, char** argv) {
   bt::log::Init(bt::log::Format::kText, spdlog::level::from_str(level));
   bt::launcher::SignalRouter signals;
   bt::launcher::watchdog::Progress progress;
+  std::optional<bt::launcher::watchdog::OutputFiles> output_files;  // as `run` with the watchdog on: a file is the job's
+  if (relay) output_files.emplace();
   bt::launcher::Supervisor supervisor(signals, std::chrono::milliseconds(grace_ms), std::chrono::seconds(5),
-                                      relay ? &progress : nullptr);
+                                      relay ? &progress : nullptr, relay ? &*output_files : nullptr);
   bt::launcher::Command command;
   command.argv.assign(argv + first + 1, argv + argc);
   command.search_path = true;
   std::vector<std::string> environment;
   for (char** entry = environ; *entry != nullptr; ++entry) environment.emplace_back(*entry);
   const bt::launcher::JobOutcome outcome = supervisor.Run({command}, environment, "", nullptr, "command");
-  spdlog::info("progress seen: {}", progress.seen() ? "yes" : "no");
+  spdlog::info("progress seen: {}", progress.seen() || (output_files && output_files->JobWrote()) ? "yes" : "no");
   return outcome.exit_code;
 }

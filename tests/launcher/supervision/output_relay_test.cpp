@@ -149,7 +149,7 @@ std::string LinesTagged(const std::string& text, char tag) {
   return lines;
 }
 
-TEST(RelayTakesOver, PipesAndDevicesButNotTerminalsFilesOrClosedDescriptors) {
+TEST(RelayTakesOver, PipesFilesAndDevicesButNotTerminalsOrClosedDescriptors) {
   Pipe pipe;
   EXPECT_TRUE(RelayTakesOver(pipe.write_end()));
   EXPECT_FALSE(RelayTakesOver(pipe.read_end())) << "a read-only descriptor cannot be written";
@@ -158,11 +158,6 @@ TEST(RelayTakesOver, PipesAndDevicesButNotTerminalsFilesOrClosedDescriptors) {
   close(null);
   EXPECT_FALSE(RelayTakesOver(null)) << "closed";
   EXPECT_FALSE(RelayTakesOver(-1));
-  const std::string path = TempPath("takes-over");
-  const int file = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  EXPECT_FALSE(RelayTakesOver(file)) << "a file is left to the job; the watchdog reads it back";
-  close(file);
-  std::remove(path.c_str());
   PseudoTerminal pty;
   ASSERT_GE(pty.terminal, 0);
   const int terminal = pty.terminal;
@@ -311,18 +306,32 @@ TEST(OutputRelay, LargeChunksArriveWithEveryLineWhole) {
   EXPECT_EQ(LinesTagged(seen, 'e'), err_lines);
 }
 
-// A file is left to the job (it writes there itself; the watchdog reads it back), the
-// other stream's pipe is still relayed.
-TEST(OutputRelay, AFileDestinationIsNotTakenOver) {
+// A file with the job's own description (Options::files) is not taken over: the job's fd 1
+// is that description; the other stream's pipe is still relayed.
+TEST(OutputRelay, AFileTheJobWritesItselfIsNotTakenOver) {
   const std::string destination = TempPath("file-destination");
-  const int fd = open(destination.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+  const int fd = open(destination.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   ASSERT_GE(fd, 0);
   Pipe err;
+  watchdog::OutputFiles files(fd, err.write_end());
+  OutputRelay::Options options;
+  options.files = &files;
   watchdog::Progress progress;
-  OutputRelay relay(progress, fd, err.write_end());
-  EXPECT_FALSE(relay.TakesOver(1));
-  EXPECT_TRUE(relay.TakesOver(2));
-  relay.Finish(2s);
+  {
+    OutputRelay relay(progress, fd, err.write_end(), options);
+    EXPECT_FALSE(relay.TakesOver(1));
+    EXPECT_EQ(relay.JobsOwnFile(1), files.JobDescription(1));
+    EXPECT_TRUE(relay.TakesOver(2));
+    const pid_t child = SpawnShell(relay, "echo to-the-file; echo relayed >&2");
+    EXPECT_EQ(WaitExit(child), 0);
+    relay.Finish(2s);
+  }
+  err.CloseWrite();
+  EXPECT_EQ(ReadFor(err.read_end(), 1s), "relayed\n");
+  EXPECT_TRUE(files.JobWrote());
+  const int written = open(destination.c_str(), O_RDONLY | O_CLOEXEC);
+  EXPECT_EQ(ReadToEnd(written), "to-the-file\n");
+  close(written);
   close(fd);
   std::remove(destination.c_str());
 }

@@ -134,6 +134,52 @@ TEST_F(FlightRecorderTest, APickleThatNamesAFunctionIsRefusedNotRun) {
   EXPECT_FALSE(fs::exists(marker));
 }
 
+// Writes `script` (Python, given the dump prefix as argv[1]) and runs it.
+void MakeDumps(const TempDir& dir, const FlightRecorderFiles& files, const std::string& script) {
+  const std::string path = dir.Write("make.py", "import pickle, sys\nprefix = sys.argv[1]\n" + script);
+  ASSERT_EQ(bt::testing::RunLauncher({{path, files.dump_prefix.string()}}, kPython).exit_code, 0);
+}
+
+// A dump whose fields are not what PyTorch writes is said to be so; the other ranks' are read.
+TEST_F(FlightRecorderTest, AnOddDumpHidesNoOtherRanks) {
+  MakeDumps(dir_, files_,
+            "pickle.dump({'entries': [{'input_sizes': 5, 'collective_seq_id': 3}]}, open(prefix + '0', 'wb'))\n"
+            "pickle.dump({'entries': [[1, 2]]}, open(prefix + '1', 'wb'))\n"
+            "pickle.dump({'entries': [{'collective_seq_id': 9, 'profiling_name': 'nccl:broadcast', 'state': 'completed'}]},"
+            " open(prefix + '2', 'wb'))\n");
+  const std::string note = Describe({});
+  EXPECT_NE(note.find("#3 None None (group None, inputs [5] )"), std::string::npos) << note;
+  EXPECT_NE(note.find(files_.dump_prefix.string() + "1 (written"), std::string::npos) << note;
+  EXPECT_NE(note.find("#9 nccl:broadcast completed"), std::string::npos) << note;
+}
+
+// A small crafted dump that would print without end (one long string referenced in every
+// field of many entries): what the report holds, and the launcher reads, stays bounded.
+TEST_F(FlightRecorderTest, WhatADumpCanPrintIsBounded) {
+  MakeDumps(dir_, files_,
+            "big = 'x' * (1 << 20)\n"
+            "entry = {'collective_seq_id': big, 'profiling_name': big, 'state': big, 'input_sizes': [[big] * 300] * 300}\n"
+            "pickle.dump({'entries': [entry] * 1000}, open(prefix + '0', 'wb'))\n"
+            "for rank in range(1, 200):\n"
+            "    pickle.dump({'entries': [entry] * 10}, open(prefix + str(rank), 'wb'))\n");
+  const auto start = std::chrono::steady_clock::now();
+  const std::string note = Describe({});
+  EXPECT_LT(note.size(), 40u << 10) << note.substr(0, 2000);
+  EXPECT_NE(note.find("... (the rest is cut)"), std::string::npos) << note.substr(note.size() - std::min<size_t>(note.size(), 500));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+}
+
+// A directory named python3 early in PATH is no python3.
+TEST_F(FlightRecorderTest, ADirectoryNamedPython3IsNotRun) {
+  MakeDumps(dir_, files_, "pickle.dump({'entries': []}, open(prefix + '0', 'wb'))\n");
+  fs::create_directories(dir_.path() + "/bin/python3");
+  const std::string path = getenv("PATH") != nullptr ? getenv("PATH") : "";
+  setenv("PATH", (dir_.path() + "/bin:/usr/bin:/bin").c_str(), 1);
+  const std::string note = Describe({});
+  setenv("PATH", path.c_str(), 1);
+  EXPECT_NE(note.find("rank_0 (written"), std::string::npos) << note;
+}
+
 TEST_F(FlightRecorderTest, NothingToAskOrReadIsSaidPlainly) {
   const std::string note = Describe({});
   if (HasGpu()) {

@@ -1,6 +1,6 @@
-// The job's output files as progress (watchdog::OutputFiles): what the job appends counts,
-// the launchers' own lines in the same file do not, in either log format, whole or seen in
-// part; a truncated file and a burst of launcher lines longer than one look.
+// The job's own descriptions of its output files (watchdog::OutputFiles): what the job writes
+// through them is progress; what the launcher logs, or anyone else appends to the same file,
+// is not; neither writes over the other; pipes, devices and read-only descriptors are no files.
 #include "launcher/watchdog/output_files.h"
 
 #include <fcntl.h>
@@ -15,122 +15,104 @@
 namespace bt::launcher::watchdog {
 namespace {
 
+using bt::testing::ReadFile;
 using bt::testing::TempDir;
 
-constexpr const char* kTextLine = "2026-11-26T23:01:01.123Z bt-launch[node 3] warn: watchdog: this node's job made no progress\n";
-constexpr const char* kJsonLine =
-    "{\"level\":\"info\",\"msg\":\"watchdog: node 0 calls the job hung\",\"node\":1,\"ts\":\"2026-11-26T23:01:01.123Z\"}\n";
+void Write(int fd, const std::string& text) { ASSERT_EQ(write(fd, text.data(), text.size()), ssize_t(text.size())); }
 
-// A file as the launcher's stdout would be: open for writing, appended to.
+// A file as `bt-launch run > train.log` gives it: opened for writing, not appending.
 class OutputFilesTest : public ::testing::Test {
  protected:
   void SetUp() override {
     path_ = dir_.path() + "/train.log";
-    fd_ = open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    ASSERT_GE(fd_, 0);
+    launcher_fd_ = open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    ASSERT_GE(launcher_fd_, 0);
   }
-  void TearDown() override { close(fd_); }
-  void Append(const std::string& text) { ASSERT_EQ(write(fd_, text.data(), text.size()), ssize_t(text.size())); }
+  void TearDown() override { close(launcher_fd_); }
 
   TempDir dir_;
   std::string path_;
-  int fd_ = -1;
+  int launcher_fd_ = -1;
 };
 
-TEST_F(OutputFilesTest, WhatTheJobAppendsIsProgressOnce) {
-  Append("written before the watch began\n");
-  OutputFiles files({fd_});
-  ASSERT_FALSE(files.empty());
-  EXPECT_FALSE(files.JobWrote()) << "what was there before counts";
-  Append("step 1 loss 0.5\n");
-  EXPECT_TRUE(files.JobWrote());
-  EXPECT_FALSE(files.JobWrote()) << "the same line counted twice";
-}
-
-TEST_F(OutputFilesTest, LaunchersLinesInEitherFormatAreNotTheJobs) {
-  OutputFiles files({fd_});
-  Append(std::string(kTextLine) + kJsonLine + "bt-launch upload-worker: bad request: x\n");
+TEST_F(OutputFilesTest, WhatTheJobWritesIsProgressOnce) {
+  OutputFiles files(launcher_fd_, -1);
+  const int job = files.JobDescription(1);
+  ASSERT_GE(job, 0);
+  EXPECT_EQ(files.JobDescription(2), -1);
+  files.Rebase();
   EXPECT_FALSE(files.JobWrote());
-  Append(std::string(kTextLine) + "Traceback (most recent call last):\n" + kJsonLine);
-  EXPECT_TRUE(files.JobWrote()) << "a job's line between launcher lines";
+  Write(job, "step 1 loss 0.5\n");
+  EXPECT_TRUE(files.JobWrote());
+  EXPECT_FALSE(files.JobWrote()) << "the same write counted twice";
 }
 
-TEST_F(OutputFilesTest, JobLinesThatOnlyResembleALaunchersCount) {
-  OutputFiles files({fd_});
-  Append("2026-11-26T23:01:01.123Z INFO step 7\n");
-  EXPECT_TRUE(files.JobWrote());
-  Append("{\"level\":\"info\",\"msg\":\"a structlog line\"}\n");
-  EXPECT_TRUE(files.JobWrote());
-}
-
-// A reader may see a write in part: a launcher's line waits for its newline, a job's
-// line without one (a progress bar redrawn with \r) is progress at once.
-TEST_F(OutputFilesTest, ALineSeenInPartIsJudgedWhole) {
-  OutputFiles files({fd_});
-  const std::string line = kTextLine;
-  Append(line.substr(0, 30));
+// The launcher's log lines, another launcher and another job appending to the same file
+// move no offset of this job's.
+TEST_F(OutputFilesTest, NobodyElsesWritesAreTheJobs) {
+  OutputFiles files(launcher_fd_, -1);
+  files.Rebase();
+  const int other = open(path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  ASSERT_GE(other, 0);
+  Write(launcher_fd_, "2026-11-26T23:01:01.123Z bt-launch[node 0] warn: watchdog: no progress\n");
+  Write(other, "another job's line\n");
   EXPECT_FALSE(files.JobWrote());
-  Append(line.substr(30));
-  EXPECT_FALSE(files.JobWrote()) << "the rest of a launcher's line taken for the job's";
-  Append(" 10%|#         | 1/10\r 20%|##        | 2/10\r");
-  EXPECT_TRUE(files.JobWrote());
-  Append(kJsonLine);
-  EXPECT_FALSE(files.JobWrote()) << "a launcher line after the job's unfinished one";
+  close(other);
 }
 
-TEST_F(OutputFilesTest, ATruncatedFileIsReadFromItsStart) {
-  OutputFiles files({fd_});
-  Append(std::string(1000, 'x') + "\n");
+// The launcher's description is switched to appending: its lines and the job's follow one
+// another in the file, none written over.
+TEST_F(OutputFilesTest, TheLaunchersLinesAndTheJobsAreBothKept) {
+  OutputFiles files(launcher_fd_, -1);
+  EXPECT_NE(fcntl(launcher_fd_, F_GETFL) & O_APPEND, 0);
+  Write(launcher_fd_, "launcher 1\n");
+  Write(files.JobDescription(1), "job 1\n");
+  Write(launcher_fd_, "launcher 2\n");
+  Write(files.JobDescription(1), "job 2\n");
+  EXPECT_EQ(ReadFile(path_), "launcher 1\njob 1\nlauncher 2\njob 2\n");
+}
+
+// logrotate's copytruncate: the next write lands lower, and is still the job's progress.
+TEST_F(OutputFilesTest, AWriteAfterATruncationIsProgress) {
+  OutputFiles files(launcher_fd_, -1);
+  Write(files.JobDescription(1), std::string(1000, 'x') + "\n");
   EXPECT_TRUE(files.JobWrote());
-  ASSERT_EQ(ftruncate(fd_, 0), 0);  // logrotate's copytruncate
+  ASSERT_EQ(ftruncate(launcher_fd_, 0), 0);
   EXPECT_FALSE(files.JobWrote());
-  Append("after the rotation\n");
+  Write(files.JobDescription(1), "after the rotation\n");
   EXPECT_TRUE(files.JobWrote());
-}
-
-TEST_F(OutputFilesTest, ABurstOfLauncherLinesLongerThanALookIsNotProgressButWhatFollowsIs) {
-  OutputFiles files({fd_});
-  std::string burst;
-  while (burst.size() < 1024 * 1024) burst += kTextLine;
-  Append(burst);
-  for (int look = 0; look < 8; ++look) EXPECT_FALSE(files.JobWrote()) << "look " << look;
-  Append("epoch 2\n");
-  bool seen = false;
-  for (int look = 0; look < 8 && !seen; ++look) seen = files.JobWrote();
-  EXPECT_TRUE(seen);
+  EXPECT_EQ(ReadFile(path_), "after the rotation\n") << "no hole where the old content was";
 }
 
 TEST_F(OutputFilesTest, RebaseForgetsWhatCameBefore) {
-  OutputFiles files({fd_});
-  Append("cycle 0's last words\n");
+  OutputFiles files(launcher_fd_, -1);
+  Write(files.JobDescription(1), "cycle 0's last words\n");
   files.Rebase();
   EXPECT_FALSE(files.JobWrote());
 }
 
-TEST_F(OutputFilesTest, OneFileGivenTwiceIsWatchedOnce) {
-  const int again = dup(fd_);
-  OutputFiles files({fd_, again});
-  Append("a line\n");
-  EXPECT_TRUE(files.JobWrote());
-  EXPECT_FALSE(files.JobWrote());
+// `> train.log 2>&1`: one description for both streams, as the shell's is one.
+TEST_F(OutputFilesTest, OneFileForBothStreamsIsOneDescription) {
+  const int again = dup(launcher_fd_);
+  OutputFiles files(launcher_fd_, again);
+  EXPECT_GE(files.JobDescription(1), 0);
+  EXPECT_EQ(files.JobDescription(1), files.JobDescription(2));
   close(again);
 }
 
-TEST(LeftToTheJob, OnlyARegularFileOpenForWritingThatCanBeReadBack) {
+TEST(OutputFiles, OnlyARegularFileOpenForWritingIsOne) {
   TempDir dir;
   const std::string path = dir.Write("out", "");
-  const int file = open(path.c_str(), O_WRONLY | O_CLOEXEC);
   const int read_only = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   const int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
   int pipe_ends[2];
   ASSERT_EQ(pipe2(pipe_ends, O_CLOEXEC), 0);
-  EXPECT_TRUE(LeftToTheJob(file));
-  EXPECT_FALSE(LeftToTheJob(read_only));
-  EXPECT_FALSE(LeftToTheJob(null)) << "/dev/null is relayed: its output is still progress";
-  EXPECT_FALSE(LeftToTheJob(pipe_ends[1]));
-  EXPECT_FALSE(LeftToTheJob(-1));
-  EXPECT_TRUE(OutputFiles({null, pipe_ends[1]}).empty());
-  for (int fd : {file, read_only, null, pipe_ends[0], pipe_ends[1]}) close(fd);
+  EXPECT_EQ(OutputFiles(read_only, null).JobDescription(1), -1);
+  EXPECT_EQ(OutputFiles(read_only, null).JobDescription(2), -1) << "/dev/null is relayed: its output is still progress";
+  EXPECT_EQ(OutputFiles(pipe_ends[1], -1).JobDescription(1), -1);
+  OutputFiles none(-1, -1);
+  EXPECT_FALSE(none.JobWrote());
+  for (int fd : {read_only, null, pipe_ends[0], pipe_ends[1]}) close(fd);
 }
 
 }  // namespace

@@ -137,17 +137,17 @@ for step in range(8):
   EXPECT_EQ(output.find("made no progress"), std::string::npos) << output;
 }
 
-// Other launchers log into the same file (nodes of a local test sharing one log): their
-// lines, text or JSON, are not this job's progress, and its silence is still a hang.
-TEST_F(WatchdogTest, OtherLaunchersLinesInTheJobsOutputFileAreNotItsProgress) {
+// Other launchers and their jobs write to the same file (jobs of a local test sharing one
+// log): their lines, the launchers' log in either format and a job printing every 0.3 s,
+// are not this job's progress, and its silence is still a hang.
+TEST_F(WatchdogTest, OthersWritingToTheJobsOutputFileAreNotItsProgress) {
   const std::string log = dir_.path() + "/shared.log";
   std::atomic<bool> done{false};
   std::thread neighbour([&] {
     for (int round = 0; !done; ++round) {
       RunLauncher({{"run", "--root", dir_.path() + "/neighbour", "--log-level", "debug", "--log-format",
-                    round % 2 == 0 ? "text" : "json", "--", "true"},
+                    round % 2 == 0 ? "text" : "json", "--", "sh", "-c", "for i in 1 2 3; do echo neighbour $i; sleep 0.3; done"},
                    {}, {}, std::nullopt, 20s, log});
-      std::this_thread::sleep_for(100ms);
     }
   });
   ProcessResult result = RunPython("import time\nprint('loading', flush=True)\ntime.sleep(1000)\n",
@@ -158,6 +158,7 @@ TEST_F(WatchdogTest, OtherLaunchersLinesInTheJobsOutputFileAreNotItsProgress) {
   EXPECT_EQ(result.exit_code, 124) << output;
   EXPECT_LT(result.elapsed, 20s);
   EXPECT_NE(output.find("this node's job made no progress for"), std::string::npos) << output;
+  EXPECT_NE(output.find("neighbour 3\n"), std::string::npos) << "the neighbour's job printed nothing";
   EXPECT_NE(output.find("\"node\":0,\"ts\""), std::string::npos) << "the neighbour logged no JSON line";
 }
 
