@@ -24,15 +24,19 @@ bool WritableFile(int destination, FileIdentity& identity) {
   return true;
 }
 
-// A description of `destination`'s file of the job's own, appending; the launcher's own
-// then appends too (a launcher writing at its own offset would write over the job's lines).
-// /proc/self/fd/N opens the very file, even one renamed or unlinked since. -1 when it cannot.
+// The launcher's own description of the file appends from now on: writing at its own
+// offset, it would write over the lines the job appends through its description.
+bool Append(int destination) {
+  const int flags = fcntl(destination, F_GETFL);
+  return flags >= 0 && fcntl(destination, F_SETFL, flags | O_APPEND) == 0;
+}
+
+// A description of `destination`'s file of the job's own, appending, or -1 when it cannot.
+// /proc/self/fd/N opens the very file, even one renamed or unlinked since.
 int OpenForTheJob(int destination) {
   const std::string link = "/proc/self/fd/" + std::to_string(destination);
   const int fd = open(link.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NOCTTY);
-  if (fd < 0) return -1;
-  const int flags = fcntl(destination, F_GETFL);
-  if (flags < 0 || fcntl(destination, F_SETFL, flags | O_APPEND) != 0) {
+  if (fd >= 0 && !Append(destination)) {
     close(fd);
     return -1;
   }
@@ -48,8 +52,9 @@ OutputFiles::OutputFiles(int stdout_destination, int stderr_destination) {
   const bool out_file = WritableFile(stdout_destination, out);
   const bool err_file = WritableFile(stderr_destination, err);
   if (out_file) job_fds_[0] = OpenForTheJob(stdout_destination);
-  if (err_file && out_file && out.device == err.device && out.inode == err.inode) {
-    job_fds_[1] = job_fds_[0];
+  // `2>&1` shares one description; `>f 2>f` opens two, and both must append.
+  if (err_file && job_fds_[0] >= 0 && out.device == err.device && out.inode == err.inode) {
+    if (Append(stderr_destination)) job_fds_[1] = job_fds_[0];
   } else if (err_file) {
     job_fds_[1] = OpenForTheJob(stderr_destination);
   }

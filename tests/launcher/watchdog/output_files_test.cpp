@@ -100,6 +100,18 @@ TEST_F(OutputFilesTest, OneFileForBothStreamsIsOneDescription) {
   close(again);
 }
 
+// `> train.log 2> train.log`: two descriptions of the launcher's, both made to append.
+TEST_F(OutputFilesTest, TwoDescriptionsOfOneFileBothAppend) {
+  const int second = open(path_.c_str(), O_WRONLY | O_CLOEXEC);
+  OutputFiles files(launcher_fd_, second);
+  EXPECT_EQ(files.JobDescription(1), files.JobDescription(2));
+  Write(launcher_fd_, "out\n");
+  Write(files.JobDescription(1), "job\n");
+  Write(second, "err\n");
+  EXPECT_EQ(ReadFile(path_), "out\njob\nerr\n");
+  close(second);
+}
+
 TEST(OutputFiles, OnlyARegularFileOpenForWritingIsOne) {
   TempDir dir;
   const std::string path = dir.Write("out", "");
