@@ -9,6 +9,7 @@
 #include <cstring>
 #include <optional>
 #include <stdexcept>
+#include <string_view>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -22,7 +23,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-constexpr const char* kPipeSuffix = ".pipe";
+constexpr std::string_view kPipeSuffix = ".pipe";
 constexpr auto kPollEvery = 100ms;
 // How long python3 may take to read the dumps (each holds at most the ring: 2,000 entries,
 // read in well under a second): within the slack node 0 gives a node's answer.
@@ -112,8 +113,8 @@ std::vector<fs::path> WithPrefix(const fs::path& prefix, bool fifos) {
   for (const auto& entry : fs::directory_iterator(prefix.parent_path(), error)) {
     const std::string name = entry.path().filename().string();
     if (name.rfind(stem, 0) != 0 || name.size() == stem.size()) continue;
-    const bool pipe_name = name.size() > std::string_view(kPipeSuffix).size() + stem.size() &&
-                           name.compare(name.size() - 5, 5, kPipeSuffix) == 0;
+    const bool pipe_name = name.size() > kPipeSuffix.size() + stem.size() &&
+                           std::string_view(name).substr(name.size() - kPipeSuffix.size()) == kPipeSuffix;
     const bool wanted = fifos ? pipe_name && entry.is_fifo(error) : !pipe_name && entry.is_regular_file(error);
     if (wanted) found.push_back(entry.path());
   }
@@ -125,7 +126,7 @@ std::vector<fs::path> WithPrefix(const fs::path& prefix, bool fifos) {
 fs::path DumpFor(const FlightRecorderFiles& files, const fs::path& pipe) {
   const std::string name = pipe.filename().string();
   const std::string stem = files.pipe_prefix.filename().string();
-  const std::string rank = name.substr(stem.size(), name.size() - stem.size() - 5);
+  const std::string rank = name.substr(stem.size(), name.size() - stem.size() - kPipeSuffix.size());
   return fs::path(files.dump_prefix.string() + rank);
 }
 
@@ -157,7 +158,7 @@ FlightRecorderFiles ArmFlightRecorder(const fs::path& directory, env::JobEnviron
   // left by a killed rank and wait on it forever.
   const fs::path pipes = directory / "pipes";
   std::error_code error;
-  fs::create_directories(pipes, error);
+  const bool made = fs::create_directories(pipes, error);
   if (error) throw std::runtime_error("cannot create " + pipes.string() + ": " + error.message());
   auto& variables = environment.variables;
   variables.emplace("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000");
@@ -165,12 +166,15 @@ FlightRecorderFiles ArmFlightRecorder(const fs::path& directory, env::JobEnviron
   variables.emplace("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", (directory / "rank_").string());
   if (!variables.contains("TORCH_NCCL_DEBUG_INFO_PIPE_FILE")) {
     // PyTorch fails the process group outright when it cannot make its FIFO: where this
-    // filesystem makes none, the dumps are not asked for rather than every rank lost.
-    if (CanMakeFifos(pipes)) {
+    // filesystem makes none, the dumps are not asked for rather than every rank lost. Tried
+    // once per volume, as the folder is made: a folder that fails is removed again, so a
+    // folder that is there has held a FIFO (no mkfifo on every start).
+    if (!made || CanMakeFifos(pipes)) {
       variables.emplace("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", (pipes / "rank_").string());
     } else {
       spdlog::warn("watchdog: {} holds no FIFO ({}): at a hang the NCCL flight recorder is not asked for dumps",
                    pipes.string(), std::strerror(errno));
+      fs::remove(pipes, error);
     }
   }
   const auto pipe = variables.find("TORCH_NCCL_DEBUG_INFO_PIPE_FILE");

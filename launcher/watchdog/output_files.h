@@ -12,11 +12,10 @@
 
 #include <sys/types.h>
 
-#include <spawn.h>
-
 namespace bt::launcher::watchdog {
 
-// Used from one thread at a time.
+// The descriptions are fixed at construction (the supervisor spawns with them); Rebase and
+// JobWrote are the watch's, one thread at a time.
 class OutputFiles {
  public:
   // For each of `stdout_destination` and `stderr_destination` (the launcher's fd 1 and 2)

@@ -352,9 +352,8 @@ WatchdogPaths PathsFor(const env::WatchdogSettings& settings, const env::JobEnvi
 }
 
 void ArmJobEnvironment(WatchdogPaths& paths, env::JobEnvironment& environment) {
-  std::error_code error;
-  fs::create_directories(paths.nccl_trace_dir, error);
-  if (error) throw std::runtime_error("cannot create " + paths.nccl_trace_dir.string() + ": " + error.message());
+  // First: it makes the node's folder, where the heartbeat file goes, with its own.
+  paths.flight_recorder = ArmFlightRecorder(paths.nccl_trace_dir, environment);
   Offer(environment, kHeartbeatVariable, paths.heartbeat_file.string());
   auto pythonpath = environment.variables.find("PYTHONPATH");
   const std::string user_pythonpath = pythonpath == environment.variables.end() ? "" : pythonpath->second;
@@ -362,7 +361,6 @@ void ArmJobEnvironment(WatchdogPaths& paths, env::JobEnvironment& environment) {
     environment.variables[name] = value;
   }
   // What the job will use, where the user chose: the watch and the report follow it.
-  paths.flight_recorder = ArmFlightRecorder(paths.nccl_trace_dir, environment);
   paths.heartbeat_file = environment.variables.at(kHeartbeatVariable);
 }
 
