@@ -1,0 +1,924 @@
+#!/usr/bin/env python3
+"""The nemesis soak: restart in place and the commit rule under random compound faults.
+
+Each seed runs one job of three nodes, each a bt-launch process on a host of its own (a
+network namespace on a bridge, as tests/integration/netns_test.sh makes them), with
+checkpointing to a shared file:// destination, each node's checkpoint directory on a small
+tmpfs of its own, and restarts on. The training (TRAINING below) saves a folder per step,
+`step-NNNNNN/`, every ~0.5 s, each node's shard saying the step, the cycle and the attempt
+that wrote it, and resumes from what bt-launch loads into BT_LOAD_CHECKPOINT_DIR. While it
+runs a nemesis injects faults at random times (FAULTS below): SIGKILL of a trainer, of a
+launcher (a replacement then starts in its slot, as Kubernetes does), of an uploader;
+SIGSTOP of a launcher for longer than the heartbeat timeout; a node's link cut then healed;
+the node's checkpoint disk filled then freed; SIGTERM to every launcher; every launcher
+SIGKILLed and started again on the same volumes (a platform retry). A job that ends before
+its last step is retried, as the platform does, on the same volumes and destination; the
+last attempt runs without faults.
+
+After every attempt, and while it runs (a sampler reads the destination every 0.1 s), it
+checks ../shared/DESIGN.md §3's commit rule and:
+
+  latest-verified     `bt-launch checkpoints --verify` passes; `latest` names a commit record
+                      whose every part is present, and the record names every rank that saved
+  one-save            every commit record's parts say the same step, cycle and attempt (one
+                      save), the step its name says
+  latest-monotonic    `latest` never names an older step than it did before
+  versions-immutable  no committed version changes or vanishes (hashed when first seen)
+  resume-newest       every cycle starts, on every node, from the same save, at least the
+                      newest commit seen before node 0 decided the restart, and a committed one
+  no-survivors        nothing is left in a host's namespace once its launcher has exited
+  exit-codes          every node's last launcher exits with the same code
+  restart-budget      cycles are numbered 0, 1, ... the same on every node, never past
+                      max_restarts, and node 0 logs one decision per cycle
+  recovers            an attempt whose faults a restart in place can absorb (everything but
+                      node 0 lost, a SIGTERM or a whole-job kill) ends 0 with every step done,
+                      and its last save committed
+  no-secret           the secret in the job's environment appears in no log line and no
+                      process's command line
+
+Usage: nemesis_soak.py BT_LAUNCH [--seeds N | --seed S] [--first-seed S] [--keep]
+  SOAK=N        runs N seeds (the default: 3, a few minutes on two cores)
+  --seed S      replays seed S exactly as the failing run printed it
+Exit 0 all invariants held, 1 a violation (each printed with its replay command), 77 SKIPPED
+(not root, or no network namespaces here).
+"""
+import argparse
+import hashlib
+import json
+import os
+import random
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HEARTBEAT_INTERVAL_S = 0.5
+HEARTBEAT_TIMEOUT_S = 3
+REJOIN_TIMEOUT_S = 30
+DRAIN_TIMEOUT_S = 45
+MAX_RESTARTS = 6
+ATTEMPTS = 3                  # the platform's retries: the last runs without faults
+ATTEMPT_DEADLINE_S = 150      # an attempt still running after this is a hang
+STEPS = 30                    # training steps per job
+STEP_PERIOD_S = 0.5
+TMPFS_BYTES = 12 << 20        # each node's checkpoint disk
+SHARD_PAYLOAD_BYTES = 96 << 10
+SUBNET = "10.78.0"
+NODES = 3
+LOG_PREFIX = "[nemesis soak]"
+
+# The training every node runs. A save is collective (a barrier through the shared harness
+# folder, as NCCL's would be): every saving rank writes its shard and payload, then its own
+# marker. It logs what it loaded and every save, one JSON line each, to its node's ledger.
+TRAINING = r'''
+import hashlib, json, os, random, shutil, sys, time
+ledger_dir, steps, period, savers, secret_digest = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5]
+rank = int(os.environ["BT_NODE_RANK"])
+nodes = int(os.environ["BT_GROUP_SIZE"])
+cycle = int(os.environ.get("BT_RESTART_COUNT", "0"))
+attempt = int(os.environ["SOAK_ATTEMPT"])
+ckpt = os.environ["BT_CHECKPOINT_DIR"]
+load = os.environ.get("BT_LOAD_CHECKPOINT_DIR", "")
+resume = os.environ.get("BT_RESUME_CHECKPOINT", "")
+saving = savers == "all" or rank == 0
+def note(**entry):
+    entry.update(rank=rank, cycle=cycle, attempt=attempt, pid=os.getpid(), t=time.time())
+    with open(os.path.join(ledger_dir, "ledger-%d.jsonl" % rank), "a") as f:
+        f.write(json.dumps(entry) + "\n")
+part = os.path.join(load, "rank-%d" % rank) if load else ""
+entries = sorted(os.listdir(part)) if part and os.path.isdir(part) else []
+loaded = None
+if resume:
+    shard = os.path.join(part, resume, "shard.json")
+    if os.path.exists(shard):
+        loaded = json.load(open(shard))
+secret_seen = hashlib.sha256(os.environ.get("SOAK_SECRET", "").encode()).hexdigest() == secret_digest
+note(event="start", resume=resume, loaded=loaded, entries=entries, secret_seen=secret_seen,
+     load_dir=load, in_checkpoint_dir=bool(load) and os.path.realpath(load).startswith(os.path.realpath(ckpt) + "/"))
+first = int(resume.split("-")[1]) + 1 if resume.startswith("step-") else 1
+def barrier(step):
+    mine = os.path.join(ledger_dir, "barrier", "%d-%d-%d-%d" % (attempt, cycle, step, rank))
+    open(mine, "w").close()
+    others = [mine[:mine.rindex("-")] + "-%d" % r for r in range(nodes)]
+    deadline = time.time() + 90
+    while not all(os.path.exists(p) for p in others):
+        if time.time() > deadline:
+            note(event="barrier-timeout", step=step)
+            sys.exit(3)
+        time.sleep(0.02)
+for step in range(first, steps + 1):
+    time.sleep(period * random.uniform(0.7, 1.3))
+    barrier(step)
+    if not saving:
+        note(event="step", step=step)
+        continue
+    name = "step-%06d" % step
+    folder = os.path.join(ckpt, name)
+    try:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.makedirs(folder)
+        with open(os.path.join(folder, "shard.json"), "w") as f:
+            json.dump({"step": step, "cycle": cycle, "attempt": attempt, "rank": rank, "pid": os.getpid()}, f)
+        with open(os.path.join(folder, "payload.bin"), "wb") as f:
+            f.write(os.urandom(PAYLOAD_BYTES))
+        open(os.path.join(folder, ".complete"), "w").close()
+    except OSError as error:  # a full disk: this save is lost, the training goes on
+        shutil.rmtree(folder, ignore_errors=True)
+        note(event="save-failed", step=step, error=str(error))
+        continue
+    note(event="save", step=step, name=name)
+    old = os.path.join(ckpt, "step-%06d" % (step - 3))
+    shutil.rmtree(old, ignore_errors=True)
+note(event="done", step=steps)
+'''.replace("PAYLOAD_BYTES", str(SHARD_PAYLOAD_BYTES))
+
+# Fault kinds and their weights. `recoverable` faults are those a restart in place absorbs:
+# the job must still end 0 with every step done.
+FAULTS = {
+    "kill-trainer": (3, True),
+    "kill-follower-launcher": (3, True),   # a replacement starts in its slot
+    "kill-leader-launcher": (1, False),    # node 0 lost ends the job (69): the platform retries
+    "kill-uploader": (2, True),
+    "stop-follower-launcher": (2, True),   # SIGSTOP longer than the heartbeat timeout
+    "stop-leader-launcher": (1, False),
+    "partition-follower": (2, True),       # its link down, then up
+    "partition-leader": (1, False),
+    "fill-disk": (2, True),                # the node's checkpoint tmpfs full, then freed
+    "sigterm-all": (1, False),
+    "kill-all": (1, False),                # every launcher SIGKILLed, started again (a platform retry)
+}
+
+
+def log(*parts):
+    print(LOG_PREFIX, *parts, flush=True)
+
+
+def sh(*argv, check=True):
+    result = subprocess.run(argv, capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise RuntimeError("%s failed: %s" % (" ".join(argv), result.stderr.strip()))
+    return result
+
+
+class Violation(Exception):
+    pass
+
+
+class Hosts:
+    """Three hosts on a bridge, each a network namespace with its own checkpoint tmpfs."""
+
+    def __init__(self, work):
+        self.tag = "bs%d" % (os.getpid() % 100000)
+        self.bridge = self.tag + "br"
+        self.work = work
+        self.mounts = []
+        self.namespaces = []
+
+    def namespace(self, node):
+        return "%sn%d" % (self.tag, node)
+
+    def veth(self, node):
+        return "%sv%d" % (self.tag, node)
+
+    def address(self, node):
+        return "%s.1%d" % (SUBNET, node)
+
+    def create(self):
+        sh("ip", "link", "add", self.bridge, "type", "bridge")
+        sh("ip", "link", "set", self.bridge, "up")
+        for node in range(NODES):
+            ns = self.namespace(node)
+            sh("ip", "netns", "add", ns)
+            self.namespaces.append(ns)
+            sh("ip", "link", "add", self.veth(node), "type", "veth", "peer", "name", "eth0", "netns", ns)
+            sh("ip", "link", "set", self.veth(node), "master", self.bridge, "up")
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+            sh("ip", "-n", ns, "link", "set", "eth0", "up")
+            sh("ip", "-n", ns, "addr", "add", self.address(node) + "/24", "dev", "eth0")
+            os.makedirs("/etc/netns/" + ns, exist_ok=True)
+            with open("/etc/netns/%s/hosts" % ns, "w") as f:
+                f.write("127.0.0.1 localhost\n")
+
+    def mount_disk(self, path):
+        os.makedirs(path, exist_ok=True)
+        sh("mount", "-t", "tmpfs", "-o", "size=%d" % TMPFS_BYTES, "tmpfs", path)
+        self.mounts.append(path)
+
+    def pids(self, node):
+        result = sh("ip", "netns", "pids", self.namespace(node), check=False)
+        return [int(p) for p in result.stdout.split()]
+
+    def link(self, node, up):
+        sh("ip", "link", "set", self.veth(node), "up" if up else "down", check=False)
+
+    def destroy(self):
+        for ns in self.namespaces:
+            for pid in sh("ip", "netns", "pids", ns, check=False).stdout.split():
+                try:
+                    os.kill(int(pid), signal.SIGCONT)
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+        time.sleep(0.2)
+        for path in reversed(self.mounts):
+            sh("umount", "-l", path, check=False)
+        for ns in self.namespaces:
+            sh("ip", "netns", "del", ns, check=False)
+            shutil.rmtree("/etc/netns/" + ns, ignore_errors=True)
+        sh("ip", "link", "del", self.bridge, check=False)
+        try:
+            os.rmdir("/etc/netns")
+        except OSError:
+            pass
+
+
+def processes():
+    """{pid: (command line bytes, parent pid)} of every process now."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % entry, "rb") as f:
+                line = f.read()
+            with open("/proc/%s/stat" % entry) as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        found[int(entry)] = (line, parent)
+    return found
+
+
+def descendants(pid, table):
+    children = [p for p, (_, parent) in table.items() if parent == pid]
+    return children + [d for child in children for d in descendants(child, table)]
+
+
+def hash_tree(path):
+    digest = hashlib.sha256()
+    if not os.path.isdir(path):
+        return None
+    for directory, folders, files in sorted(os.walk(path)):
+        folders.sort()
+        for name in sorted(files):
+            full = os.path.join(directory, name)
+            digest.update(os.path.relpath(full, path).encode() + b"\0")
+            with open(full, "rb") as f:
+                digest.update(hashlib.sha256(f.read()).digest())
+    return digest.hexdigest()
+
+
+def step_of(name):
+    match = re.fullmatch(r"step-(\d+)", name or "")
+    return int(match.group(1)) if match else None
+
+
+class Destination:
+    """The shared file:// destination, read back as the sampler sees it."""
+
+    def __init__(self, root, job_id):
+        self.root = root
+        self.job = os.path.join(root, job_id)
+        self.latest_history = []        # (time, name)
+        self.records = {}               # record text digest -> (time first seen, record)
+        self.versions = {}              # (rank, version) -> digest when first seen
+        self.violations = []
+        self.lock = threading.Lock()
+
+    def read(self, relative):
+        try:
+            with open(os.path.join(self.job, relative), "rb") as f:
+                return f.read()
+        except OSError:
+            return None
+
+    def sample(self):
+        latest = self.read("latest")
+        now = time.time()
+        if latest is not None:
+            name = latest.decode(errors="replace").strip()
+            with self.lock:
+                if not self.latest_history or self.latest_history[-1][1] != name:
+                    previous = self.latest_history[-1][1] if self.latest_history else None
+                    self.latest_history.append((now, name))
+                    if previous is not None and (step_of(name) or 0) < (step_of(previous) or 0):
+                        self.violations.append(("latest-monotonic", "latest moved back from %s to %s" % (previous, name)))
+        commits = os.path.join(self.job, ".bt-commits")
+        for entry in sorted(os.listdir(commits)) if os.path.isdir(commits) else []:
+            text = self.read(".bt-commits/" + entry)
+            if not text or not entry.endswith(".json"):
+                continue
+            key = hashlib.sha256(text).hexdigest()
+            if key in self.records:
+                continue
+            try:
+                record = json.loads(text)
+            except ValueError:
+                continue  # written atomically: a torn record would itself be a finding below
+            parts = {}
+            for rank, version in record.get("parts", {}).items():
+                folder = os.path.join(self.job, "rank-%s" % rank, ".bt-versions", version)
+                digest = hash_tree(folder)
+                with self.lock:
+                    self.versions.setdefault((rank, version), digest)
+                shard = os.path.join(folder, record.get("name", "") if isinstance(record.get("name"), str) else "",
+                                     "shard.json")
+                try:
+                    parts[rank] = json.load(open(shard))
+                except (OSError, ValueError):
+                    parts[rank] = None
+            with self.lock:
+                self.records[key] = (now, record, parts)
+
+    def commits_by_name(self):
+        with self.lock:
+            newest = {}
+            for seen, record, parts in self.records.values():
+                name = record.get("name")
+                if name not in newest or newest[name][0] < seen:
+                    newest[name] = (seen, record, parts)
+            return newest
+
+    def latest_before(self, moment):
+        with self.lock:
+            names = [name for seen, name in self.latest_history if seen < moment]
+        return names[-1] if names else None
+
+
+class Node:
+    """One slot's launchers: the first, and every replacement started in its slot."""
+
+    def __init__(self, rank):
+        self.rank = rank
+        self.launchers = []  # [(Popen, log path, killed by the nemesis)]
+
+    def current(self):
+        return self.launchers[-1][0] if self.launchers else None
+
+
+class Soak:
+    def __init__(self, binary, seed, work, hosts, args):
+        self.binary = binary
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.work = work
+        self.hosts = hosts
+        self.args = args
+        self.job_id = "soak-%d" % seed
+        self.remote = os.path.join(work, "remote")
+        self.destination = Destination(self.remote, self.job_id)
+        self.ledgers = os.path.join(work, "ledgers")
+        self.logs = os.path.join(work, "logs")
+        self.secret = "soak-secret-%032x" % random.Random(seed ^ 0x5EC).getrandbits(128)
+        self.savers = "rank0" if self.rng.random() < 0.25 else "all"  # DDP: only rank 0 saves
+        self.faults = {}
+        self.violations = []
+        self.decisions = []   # (time seen, attempt, line) from node 0's log
+        self.stop_sampler = threading.Event()
+        self.cmdline_leaks = set()
+
+    # --- set-up -----------------------------------------------------------------------
+    def prepare(self):
+        for folder in (self.ledgers, os.path.join(self.ledgers, "barrier"), self.logs, self.remote,
+                       os.path.join(self.work, "secrets"), os.path.join(self.work, "tmp")):
+            os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(self.work, "secrets", "soak-secret"), "w") as f:
+            f.write(self.secret + "\n")
+        with open(os.path.join(self.work, "train.py"), "w") as f:
+            f.write(TRAINING)
+        for node in range(NODES):
+            self.hosts.mount_disk(self.checkpoint_dir(node))
+        digest = hashlib.sha256(self.secret.encode()).hexdigest()
+        command = "exec python3 %s %s %d %s %s %s" % (os.path.join(self.work, "train.py"), self.ledgers, STEPS,
+                                                      STEP_PERIOD_S, self.savers, digest)
+        config = {
+            "compute": {"node_count": NODES}, "enable_baseten_workdir": False,
+            "runtime": {"start_commands": [command], "checkpointing_config": {"enabled": True},
+                        "environment_variables": {"SOAK_SECRET": {"name": "soak-secret"}}},
+            "launcher": {"job_id": self.job_id, "grace_period_s": 2, "peer_failure_grace_s": 2,
+                         "restart": {"max_restarts": MAX_RESTARTS, "rejoin_timeout_s": REJOIN_TIMEOUT_S,
+                                     "max_cycles_without_progress": MAX_RESTARTS + 1},
+                         "rendezvous": {"join_timeout_s": 30, "heartbeat_interval_s": HEARTBEAT_INTERVAL_S,
+                                        "heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S},
+                         "checkpoint": {"destination": "file://" + self.remote, "drain_timeout_s": DRAIN_TIMEOUT_S,
+                                        "scan_interval_s": 0.5, "quiet_period_s": 600}}}
+        self.config = os.path.join(self.work, "job.json")
+        with open(self.config, "w") as f:
+            json.dump(config, f, indent=1)
+
+    def root(self, node):
+        return os.path.join(self.work, "root-%d" % node)
+
+    def checkpoint_dir(self, node):
+        return os.path.join(self.root(node), "node-%d" % node, "mnt", "ckpts")
+
+    def start_launcher(self, node, attempt, slot):
+        log_path = os.path.join(self.logs, "attempt%d-node%d-%d.log" % (attempt, node.rank, len(node.launchers)))
+        environment = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
+                       "TMPDIR": os.path.join(self.work, "tmp"), "BT_LEADER_ADDR": self.hosts.address(0),
+                       "BT_NODE_RANK": str(node.rank), "BT_GROUP_SIZE": str(NODES),
+                       "BT_RENDEZVOUS_TOKEN": "soak-token", "BT_SECRETS_DIR": os.path.join(self.work, "secrets"),
+                       "SOAK_ATTEMPT": str(attempt), "SOAK_TAG": self.hosts.tag}
+        argv = ["ip", "netns", "exec", self.hosts.namespace(node.rank), "unshare", "--uts", "sh", "-c",
+                "hostname host%d; exec %s run --config %s --root %s" % (node.rank, shlex.quote(self.binary),
+                                                                       shlex.quote(self.config),
+                                                                       shlex.quote(self.root(node.rank)))]
+        out = open(log_path, "ab")
+        process = subprocess.Popen(argv, env=environment, stdout=out, stderr=out, start_new_session=True)
+        out.close()
+        node.launchers.append([process, log_path, False])
+        return process
+
+    # --- the sampler --------------------------------------------------------------------
+    def sampler(self, attempt_holder):
+        seen_lines, ticks = {}, 0
+        while not self.stop_sampler.is_set():
+            try:
+                self.destination.sample()
+            except OSError:
+                pass
+            ticks += 1
+            for line, _ in (processes().values() if ticks % 5 == 0 else []):
+                if self.secret.encode() in line:
+                    self.cmdline_leaks.add(line.replace(b"\0", b" ").decode(errors="replace")[:300])
+            for path in sorted(os.listdir(self.logs)):
+                if "-node0-" not in path:
+                    continue
+                full = os.path.join(self.logs, path)
+                offset = seen_lines.get(full, 0)
+                with open(full, "rb") as f:
+                    f.seek(offset)
+                    data = f.read()
+                complete = data[:data.rfind(b"\n") + 1]
+                seen_lines[full] = offset + len(complete)
+                for line in complete.decode(errors="replace").splitlines():
+                    if re.search(r"restart \d+/\d+: cycle \d+ failed", line):
+                        self.decisions.append((time.time(), attempt_holder[0], line))
+            time.sleep(0.1)
+
+    # --- the nemesis --------------------------------------------------------------------
+    def schedule(self, faulty):
+        """The attempt's faults, drawn from the seed before anything runs, so that a seed
+        replays the same kinds, targets, times and durations: [fault dict]."""
+        kinds = sorted(FAULTS)
+        weights = [FAULTS[k][0] for k in kinds]
+        faults, at = [], self.rng.uniform(2, 8)
+        for _ in range(self.rng.randrange(1, 4) if faulty else 0):
+            faults.append({"at": at, "kind": self.rng.choices(kinds, weights)[0], "any": self.rng.randrange(NODES),
+                           "follower": self.rng.randrange(1, NODES), "pause": self.rng.uniform(1, 4),
+                           "delay": self.rng.uniform(0.5, 3.0)})
+            at += self.rng.uniform(0.5, 6)
+        return faults
+
+    def trainers(self, rank):
+        table = processes()
+        return [pid for pid in self.hosts.pids(rank)
+                if pid in table and b"train.py" in table[pid][0] and b"python3" in table[pid][0]]
+
+    def uploaders(self, rank, nodes):
+        launcher = nodes[rank].current()
+        table = processes()
+        return [pid for pid in descendants(launcher.pid, table) if b"upload-worker" in table[pid][0]]
+
+    def signal_pids(self, pids, number):
+        for pid in pids:
+            try:
+                os.kill(pid, number)
+            except ProcessLookupError:
+                pass
+
+    def inject(self, fault, nodes, attempt):
+        """Does one fault; returns what it did (for the log), or None where nothing was there to hit."""
+        kind, follower = fault["kind"], fault["follower"]
+        if kind == "kill-trainer":
+            rank = fault["any"]
+            pids = self.trainers(rank)
+            if not pids:
+                return None
+            self.signal_pids(pids, signal.SIGKILL)
+            return "SIGKILL trainer of node %d" % rank
+        if kind in ("kill-follower-launcher", "kill-leader-launcher"):
+            rank = follower if kind == "kill-follower-launcher" else 0
+            node = nodes[rank]
+            process = node.current()
+            if process.poll() is not None:
+                return None
+            node.launchers[-1][2] = True
+            process.kill()
+            process.wait()
+            if rank != 0:
+                time.sleep(fault["delay"])  # the orchestrator notices, schedules a new pod
+                self.start_launcher(node, attempt, rank)
+                return "SIGKILL launcher of node %d, a replacement started in its slot" % rank
+            return "SIGKILL launcher of node 0"
+        if kind == "kill-uploader":
+            rank = fault["any"]
+            pids = self.uploaders(rank, nodes)
+            if not pids:
+                return None
+            self.signal_pids(pids, signal.SIGKILL)
+            return "SIGKILL uploader of node %d" % rank
+        if kind in ("stop-follower-launcher", "stop-leader-launcher"):
+            rank = follower if kind == "stop-follower-launcher" else 0
+            process = nodes[rank].current()
+            if process.poll() is not None:
+                return None
+            pause = HEARTBEAT_TIMEOUT_S + fault["pause"]
+            process.send_signal(signal.SIGSTOP)
+            time.sleep(pause)
+            process.send_signal(signal.SIGCONT)
+            return "SIGSTOP launcher of node %d for %.1f s" % (rank, pause)
+        if kind in ("partition-follower", "partition-leader"):
+            rank = follower if kind == "partition-follower" else 0
+            pause = HEARTBEAT_TIMEOUT_S + fault["pause"]
+            self.hosts.link(rank, False)
+            time.sleep(pause)
+            self.hosts.link(rank, True)
+            return "node %d's link down for %.1f s" % (rank, pause)
+        if kind == "fill-disk":
+            rank = fault["any"]
+            filler = os.path.join(self.checkpoint_dir(rank), ".soak-filler")
+            usage = shutil.disk_usage(self.checkpoint_dir(rank))
+            if usage.free < (1 << 20):  # the checkpoints themselves filled it: a finding, not a fault
+                self.violation("disk-leak", attempt, "node %d's checkpoint disk holds %d of %d bytes before the "
+                               "nemesis fills it: %s" % (rank, usage.used, usage.total,
+                                                         sh("du", "-a", "--max-depth=3", self.checkpoint_dir(rank),
+                                                            check=False).stdout[-1500:]))
+                return None
+            try:
+                descriptor = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            except OSError as error:
+                self.violation("disk-leak", attempt, "node %d's checkpoint disk takes no new file (%s) before the "
+                               "nemesis fills it: %s" % (rank, error, sh("du", "-a", "--max-depth=3",
+                                                                          self.checkpoint_dir(rank),
+                                                                          check=False).stdout[-1500:]))
+                return None
+            try:
+                for block in (1 << 20, 4096, 1):  # down to the last byte
+                    try:
+                        while True:
+                            os.write(descriptor, b"\0" * block)
+                    except OSError:
+                        pass
+            finally:
+                os.close(descriptor)
+            pause = fault["pause"]
+            time.sleep(pause)
+            os.unlink(filler)
+            return "node %d's checkpoint disk full for %.1f s" % (rank, pause)
+        if kind == "sigterm-all":
+            for node in nodes:
+                if node.current().poll() is None:
+                    node.current().send_signal(signal.SIGTERM)
+            return "SIGTERM to every launcher"
+        if kind == "kill-all":
+            for node in nodes:
+                if node.current().poll() is None:
+                    node.launchers[-1][2] = True
+                    node.current().kill()
+                    node.current().wait()
+            return "SIGKILL every launcher"
+        raise AssertionError(kind)
+
+    # --- one attempt --------------------------------------------------------------------
+    def run_attempt(self, attempt, faulty):
+        nodes = [Node(rank) for rank in range(NODES)]
+        for node in nodes:
+            self.start_launcher(node, attempt, node.rank)
+        started = time.time()
+        injected = []
+        pending = self.schedule(faulty)
+        ended_by_fault = None
+        while time.time() - started < ATTEMPT_DEADLINE_S:
+            if all(node.current().poll() is not None for node in nodes):
+                break
+            self.recreate_failed_followers(nodes, attempt, ended_by_fault)
+            if pending and time.time() - started >= pending[0]["at"] and ended_by_fault is None:
+                fault = pending.pop(0)
+                try:
+                    what = self.inject(fault, nodes, attempt)
+                except (OSError, subprocess.SubprocessError) as error:  # the soak's own failure, not the product's
+                    self.violation("soak-error", attempt, "injecting %s failed: %r" % (fault["kind"], error))
+                    what = None
+                kind = fault["kind"]
+                if what is None:
+                    log("  seed %d attempt %d: %s: nothing to hit" % (self.seed, attempt, kind))
+                else:
+                    injected.append((kind, what, time.time()))
+                    self.faults[kind] = self.faults.get(kind, 0) + 1
+                    log("  seed %d attempt %d +%.1f s: %s (%s)" % (self.seed, attempt, time.time() - started, what, kind))
+                    if not FAULTS[kind][1]:
+                        ended_by_fault = kind
+            if ended_by_fault == "kill-all":
+                break
+            time.sleep(0.05)
+        else:
+            for node in nodes:
+                node.current().kill()
+            self.violation("hang", attempt, "the launchers still ran %d s after the attempt started (faults: %s)" %
+                           (ATTEMPT_DEADLINE_S, [w for _, w, _ in injected]))
+        for node in nodes:
+            try:
+                node.current().wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                node.current().kill()
+                node.current().wait()
+        return nodes, injected, ended_by_fault
+
+    def recreate_failed_followers(self, nodes, attempt, ended_by_fault):
+        """Kubernetes recreates a failed pod in its index (backoffLimitPerIndex): a follower
+        whose launcher failed while node 0 still runs the job gets a new one in its slot.
+        Not while the job is being ended on purpose (SIGTERM, every launcher killed)."""
+        if ended_by_fault in ("sigterm-all", "kill-all") or nodes[0].current().poll() is not None:
+            return
+        with open(nodes[0].launchers[-1][1], "rb") as f:
+            if b"aborting the job" in f.read():  # the job is ending: its pods are not recreated
+                return
+        for node in nodes[1:]:
+            process, _, killed = node.launchers[-1]
+            code = process.poll()
+            if code != 69 or killed or len(node.launchers) > 3:  # 69: it lost node 0 (a pod that failed)
+                continue
+            if not hasattr(process, "failed_at"):
+                process.failed_at = time.time()
+                continue
+            if time.time() - process.failed_at >= 1.5 and nodes[0].current().poll() is None:
+                log("  seed %d attempt %d: node %d's launcher exited %d while node 0 runs: a new one in its slot" %
+                    (self.seed, attempt, node.rank, code))
+                self.start_launcher(node, attempt, node.rank)
+
+    def violation(self, invariant, attempt, text):
+        self.violations.append((invariant, attempt, text))
+        log("  VIOLATION seed %d attempt %d [%s]: %s" % (self.seed, attempt, invariant, text))
+
+    # --- the checks ---------------------------------------------------------------------
+    def ledger(self):
+        entries = []
+        for rank in range(NODES):
+            path = os.path.join(self.ledgers, "ledger-%d.jsonl" % rank)
+            for line in open(path) if os.path.exists(path) else []:
+                try:
+                    entries.append(json.loads(line))
+                except ValueError:
+                    pass  # a trainer SIGKILLed mid-line
+        return entries
+
+    def check_attempt(self, attempt, nodes, injected, ended_by_fault):
+        # no-survivors: the guard kills a dead launcher's job; give it a moment.
+        deadline = time.time() + 5
+        while time.time() < deadline and any(self.hosts.pids(n) for n in range(NODES)):
+            time.sleep(0.2)
+        for rank in range(NODES):
+            left = self.hosts.pids(rank)
+            if left:
+                table = processes()
+                names = [table.get(p, (b"?", 0))[0].replace(b"\0", b" ").decode(errors="replace")[:120] for p in left]
+                self.violation("no-survivors", attempt, "node %d's host still runs %s after its launchers exited" %
+                               (rank, names))
+                self.signal_pids(left, signal.SIGKILL)
+        self.destination.sample()
+        codes = {}
+        for node in nodes:
+            process, path, killed = node.launchers[-1]
+            if not killed:
+                codes[node.rank] = (process.returncode, path)
+        everything = [entry for entry in self.ledger() if entry["attempt"] == attempt]
+        if len(set(code for code, _ in codes.values())) > 1:
+            self.violation("exit-codes", attempt, "the nodes' last launchers exited %s" %
+                           {rank: code for rank, (code, _) in codes.items()})
+        self.check_commits(attempt)
+        self.check_verify(attempt)
+        self.check_cycles(attempt, everything)
+        done = [entry for entry in everything if entry["event"] == "done"]
+        final = {code for code, _ in codes.values()}
+        if ended_by_fault is None and (final != {0} or len({e["rank"] for e in done}) != NODES):
+            self.violation("recovers", attempt, "faults a restart absorbs (%s) ended the job: exit codes %s, "
+                           "ranks done %s; logs: %s" % ([w for _, w, _ in injected],
+                                                        {r: c for r, (c, _) in codes.items()},
+                                                        sorted({e["rank"] for e in done}),
+                                                        [p for _, p in codes.values()]))
+        saved = [e["step"] for e in everything if e["event"] == "save" and e["rank"] == 0]
+        if final == {0} and done and saved:
+            latest = (self.destination.read("latest") or b"").decode().strip()
+            if (step_of(latest) or 0) < max(saved):
+                self.violation("recovers", attempt, "the job ended 0 after saving step %d, but latest is %r: its last "
+                               "save was never committed" % (max(saved), latest))
+        return final == {0} and len({e["rank"] for e in done}) == NODES
+
+    def expected_ranks(self):
+        return {"0", "1", "2"} if self.savers == "all" else {"0"}
+
+    def check_commits(self, attempt):
+        with self.destination.lock:
+            records = list(self.destination.records.values())
+        for seen, record, parts in records:
+            name = record.get("name")
+            if not isinstance(name, str) or step_of(name) is None:
+                self.violation("one-save", attempt, "a commit record names %r, which the training never saved "
+                               "(its load folder?)" % (name,))
+                continue
+            ranks = set(record.get("parts", {}))
+            if ranks != self.expected_ranks():
+                self.violation("one-save", attempt, "%s is committed with parts of ranks %s, the training saved "
+                               "ranks %s: %s" % (name, sorted(ranks), sorted(self.expected_ranks()), record))
+            saves = {(p["step"], p["cycle"], p["attempt"]) if p else None for p in parts.values()}
+            if None in saves:
+                self.violation("one-save", attempt, "%s: a committed part has no shard.json: %s" % (name, record))
+            if len(saves - {None}) > 1:
+                self.violation("one-save", attempt, "%s mixes saves (step, cycle, attempt) %s across ranks: %s" %
+                               (name, sorted(saves - {None}), {r: p for r, p in parts.items()}))
+            if any(s and s[0] != step_of(name) for s in saves):
+                self.violation("one-save", attempt, "%s holds a shard of another step: %s" % (name, parts))
+        latest = (self.destination.read("latest") or b"").decode().strip()
+        if latest:
+            commits = self.destination.commits_by_name()
+            if latest not in commits:
+                self.violation("latest-verified", attempt, "latest names %r, which has no commit record" % latest)
+        # versions-immutable
+        with self.destination.lock:
+            versions = dict(self.destination.versions)
+        for (rank, version), digest in versions.items():
+            now = hash_tree(os.path.join(self.destination.job, "rank-%s" % rank, ".bt-versions", version))
+            if now != digest:
+                self.violation("versions-immutable", attempt, "rank %s version %s %s" %
+                               (rank, version, "vanished" if now is None else "changed after it was committed"))
+                with self.destination.lock:
+                    self.destination.versions[(rank, version)] = now
+        with self.destination.lock:
+            found, self.destination.violations = self.destination.violations, []
+        for invariant, text in found:
+            self.violation(invariant, attempt, text)
+
+    def check_verify(self, attempt):
+        if not os.path.exists(os.path.join(self.destination.job, "latest")):
+            return
+        result = subprocess.run([self.binary, "checkpoints", "--destination", "file://" + self.remote, "--job-id",
+                                 self.job_id, "--verify", "--format", "json"], capture_output=True, text=True,
+                                timeout=120, env=dict(os.environ, TMPDIR=os.path.join(self.work, "tmp")))
+        if result.returncode != 0:
+            self.violation("latest-verified", attempt, "checkpoints --verify exited %d: %s" %
+                           (result.returncode, (result.stderr or result.stdout)[-600:]))
+
+    def check_cycles(self, attempt, entries):
+        starts = [e for e in entries if e["event"] == "start"]
+        by_cycle = {}
+        for entry in starts:
+            by_cycle.setdefault(entry["cycle"], []).append(entry)
+        cycles = sorted(by_cycle)
+        if cycles and cycles != list(range(cycles[0], cycles[-1] + 1)):
+            self.violation("restart-budget", attempt, "cycles %s skip a number" % cycles)
+        if cycles and cycles[-1] > MAX_RESTARTS:
+            self.violation("restart-budget", attempt, "cycle %d ran with max_restarts %d" % (cycles[-1], MAX_RESTARTS))
+        decisions = [line for _, a, line in self.decisions if a == attempt]
+        if cycles and len(decisions) < cycles[-1]:
+            self.violation("restart-budget", attempt, "cycle %d ran after %d decision(s) of node 0" %
+                           (cycles[-1], len(decisions)))
+        for cycle, group in sorted(by_cycle.items()):
+            for entry in group:
+                if not entry.get("secret_seen"):
+                    self.violation("no-secret", attempt, "node %d cycle %d did not get the secret's value" %
+                                   (entry["rank"], cycle))
+            loaded = {}
+            for entry in group:
+                if entry["rank"] != 0 and self.savers != "all":
+                    if entry["entries"]:
+                        self.violation("resume-newest", attempt, "node %d (no part) found %s in its load folder" %
+                                       (entry["rank"], entry["entries"]))
+                    continue
+                got = entry["loaded"]
+                key = (got["step"], got["cycle"], got["attempt"]) if got else None
+                if entry["resume"] and got is None:
+                    self.violation("resume-newest", attempt, "node %d cycle %d was told to resume from %s but its "
+                                   "load folder holds %s" % (entry["rank"], cycle, entry["resume"], entry["entries"]))
+                if got and got.get("rank") != entry["rank"]:
+                    self.violation("resume-newest", attempt, "node %d cycle %d loaded rank %s's shard" %
+                                   (entry["rank"], cycle, got.get("rank")))
+                loaded[entry["rank"]] = (entry["resume"], key)
+            resumes = {entry["resume"] for entry in group}
+            if len(resumes) > 1 or len(set(loaded.values())) > 1:
+                self.violation("resume-newest", attempt, "cycle %d: the nodes resumed from different saves: %s" %
+                               (cycle, {e["rank"]: (e["resume"], e["loaded"]) for e in group}))
+            resume = resumes.pop() if len(resumes) == 1 else None
+            # The newest commit seen before node 0 decided this cycle (or, for an attempt's
+            # first cycle, before its trainers started) is the least it may resume from.
+            if cycle > (cycles[0] if cycles else 0):
+                moments = [t for t, a, line in self.decisions if a == attempt and
+                           re.search(r"every node runs cycle %d\b" % cycle, line)]
+                decided = moments[0] - 1.0 if moments else None
+            else:
+                decided = min(e["t"] for e in group) - 1.0
+            floor = self.destination.latest_before(decided) if decided else None
+            if floor and (step_of(resume) or 0) < (step_of(floor) or 0):
+                self.violation("resume-newest", attempt, "cycle %d resumed from %r though %s was committed and "
+                               "latest before the decision" % (cycle, resume, floor))
+            if resume and resume not in self.destination.commits_by_name():
+                self.violation("resume-newest", attempt, "cycle %d resumed from %r, which no commit record names" %
+                               (cycle, resume))
+
+    def check_logs(self):
+        needle = self.secret.encode()
+        for folder in (self.logs, self.ledgers, self.work):
+            for directory, _, files in os.walk(folder):
+                if "remote" in directory.split(os.sep) or directory.startswith(os.path.join(self.work, "secrets")):
+                    continue
+                for name in files:
+                    path = os.path.join(directory, name)
+                    if path.startswith(os.path.join(self.work, "secrets")) or name == "job.json":
+                        continue
+                    try:
+                        with open(path, "rb") as f:
+                            if needle in f.read():
+                                self.violation("no-secret", -1, "the secret's value is in %s" % path)
+                    except OSError:
+                        pass
+        for line in self.cmdline_leaks:
+            self.violation("no-secret", -1, "the secret's value is on a command line: %s" % line)
+
+    # --- the run ------------------------------------------------------------------------
+    def run(self):
+        self.prepare()
+        attempt_holder = [0]
+        sampler = threading.Thread(target=self.sampler, args=(attempt_holder,), daemon=True)
+        sampler.start()
+        try:
+            for attempt in range(ATTEMPTS):
+                attempt_holder[0] = attempt
+                faulty = attempt < ATTEMPTS - 1
+                nodes, injected, ended_by_fault = self.run_attempt(attempt, faulty)
+                codes = {n.rank: n.launchers[-1][0].returncode for n in nodes}
+                log("  seed %d attempt %d ended: exit codes %s%s" % (self.seed, attempt, codes,
+                                                                      " (by %s)" % ended_by_fault if ended_by_fault else ""))
+                finished = self.check_attempt(attempt, nodes, injected, ended_by_fault)
+                if finished:
+                    break
+        finally:
+            self.stop_sampler.set()
+            sampler.join()
+        self.check_logs()
+        return self.violations
+
+
+def replay_command(binary, seed):
+    return "sudo python3 %s %s --seed %d" % (os.path.relpath(os.path.abspath(__file__)), os.path.relpath(binary), seed)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("binary")
+    parser.add_argument("--seeds", type=int, default=int(os.environ.get("SOAK", "3")))
+    parser.add_argument("--seed", type=int, help="replay this seed only")
+    parser.add_argument("--first-seed", type=int, default=int(os.environ.get("SOAK_FIRST_SEED", "1")))
+    parser.add_argument("--keep", action="store_true", help="keep each seed's work folder")
+    args = parser.parse_args()
+    binary = os.path.realpath(args.binary)
+    if os.geteuid() != 0:
+        print("SKIPPED: network namespaces and tmpfs mounts need root")
+        return 77
+    if shutil.which("ip") is None or shutil.which("unshare") is None:
+        print("SKIPPED: iproute2 or unshare is not installed")
+        return 77
+    probe = "bsprobe%d" % (os.getpid() % 100000)
+    if subprocess.run(["ip", "netns", "add", probe], capture_output=True).returncode != 0:
+        print("SKIPPED: cannot create network namespaces here")
+        return 77
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+
+    seeds = [args.seed] if args.seed is not None else list(range(args.first_seed, args.first_seed + args.seeds))
+    totals, failed, started = {}, [], time.time()
+    for seed in seeds:
+        work = tempfile.mkdtemp(prefix="bt-soak-%d." % seed)
+        hosts = Hosts(work)
+        begun = time.time()
+        try:
+            hosts.create()
+            soak = Soak(binary, seed, work, hosts, args)
+            log("seed %d: %s saving, work %s" % (seed, "only rank 0" if soak.savers != "all" else "every rank", work))
+            violations = soak.run()
+        finally:
+            hosts.destroy()
+        for kind, count in soak.faults.items():
+            totals[kind] = totals.get(kind, 0) + count
+        if violations:
+            failed.append((seed, violations))
+            log("seed %d FAILED (%d violation(s), %.0f s); logs kept in %s; replay: %s" %
+                (seed, len(violations), time.time() - begun, work, replay_command(binary, seed)))
+        else:
+            log("seed %d ok (%.0f s, faults %s)" % (seed, time.time() - begun, soak.faults))
+            if not args.keep:
+                shutil.rmtree(work, ignore_errors=True)
+    log("%d seed(s) in %.0f s; faults by kind: %s; violations: %d in %d seed(s)" %
+        (len(seeds), time.time() - started, json.dumps(totals, sort_keys=True),
+         sum(len(v) for _, v in failed), len(failed)))
+    for seed, violations in failed:
+        kinds = sorted({invariant for invariant, _, _ in violations})
+        log("FAIL seed %d (%s): %s" % (seed, ", ".join(kinds), replay_command(binary, seed)))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
