@@ -19,7 +19,11 @@ sets, and checks that the nodes agree on ranks, count and leader and complete a 
   mpirun                   examples/mpirun/run.sh with Debian's real mpirun
   dockerfile               examples/Dockerfile's build steps are the README's, and they build:
                            run outside Docker (no daemon here), paths mapped, then the
-                           ENTRYPOINT starts a job
+                           ENTRYPOINT starts a job. When the tests' own build is a Release
+                           Ninja build of this tree (scripts/test.sh's), its `cmake --build`
+                           is not run again: every command it would run must be one that
+                           build ran (with -Werror), and every file those compiles read must
+                           be in the copy; the install step installs the tests' build
   manifests                the manifests parse and agree with each other and with the config
 
 `torchrun` is a recording stand-in on PATH (the real one runs in demo.train_and_resume): it
@@ -546,8 +550,15 @@ def scenario_dockerfile(binary):
         def dockerignore(directory, names):  # what `COPY . /src` leaves out (top-level patterns)
             return [name for name in names if directory == SOURCE and any(fnmatch.fnmatch(name, p) for p in ignored)]
         shutil.copytree(SOURCE, src, symlinks=True, ignore=dockerignore)
+        test_build = os.path.dirname(os.path.dirname(binary))  # BUILD/launcher/bt-launch
+        reuse = same_build_as_tests(test_build)
         for step in cmake_steps:
             argv = [prefix if word == "/usr/local" else word for word in shlex.split(step)]
+            if reuse and argv[:2] == ["cmake", "--build"]:
+                check_tests_built_it(test_build, os.path.join(src, argv[argv.index("--build") + 1]), src)
+                continue
+            if reuse and argv[:2] == ["cmake", "--install"]:
+                argv[argv.index("--install") + 1] = test_build
             result = subprocess.run(argv, cwd=src, capture_output=True, text=True, timeout=1200)
             check(result.returncode == 0, f"{step} failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
         for instruction, argument in runtime:
@@ -566,6 +577,59 @@ def scenario_dockerfile(binary):
         check("libbt_verbs.so" in plugins, f"the verbs plugin is not installed beside the binary's lib: {plugins}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def cache_entry(build, name):
+    try:
+        text = open(os.path.join(build, "CMakeCache.txt")).read()
+    except OSError:
+        return None
+    match = re.search(r"^%s:[A-Z]+=(.*)$" % re.escape(name), text, re.M)
+    return match.group(1) if match else None
+
+
+def same_build_as_tests(test_build):
+    """Whether the tests' own build is the documented one plus the tests and -Werror (a Release
+    Ninja build of this tree, as scripts/test.sh makes): then the Dockerfile's build is checked
+    against it instead of compiled a second time."""
+    return (cache_entry(test_build, "CMAKE_GENERATOR") == "Ninja"
+            and cache_entry(test_build, "CMAKE_BUILD_TYPE") == "Release"
+            and cache_entry(test_build, "BT_SANITIZE") in ("OFF", None)
+            and os.path.realpath(cache_entry(test_build, "CMAKE_HOME_DIRECTORY") or "") == SOURCE)
+
+
+def ninja_commands(build, source):
+    """Every command `cmake --build` runs in BUILD, with the build and source paths and the
+    warning-as-error flags (the tests' build adds them) taken out."""
+    result = subprocess.run(["ninja", "-C", build, "-t", "commands"], capture_output=True, text=True, timeout=120)
+    check(result.returncode == 0, f"ninja -t commands in {build} failed: {result.stderr[-2000:]}")
+    commands = set()
+    for line in result.stdout.splitlines():
+        words = [word.replace(build, "BUILD").replace(source, "SRC") for word in shlex.split(line)
+                 if word not in ("-Werror", "-Wno-error=restrict")]
+        if words and os.path.basename(words[0]) == "ccache":
+            words = words[1:]
+        commands.add(" ".join(words))
+    return commands
+
+
+def check_tests_built_it(test_build, build, src):
+    """The Dockerfile's `cmake --build`, without compiling everything again: every command it
+    would run (compiles, archives, links) is one the tests' build ran with -Werror on, and every
+    file those compiles read from the tree (ninja's recorded dependencies) is in the copy that
+    `COPY . /src` makes."""
+    documented = ninja_commands(os.path.realpath(build), os.path.realpath(src))
+    built = ninja_commands(os.path.realpath(test_build), SOURCE)
+    missing = sorted(documented - built)
+    check(not missing, f"the Dockerfile's build runs {len(missing)} command(s) the tests' build does not, e.g.:\n"
+                       + "\n".join(missing[:3]))
+    result = subprocess.run(["ninja", "-C", test_build, "-t", "deps"], capture_output=True, text=True, timeout=120)
+    check(result.returncode == 0, f"ninja -t deps in {test_build} failed: {result.stderr[-2000:]}")
+    read = {os.path.realpath(os.path.join(test_build, line.strip())) for line in result.stdout.splitlines()
+            if line.startswith("    ")}
+    absent = sorted(path for path in read if path.startswith(SOURCE + "/")
+                    and not os.path.exists(os.path.join(src, os.path.relpath(path, SOURCE))))
+    check(not absent, f"the build reads files that `COPY . /src` leaves out (.dockerignore): {absent[:5]}")
 
 
 # --- Manifests --------------------------------------------------------------------------
