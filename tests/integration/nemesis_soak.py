@@ -101,9 +101,12 @@ secret_seen = hashlib.sha256(os.environ.get("SOAK_SECRET", "").encode()).hexdige
 note(event="start", resume=resume, loaded=loaded, entries=entries, secret_seen=secret_seen,
      load_dir=load, in_checkpoint_dir=bool(load) and os.path.realpath(load).startswith(os.path.realpath(ckpt) + "/"))
 first = int(resume.split("-")[1]) + 1 if resume.startswith("step-") else 1
-def barrier(step):
-    mine = os.path.join(ledger_dir, "barrier", "%d-%d-%d-%d" % (attempt, cycle, step, rank))
-    open(mine, "w").close()
+def barrier(step, phase, ok=True):
+    """Every rank's `ok` for this step and phase, once all have arrived (NCCL's all-reduce)."""
+    mine = os.path.join(ledger_dir, "barrier", "%d-%d-%d-%s-%d" % (attempt, cycle, step, phase, rank))
+    with open(mine + ".tmp", "w") as f:
+        f.write("ok" if ok else "failed")
+    os.rename(mine + ".tmp", mine)
     others = [mine[:mine.rindex("-")] + "-%d" % r for r in range(nodes)]
     deadline = time.time() + 90
     while not all(os.path.exists(p) for p in others):
@@ -111,14 +114,9 @@ def barrier(step):
             note(event="barrier-timeout", step=step)
             sys.exit(3)
         time.sleep(0.02)
-for step in range(first, steps + 1):
-    time.sleep(period * random.uniform(0.7, 1.3))
-    barrier(step)
-    if not saving:
-        note(event="step", step=step)
-        continue
-    name = "step-%06d" % step
-    folder = os.path.join(ckpt, name)
+    return all(open(p).read() == "ok" for p in others)
+def write_part(folder, step):
+    """This rank's files of the save, without its marker; False when the disk is full."""
     try:
         shutil.rmtree(folder, ignore_errors=True)
         os.makedirs(folder)
@@ -126,14 +124,34 @@ for step in range(first, steps + 1):
             json.dump({"step": step, "cycle": cycle, "attempt": attempt, "rank": rank, "pid": os.getpid()}, f)
         with open(os.path.join(folder, "payload.bin"), "wb") as f:
             f.write(os.urandom(PAYLOAD_BYTES))
-        open(os.path.join(folder, ".complete"), "w").close()
-    except OSError as error:  # a full disk: this save is lost, the training goes on
-        shutil.rmtree(folder, ignore_errors=True)
+        return True
+    except OSError as error:
         note(event="save-failed", step=step, error=str(error))
+        return False
+# A save is collective, as torch.distributed.checkpoint's: every saving rank writes its
+# files, all agree that every rank succeeded, then each writes its marker. A save that
+# failed anywhere (a full disk) is removed everywhere and never complete.
+for step in range(first, steps + 1):
+    time.sleep(period * random.uniform(0.7, 1.3))
+    barrier(step, "step")
+    name = "step-%06d" % step
+    folder = os.path.join(ckpt, name)
+    written = write_part(folder, step) if saving else True
+    if not barrier(step, "written", written):
+        shutil.rmtree(folder, ignore_errors=True)
+        note(event="save-abandoned", step=step)
+        continue
+    if not saving:
+        note(event="step", step=step)
+        continue
+    try:
+        open(os.path.join(folder, ".complete"), "w").close()
+    except OSError as error:
+        shutil.rmtree(folder, ignore_errors=True)
+        note(event="save-failed", step=step, error=str(error), marker=True)
         continue
     note(event="save", step=step, name=name)
-    old = os.path.join(ckpt, "step-%06d" % (step - 3))
-    shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(os.path.join(ckpt, "step-%06d" % (step - 3)), ignore_errors=True)
 note(event="done", step=steps)
 '''.replace("PAYLOAD_BYTES", str(SHARD_PAYLOAD_BYTES))
 
@@ -633,8 +651,8 @@ class Soak:
     def recreate_failed_followers(self, nodes, attempt, ended_by_fault):
         """Kubernetes recreates a failed pod in its index (backoffLimitPerIndex): a follower
         whose launcher failed while node 0 still runs the job gets a new one in its slot.
-        Not while the job is being ended on purpose (SIGTERM, every launcher killed)."""
-        if ended_by_fault in ("sigterm-all", "kill-all") or nodes[0].current().poll() is not None:
+        Not once a fault that ends the job struck (node 0 lost, SIGTERM, every launcher killed)."""
+        if ended_by_fault is not None or nodes[0].current().poll() is not None:
             return
         with open(nodes[0].launchers[-1][1], "rb") as f:
             if b"aborting the job" in f.read():  # the job is ending: its pods are not recreated
@@ -653,6 +671,8 @@ class Soak:
                 self.start_launcher(node, attempt, node.rank)
 
     def violation(self, invariant, attempt, text):
+        if any(v[0] == invariant and v[2] == text for v in self.violations):
+            return  # a record seen again after a later attempt
         self.violations.append((invariant, attempt, text))
         log("  VIOLATION seed %d attempt %d [%s]: %s" % (self.seed, attempt, invariant, text))
 
@@ -723,7 +743,9 @@ class Soak:
                                "(its load folder?)" % (name,))
                 continue
             ranks = set(record.get("parts", {}))
-            if ranks != self.expected_ranks():
+            failed = {str(e["rank"]) for e in self.ledger() if e["event"] == "save-failed" and e.get("marker")
+                      and e["step"] == step_of(name)}  # its marker, written last, hit the full disk
+            if ranks | failed != self.expected_ranks():
                 self.violation("one-save", attempt, "%s is committed with parts of ranks %s, the training saved "
                                "ranks %s: %s" % (name, sorted(ranks), sorted(self.expected_ranks()), record))
             saves = {(p["step"], p["cycle"], p["attempt"]) if p else None for p in parts.values()}
@@ -809,9 +831,12 @@ class Soak:
             if cycle > (cycles[0] if cycles else 0):
                 moments = [t for t, a, line in self.decisions if a == attempt and
                            re.search(r"every node runs cycle %d\b" % cycle, line)]
-                decided = moments[0] - 1.0 if moments else None
+                decided = moments[0] - 0.5 if moments else None
             else:
-                decided = min(e["t"] for e in group) - 1.0
+                # What a restarted job's launchers settle (the saves left open) is committed
+                # before any training starts: everything committed before the last of this
+                # cycle's trainers started (its own saves need every rank) is the floor.
+                decided = max(e["t"] for e in group)
             floor = self.destination.latest_before(decided) if decided else None
             if floor and (step_of(resume) or 0) < (step_of(floor) or 0):
                 self.violation("resume-newest", attempt, "cycle %d resumed from %r though %s was committed and "
