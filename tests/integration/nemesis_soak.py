@@ -191,7 +191,7 @@ class Hosts:
     """Three hosts on a bridge, each a network namespace with its own checkpoint tmpfs."""
 
     def __init__(self, work):
-        self.tag = "bs%d" % (os.getpid() % 100000)
+        self.tag = "bs%d" % os.getpid()  # at most 7 digits: interface names stay under 16 bytes
         self.bridge = self.tag + "br"
         self.work = work
         self.mounts = []
@@ -235,6 +235,15 @@ class Hosts:
         sh("ip", "link", "set", self.veth(node), "up" if up else "down", check=False)
 
     def destroy(self):
+        # A second SIGINT or SIGTERM (ctest's, a user's) must not cut the clean-up short.
+        previous = {number: signal.signal(number, signal.SIG_IGN) for number in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self.remove_everything()
+        finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
+
+    def remove_everything(self):
         for ns in self.namespaces:
             for pid in sh("ip", "netns", "pids", ns, check=False).stdout.split():
                 try:
@@ -253,6 +262,32 @@ class Hosts:
             os.rmdir("/etc/netns")
         except OSError:
             pass
+
+
+def sweep_leftovers():
+    """Removes what an earlier soak killed before its clean-up (SIGKILL, a machine's timeout)
+    left: its namespaces, bridge and hosts files (tagged bs<pid>) and its tmpfs mounts (its
+    work folder's .running names its pid), where that process no longer runs."""
+    for line in sh("ip", "netns", "list", check=False).stdout.splitlines():
+        match = re.match(r"(bs(\d+))n\d\b", line)
+        if not match or os.path.exists("/proc/%s" % match.group(2)):
+            continue
+        hosts = Hosts("/nonexistent")
+        hosts.tag, hosts.bridge = match.group(1), match.group(1) + "br"
+        hosts.namespaces = [match.group(0)]
+        hosts.remove_everything()
+    with open("/proc/self/mounts") as mounts:
+        for line in mounts:
+            target = line.split()[1]
+            owner = re.match(r"/tmp/bt-soak-\d+\.[^/]+/", target)
+            if not line.startswith("tmpfs ") or not owner:
+                continue
+            try:
+                running = open(os.path.join(owner.group(0), ".running")).read().strip()
+            except OSError:
+                running = ""
+            if not running or not os.path.exists("/proc/" + running):
+                sh("umount", "-l", target, check=False)
 
 
 def processes():
@@ -913,10 +948,14 @@ def main():
         return 77
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
 
+    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))  # clean up, then exit
+    sweep_leftovers()
     seeds = [args.seed] if args.seed is not None else list(range(args.first_seed, args.first_seed + args.seeds))
     totals, failed, started = {}, [], time.time()
     for seed in seeds:
         work = tempfile.mkdtemp(prefix="bt-soak-%d." % seed)
+        with open(os.path.join(work, ".running"), "w") as f:  # sweep_leftovers spares its mounts while it runs
+            f.write(str(os.getpid()))
         hosts = Hosts(work)
         begun = time.time()
         try:
@@ -926,6 +965,7 @@ def main():
             violations = soak.run()
         finally:
             hosts.destroy()
+            os.unlink(os.path.join(work, ".running"))
         for kind, count in soak.faults.items():
             totals[kind] = totals.get(kind, 0) + count
         if violations:
