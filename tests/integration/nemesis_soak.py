@@ -162,6 +162,7 @@ FAULTS = {
     "kill-follower-launcher": (3, True),   # a replacement starts in its slot
     "kill-leader-launcher": (1, False),    # node 0 lost ends the job (69): the platform retries
     "kill-uploader": (2, True),
+    "kill-rclone": (2, True),              # s3 only: SIGKILL of an uploader's rclone
     "stop-follower-launcher": (2, True),   # SIGSTOP longer than the heartbeat timeout
     "stop-leader-launcher": (1, False),
     "partition-follower": (2, True),       # its link down, then up
@@ -193,6 +194,7 @@ class Hosts:
     def __init__(self, work):
         self.tag = "bs%d" % os.getpid()  # at most 7 digits: interface names stay under 16 bytes
         self.bridge = self.tag + "br"
+        self.bridge_address = SUBNET + ".1"
         self.work = work
         self.mounts = []
         self.namespaces = []
@@ -209,6 +211,7 @@ class Hosts:
     def create(self):
         sh("ip", "link", "add", self.bridge, "type", "bridge")
         sh("ip", "link", "set", self.bridge, "up")
+        sh("ip", "addr", "add", self.bridge_address + "/24", "dev", self.bridge)  # the object store's host
         for node in range(NODES):
             ns = self.namespace(node)
             sh("ip", "netns", "add", ns)
@@ -334,9 +337,11 @@ def step_of(name):
 class Destination:
     """The shared file:// destination, read back as the sampler sees it."""
 
-    def __init__(self, root, job_id):
+    def __init__(self, root, job_id, object_store=None):
         self.root = root
         self.job = os.path.join(root, job_id)
+        self.object_store = object_store  # an s3 destination is read through a local mirror
+        self.mirrored = 0.0
         self.latest_history = []        # (time, name)
         self.records = {}               # record text digest -> (time first seen, record)
         self.versions = {}              # (rank, version) -> digest when first seen
@@ -351,6 +356,9 @@ class Destination:
             return None
 
     def sample(self):
+        if self.object_store and time.time() - self.mirrored >= 1.0:
+            self.object_store.mirror(os.path.basename(self.job), self.job)
+            self.mirrored = time.time()
         latest = self.read("latest")
         now = time.time()
         if latest is not None:
@@ -403,6 +411,42 @@ class Destination:
         return names[-1] if names else None
 
 
+class ObjectStore:
+    """moto_server on the bridge (every host reaches it; a host cut off loses it too), read
+    back with rclone into a local mirror that the checks read as they read a file:// one."""
+
+    def __init__(self, work, address):
+        self.port = random.randrange(20000, 32000)
+        self.address = address
+        self.endpoint = "http://%s:%d" % (address, self.port)
+        self.log = open(os.path.join(work, "moto.log"), "wb")
+        self.server = subprocess.Popen(["moto_server", "-H", address, "-p", str(self.port)], stdout=self.log,
+                                       stderr=self.log)
+        self.rclone_env = {"PATH": os.environ["PATH"], "HOME": work, "RCLONE_CONFIG_H_TYPE": "s3",
+                           "RCLONE_CONFIG_H_PROVIDER": "Other", "RCLONE_CONFIG_H_ACCESS_KEY_ID": "testing",
+                           "RCLONE_CONFIG_H_SECRET_ACCESS_KEY": "testing", "RCLONE_CONFIG_H_ENDPOINT": self.endpoint,
+                           "RCLONE_CONFIG_H_REGION": "us-east-1"}
+        self.launcher_env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                             "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": self.endpoint}
+        for _ in range(100):
+            if subprocess.run(["rclone", "mkdir", "h:soak"], env=self.rclone_env, capture_output=True,
+                              timeout=30).returncode == 0:
+                return
+            time.sleep(0.2)
+        raise RuntimeError("moto_server did not start on %s" % self.endpoint)
+
+    uri = "s3://soak/runs"
+
+    def mirror(self, job_id, folder):
+        subprocess.run(["rclone", "sync", "h:soak/runs/" + job_id, folder], env=self.rclone_env, capture_output=True,
+                       timeout=60)
+
+    def close(self):
+        self.server.kill()
+        self.server.wait()
+        self.log.close()
+
+
 class Node:
     """One slot's launchers: the first, and every replacement started in its slot."""
 
@@ -424,7 +468,9 @@ class Soak:
         self.args = args
         self.job_id = "soak-%d" % seed
         self.remote = os.path.join(work, "remote")
-        self.destination = Destination(self.remote, self.job_id)
+        self.object_store = ObjectStore(work, hosts.bridge_address) if args.destination == "s3" else None
+        self.destination_uri = self.object_store.uri if self.object_store else "file://" + self.remote
+        self.destination = Destination(self.remote, self.job_id, self.object_store)
         self.ledgers = os.path.join(work, "ledgers")
         self.logs = os.path.join(work, "logs")
         self.secret = "soak-secret-%032x" % random.Random(seed ^ 0x5EC).getrandbits(128)
@@ -458,7 +504,7 @@ class Soak:
                                      "max_cycles_without_progress": MAX_RESTARTS + 1},
                          "rendezvous": {"join_timeout_s": 30, "heartbeat_interval_s": HEARTBEAT_INTERVAL_S,
                                         "heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S},
-                         "checkpoint": {"destination": "file://" + self.remote, "drain_timeout_s": DRAIN_TIMEOUT_S,
+                         "checkpoint": {"destination": self.destination_uri, "drain_timeout_s": DRAIN_TIMEOUT_S,
                                         "scan_interval_s": 0.5, "quiet_period_s": 600}}}
         self.config = os.path.join(self.work, "job.json")
         with open(self.config, "w") as f:
@@ -477,6 +523,8 @@ class Soak:
                        "BT_NODE_RANK": str(node.rank), "BT_GROUP_SIZE": str(NODES),
                        "BT_RENDEZVOUS_TOKEN": "soak-token", "BT_SECRETS_DIR": os.path.join(self.work, "secrets"),
                        "SOAK_ATTEMPT": str(attempt), "SOAK_TAG": self.hosts.tag}
+        if self.object_store:
+            environment.update(self.object_store.launcher_env)
         argv = ["ip", "netns", "exec", self.hosts.namespace(node.rank), "unshare", "--uts", "sh", "-c",
                 "hostname host%d; exec %s run --config %s --root %s" % (node.rank, shlex.quote(self.binary),
                                                                        shlex.quote(self.config),
@@ -518,7 +566,7 @@ class Soak:
     def schedule(self, faulty):
         """The attempt's faults, drawn from the seed before anything runs, so that a seed
         replays the same kinds, targets, times and durations: [fault dict]."""
-        kinds = sorted(FAULTS)
+        kinds = sorted(k for k in FAULTS if k != "kill-rclone" or self.object_store)
         weights = [FAULTS[k][0] for k in kinds]
         faults, at = [], self.rng.uniform(2, 8)
         for _ in range(self.rng.randrange(1, 4) if faulty else 0):
@@ -576,6 +624,15 @@ class Soak:
                 return None
             self.signal_pids(pids, signal.SIGKILL)
             return "SIGKILL uploader of node %d" % rank
+        if kind == "kill-rclone":
+            rank = fault["any"]
+            table = processes()
+            pids = [pid for pid in descendants(nodes[rank].current().pid, table)
+                    if table[pid][0].split(b"\0")[0].endswith(b"rclone")]
+            if not pids:
+                return None
+            self.signal_pids(pids, signal.SIGKILL)
+            return "SIGKILL rclone of node %d" % rank
         if kind in ("stop-follower-launcher", "stop-leader-launcher"):
             rank = follower if kind == "stop-follower-launcher" else 0
             process = nodes[rank].current()
@@ -814,9 +871,12 @@ class Soak:
     def check_verify(self, attempt):
         if not os.path.exists(os.path.join(self.destination.job, "latest")):
             return
-        result = subprocess.run([self.binary, "checkpoints", "--destination", "file://" + self.remote, "--job-id",
+        environment = dict(os.environ, TMPDIR=os.path.join(self.work, "tmp"),
+                           **(self.object_store.launcher_env if self.object_store else {}))
+        environment.pop("AWS_CA_BUNDLE", None)
+        result = subprocess.run([self.binary, "checkpoints", "--destination", self.destination_uri, "--job-id",
                                  self.job_id, "--verify", "--format", "json"], capture_output=True, text=True,
-                                timeout=120, env=dict(os.environ, TMPDIR=os.path.join(self.work, "tmp")))
+                                timeout=120, env=environment)
         if result.returncode != 0:
             self.violation("latest-verified", attempt, "checkpoints --verify exited %d: %s" %
                            (result.returncode, (result.stderr or result.stdout)[-600:]))
@@ -919,12 +979,19 @@ class Soak:
         finally:
             self.stop_sampler.set()
             sampler.join()
+            if self.object_store:
+                self.object_store.close()
         self.check_logs()
         return self.violations
 
 
 def replay_command(binary, seed):
-    return "sudo python3 %s %s --seed %d" % (os.path.relpath(os.path.abspath(__file__)), os.path.relpath(binary), seed)
+    extra = " --destination s3" if DESTINATION[0] == "s3" else ""
+    return "sudo python3 %s %s --seed %d%s" % (os.path.relpath(os.path.abspath(__file__)), os.path.relpath(binary),
+                                             seed, extra)
+
+
+DESTINATION = ["file"]
 
 
 def main():
@@ -934,8 +1001,14 @@ def main():
     parser.add_argument("--seed", type=int, help="replay this seed only")
     parser.add_argument("--first-seed", type=int, default=int(os.environ.get("SOAK_FIRST_SEED", "1")))
     parser.add_argument("--keep", action="store_true", help="keep each seed's work folder")
+    parser.add_argument("--destination", choices=("file", "s3"), default=os.environ.get("SOAK_DESTINATION", "file"),
+                        help="file:// (default) or s3 through rclone to moto_server on the bridge")
     args = parser.parse_args()
     binary = os.path.realpath(args.binary)
+    DESTINATION[0] = args.destination
+    if args.destination == "s3" and (shutil.which("rclone") is None or shutil.which("moto_server") is None):
+        print("SKIPPED: rclone or moto_server is not installed")
+        return 77
     if os.geteuid() != 0:
         print("SKIPPED: network namespaces and tmpfs mounts need root")
         return 77
