@@ -987,8 +987,7 @@ class Soak:
 
 def replay_command(binary, seed):
     extra = " --destination s3" if DESTINATION[0] == "s3" else ""
-    return "sudo python3 %s %s --seed %d%s" % (os.path.relpath(os.path.abspath(__file__)), os.path.relpath(binary),
-                                             seed, extra)
+    return "sudo python3 %s %s --seed %d%s" % (os.path.abspath(__file__), binary, seed, extra)
 
 
 DESTINATION = ["file"]
