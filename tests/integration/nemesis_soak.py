@@ -516,7 +516,7 @@ class Soak:
     def checkpoint_dir(self, node):
         return os.path.join(self.root(node), "node-%d" % node, "mnt", "ckpts")
 
-    def start_launcher(self, node, attempt, slot):
+    def start_launcher(self, node, attempt):
         log_path = os.path.join(self.logs, "attempt%d-node%d-%d.log" % (attempt, node.rank, len(node.launchers)))
         environment = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
                        "TMPDIR": os.path.join(self.work, "tmp"), "BT_LEADER_ADDR": self.hosts.address(0),
@@ -614,7 +614,7 @@ class Soak:
             process.wait()
             if rank != 0:
                 time.sleep(fault["delay"])  # the orchestrator notices, schedules a new pod
-                self.start_launcher(node, attempt, rank)
+                self.start_launcher(node, attempt)
                 return "SIGKILL launcher of node %d, a replacement started in its slot" % rank
             return "SIGKILL launcher of node 0"
         if kind == "kill-uploader":
@@ -699,7 +699,7 @@ class Soak:
     def run_attempt(self, attempt, faulty):
         nodes = [Node(rank) for rank in range(NODES)]
         for node in nodes:
-            self.start_launcher(node, attempt, node.rank)
+            self.start_launcher(node, attempt)
         started = time.time()
         injected = []
         pending = self.schedule(faulty)
@@ -760,7 +760,7 @@ class Soak:
             if time.time() - process.failed_at >= 1.5 and nodes[0].current().poll() is None:
                 log("  seed %d attempt %d: node %d's launcher exited %d while node 0 runs: a new one in its slot" %
                     (self.seed, attempt, node.rank, code))
-                self.start_launcher(node, attempt, node.rank)
+                self.start_launcher(node, attempt)
 
     def violation(self, invariant, attempt, text):
         if any(v[0] == invariant and v[2] == text for v in self.violations):
