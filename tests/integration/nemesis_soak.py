@@ -895,6 +895,11 @@ class Soak:
         if cycles and len(decisions) < cycles[-1]:
             self.violation("restart-budget", attempt, "cycle %d ran after %d decision(s) of node 0" %
                            (cycles[-1], len(decisions)))
+        # One failure, one restart: a decision for a cycle that then never ran, other than
+        # the last (the job may end while it prepares), spent the budget on nothing.
+        if cycles and len(decisions) > cycles[-1] + 1:
+            self.violation("restart-budget", attempt, "node 0 decided %d restarts, the trainings ran cycles %s: %s" %
+                           (len(decisions), cycles, [line.split("warning: ", 1)[-1][:120] for line in decisions]))
         for cycle, group in sorted(by_cycle.items()):
             for entry in group:
                 if not entry.get("secret_seen"):
