@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
+#include <condition_variable>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -44,6 +46,8 @@ constexpr std::chrono::seconds kProgressLogEvery{5};
 constexpr std::chrono::seconds kRetryLogEvery{30};
 constexpr std::chrono::seconds kUploaderRestartGap{5};
 constexpr int kUploaderStopWaitMs = 2000;
+constexpr std::chrono::seconds kCycleChangeWait{10};
+constexpr std::chrono::seconds kHandoffRetryGap{5};
 
 std::chrono::milliseconds Millis(double seconds) { return std::chrono::milliseconds(int64_t(seconds * 1000)); }
 
@@ -82,6 +86,9 @@ class CheckpointAgent::Impl {
         staging_root_(state_dir_ + "/staging"),
         journal_((storage::MakeDirectories(staging_root_), state_dir_ + "/journal.jsonl")) {
     journal_.SetScope(options_.job_id, options_.destination.uri);
+    current_cycle_ = options_.incarnation;
+    applied_cycle_ = current_cycle_;
+    load_exclusion_ = LoadExclusion();
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wake_fd_ < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
     StartUploader();
@@ -115,12 +122,24 @@ class CheckpointAgent::Impl {
     return result_;
   }
 
+  // Waits (a bounded time) until the agent's thread took the cycle: the last cycle's parts
+  // must be judged as that cycle's before the next training writes anything.
+  void BeginCycle(int64_t cycle) {
+    std::unique_lock lock(mutex_);
+    if (cycle <= applied_cycle_ || !running_) return;
+    requested_cycle_ = cycle;
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t ignored = write(wake_fd_, &one, sizeof one);
+    cycle_applied_.wait_for(lock, kCycleChangeWait, [&] { return applied_cycle_ >= cycle || !running_; });
+  }
+
  private:
   enum class Stage { kQueued, kUploaded, kCommitted };
   struct Version {
     uint64_t seq = 0;
     std::string name;
     std::string version_id;  // Snapshot::VersionId: where it is uploaded
+    int64_t cycle = 0;       // the restart cycle whose training wrote it (a resumed one: this launcher's first)
     // The declaration it answers: node 0's own, or (a follower) the one it was reported for.
     std::optional<uint64_t> declaration;
     std::string answers;  // a follower's: the save it answers (Snapshot::answers), "" if none yet
@@ -182,6 +201,7 @@ class CheckpointAgent::Impl {
       version.seq = entry.seq;
       version.name = entry.name;
       version.version_id = snapshot.VersionId();
+      version.cycle = current_cycle_;
       version.answers = snapshot.answers;
       version.fingerprint = snapshot.fingerprint;
       version.newest_mtime_ns = snapshot.NewestMtimeNs();
@@ -244,7 +264,7 @@ class CheckpointAgent::Impl {
     BoardCall([&] {
       for (auto& [seq, version] : versions_) {
         const int64_t age_ns = std::max<int64_t>(0, now_ns - version.newest_mtime_ns);
-        version.declaration = options_.board->Declare({0, version.name, version.version_id, age_ns});
+        version.declaration = options_.board->Declare({0, version.name, version.version_id, version.cycle, age_ns});
       }
       options_.board->FinishResumedDeclarations();
     });
@@ -262,11 +282,9 @@ class CheckpointAgent::Impl {
       if (!declared) return;
       for (const CommitBoard::Declaration& declaration : options_.board->DeclaredSince(0)) {
         Register(declaration);
-        if (!declaration.resumed_age_ns) continue;
-        const std::vector<int> missing = options_.board->MissingParts(declaration.number);
-        const bool answered = std::find(missing.begin(), missing.end(), options_.node_rank) == missing.end();
-        if (answered || options_.board->GetOutcome(declaration.number) != CommitBoard::Outcome::kPending) {
-          unanswered_.erase(declaration.number);  // a replaced node rejoining: settled already
+        if (!declaration.resumed_age_ns || !unanswered_.contains(declaration.number)) continue;
+        if (options_.board->GetOutcome(declaration.number) != CommitBoard::Outcome::kPending) {
+          unanswered_.erase(declaration.number);  // settled already
         }
       }
     });
@@ -282,7 +300,7 @@ class CheckpointAgent::Impl {
       if (!declaration.resumed_age_ns || BoundVersion(number) != nullptr) continue;
       spdlog::warn("checkpoints: this node's part of the save of {} that node 0 resumed is not complete on disk; "
                    "that save cannot be committed", declaration.name);
-      Answer(number, CommitBoard::kPartLost);
+      AnswerWithout(number, PartKind::kLost);
     }
     // What the journal held and no declaration took answers nothing any more: a save node 0
     // committed or replaced before the restart, or a part of a name it declared again.
@@ -326,7 +344,7 @@ class CheckpointAgent::Impl {
   }
 
   std::vector<Candidate> CandidatesOnDisk() const {
-    return FindCandidates(ScanTree(options_.checkpoint_dir, options_.settings.marker), options_.checkpoint_dir,
+    return FindCandidates(ScanCheckpoints(), options_.checkpoint_dir,
                           options_.settings.marker);
   }
 
@@ -360,6 +378,76 @@ class CheckpointAgent::Impl {
     } catch (...) {
       StopOnError("an unknown error");
     }
+    std::lock_guard lock(mutex_);
+    running_ = false;
+    cycle_applied_.notify_all();
+  }
+
+  std::optional<int64_t> TakeRequestedCycle() {
+    std::lock_guard lock(mutex_);
+    return std::exchange(requested_cycle_, std::nullopt);
+  }
+
+  // The last cycle's training is stopped and the next one's has not started: what the last
+  // cycle left is judged now, as that cycle's, and (a follower) its open saves are answered
+  // from it. Node 0's rule learns that the job moved on.
+  void OnNewCycle(int64_t cycle) {
+    if (cycle > current_cycle_) {
+      Evaluate(false);
+      if (options_.board && is_leader()) BoardCall([&] { options_.board->Restart(cycle); });
+      if (options_.board && !is_leader()) {
+        SyncBoard();
+        AnswerEarlierCycles();
+      }
+      spdlog::info("checkpoints: cycle {} starts; saves of cycle {} are answered with what it left", cycle, current_cycle_);
+      current_cycle_ = cycle;
+    }
+    std::lock_guard lock(mutex_);
+    applied_cycle_ = std::max(applied_cycle_, cycle);
+    cycle_applied_.notify_all();
+  }
+
+  // A follower, between two cycles: each open save with no part of its cycle here is
+  // answered while the disk still shows what its cycle left: no part when its name is absent,
+  // lost when a part of it stands there that never became complete.
+  void AnswerEarlierCycles() {
+    for (const auto& [number, declaration] : std::map(unanswered_)) {
+      if (BoundVersion(number) != nullptr || PairableVersion(declaration) != nullptr) continue;  // answered once uploaded
+      struct stat path {};
+      const bool present = lstat(storage::JoinPath(options_.checkpoint_dir, declaration.name).c_str(), &path) == 0;
+      if (present) {
+        spdlog::warn("checkpoints: this node's part of {} (cycle {}) was not complete when the cycle ended; that save "
+                     "cannot be committed", declaration.name, declaration.cycle);
+      }
+      AnswerWithout(number, present ? PartKind::kLost : PartKind::kNoPart, declaration.cycle);
+    }
+  }
+
+  // BT_LOAD_CHECKPOINT_DIR's part of this node, relative to the checkpoint root, when it lies
+  // inside it: what the launcher loads there is never a checkpoint of this run.
+  std::string LoadExclusion() const {
+    if (options_.load_dir.empty()) return "";
+    std::error_code error;
+    const std::filesystem::path root = std::filesystem::weakly_canonical(options_.checkpoint_dir, error);
+    const std::filesystem::path load = std::filesystem::weakly_canonical(options_.load_dir, error);
+    if (error) return "";
+    std::string relative = load.lexically_relative(root).generic_string();
+    if (relative.empty() || relative.starts_with("..")) return "";
+    // The same folder: loads go to its rank-<r>/, the rest is the training's.
+    if (relative == ".") return "rank-" + std::to_string(options_.node_rank);
+    return relative;
+  }
+
+  DirectoryTree ScanCheckpoints() const {
+    DirectoryTree tree = ScanTree(options_.checkpoint_dir, options_.settings.marker);
+    if (load_exclusion_.empty()) return tree;
+    auto loaded = [&](const std::string& path) {
+      return path == load_exclusion_ || path.starts_with(load_exclusion_ + "/");
+    };
+    std::erase_if(tree.files, [&](const FileEntry& file) { return loaded(file.path); });
+    std::erase_if(tree.directories, loaded);
+    std::erase_if(tree.symlinks, loaded);
+    return tree;
   }
 
   void StopOnError(const std::string& what) {
@@ -407,6 +495,7 @@ class CheckpointAgent::Impl {
         last_write_seen = last_write_seen || watcher_->saw_last_write();
       }
       if (fds[1].revents & (POLLIN | POLLHUP)) HandleUploaderEvents();
+      if (auto cycle = TakeRequestedCycle()) OnNewCycle(*cycle);
       now = Clock::now();
       bool scan_due = now >= last_evaluation + scan_every;
       if (scan_due || (want_evaluation && now >= last_evaluation + Pause())) {
@@ -452,7 +541,7 @@ class CheckpointAgent::Impl {
     const auto started = Clock::now();
     Clock::duration handing_off{};
     const std::string& root = options_.checkpoint_dir;
-    DirectoryTree tree = ScanTree(root, options_.settings.marker);
+    DirectoryTree tree = ScanCheckpoints();
     WarnAboutSymlinks(tree);
     std::vector<Candidate> candidates = FindCandidates(tree, root, options_.settings.marker);
     std::optional<std::set<std::string>> writers;
@@ -475,6 +564,7 @@ class CheckpointAgent::Impl {
         continue;
       }
       if (journal_.HoldsMoreThan(candidate)) continue;  // being deleted: nothing new to upload
+      if (WaitingToRetry(candidate.name, fingerprint)) continue;
       if (auto owner = journal_.CommittedByAnotherJob(candidate.name, fingerprint)) {
         handled_[candidate.name] = fingerprint;
         spdlog::info("checkpoints: {} was committed by job {} from this volume; not uploaded again as {}'s", candidate.name,
@@ -496,9 +586,16 @@ class CheckpointAgent::Impl {
       Handoff(candidate, verdict, fingerprint);
       handing_off += Clock::now() - handoff_started;
     }
-    std::map<uint64_t, std::string> without_part;
+    std::map<uint64_t, PartKind> without_part;
     for (const auto& [number, declaration] : unanswered_) {
-      if (present.contains(declaration.name) || BoundVersion(number) != nullptr || PairableVersion(declaration) != nullptr) {
+      const bool taken = BoundVersion(number) != nullptr || PairableVersion(declaration) != nullptr;
+      if (!taken && declaration.cycle < current_cycle_) {
+        // A save of an earlier cycle with no part of that cycle here: what is on disk now is
+        // this cycle's, so the part is lost (AnswerEarlierCycles answered what it could).
+        without_part[number] = PartKind::kLost;
+        continue;
+      }
+      if (present.contains(declaration.name) || taken) {
         absent_since_.erase(number);
         continue;
       }
@@ -509,17 +606,17 @@ class CheckpointAgent::Impl {
       auto [it, inserted] = absent_since_.emplace(number, Clock::now());
       if (Clock::now() - it->second >= kAbsentPartGrace || draining) {
         spdlog::info("checkpoints: node 0 committed {}; this node holds no part of it", declaration.name);
-        without_part[number] = "";
+        without_part[number] = PartKind::kNoPart;
       }
     }
-    for (const auto& [number, answer] : without_part) Answer(number, answer);
+    for (const auto& [number, answer] : without_part) AnswerWithout(number, answer);
     return Clock::now() - started - handing_off;
   }
 
   // No part of a resumed save on disk. This node never had one, unless it once recorded a
   // part of that name (deleted since), or what stands at its path now (a directory emptied
   // to be written again) changed after node 0's part was complete.
-  std::string AbsentResumedPart(const CommitBoard::Declaration& declaration) {
+  PartKind AbsentResumedPart(const CommitBoard::Declaration& declaration) {
     struct stat path {};
     const bool exists = lstat(storage::JoinPath(options_.checkpoint_dir, declaration.name).c_str(), &path) == 0;
     const bool gone = exists ? !WrittenBeforeResumedSave(int64_t(path.st_mtim.tv_sec) * 1'000'000'000 + path.st_mtim.tv_nsec,
@@ -527,11 +624,11 @@ class CheckpointAgent::Impl {
                              : journal_.Knows(declaration.name);
     if (!gone) {
       spdlog::info("checkpoints: node 0 resumed {}; this node holds no part of it", declaration.name);
-      return "";
+      return PartKind::kNoPart;
     }
     spdlog::warn("checkpoints: this node's part of the save of {} that node 0 resumed is gone (deleted or being "
                  "written again); that save cannot be committed", declaration.name);
-    return CommitBoard::kPartLost;
+    return PartKind::kLost;
   }
 
   void NoteIncomplete(const std::string& name, const std::string& reason) {
@@ -572,7 +669,7 @@ class CheckpointAgent::Impl {
       handled_[candidate.name] = fingerprint;
       spdlog::warn("checkpoints: this node's part of the save of {} that node 0 resumed was written again since; "
                    "that save cannot be committed", candidate.name);
-      Answer(awaited->number, CommitBoard::kPartLost);
+      AnswerWithout(awaited->number, PartKind::kLost);
       return;
     }
     const auto started = Clock::now();
@@ -587,35 +684,47 @@ class CheckpointAgent::Impl {
                     changed.what());
       return;
     } catch (const std::runtime_error& error) {
-      spdlog::error("checkpoints: cannot snapshot {}: {}", candidate.name, error.what());
-      handled_[candidate.name] = fingerprint;  // do not retry an I/O failure in a tight loop
-      return;
+      storage::RemoveTree(staging);
+      return HandoffFailed(candidate.name, fingerprint, std::string("cannot snapshot it: ") + error.what());
     }
     // One record for "complete" and "snapshotted": a crash between the two leaves nothing
     // to resume anyway, the checkpoint is judged again from the directory. It is made durable
     // once the upload is queued: its fdatasync took up to 60 ms on a busy disk, and a crash
     // before it returns leaves what a crash before the record leaves (the stale staging
-    // directory is removed at start).
-    journal_.Append(seq, candidate.name, HandoffState::kSnapshotted, verdict.reason, snapshot);
+    // directory and snapshot file are removed at start).
+    const std::string snapshot_path = staging + ".snapshot.json";
+    try {
+      WriteSnapshotFile(snapshot, snapshot_path);
+      journal_.Append(seq, candidate.name, HandoffState::kSnapshotted, verdict.reason, snapshot);
+    } catch (const std::runtime_error& error) {
+      storage::RemoveTree(staging);
+      unlink(snapshot_path.c_str());
+      return HandoffFailed(candidate.name, fingerprint, std::string("cannot record it: ") + error.what());
+    }
+    failed_handoffs_.erase(candidate.name);
     Version version;
     version.seq = seq;
     version.name = candidate.name;
     version.version_id = snapshot.VersionId();
+    version.cycle = current_cycle_;
     version.answers = snapshot.answers;
     version.fingerprint = fingerprint;
     version.newest_mtime_ns = snapshot.NewestMtimeNs();
     version.staging_dir = staging;
-    version.snapshot_path = staging + ".snapshot.json";
+    version.snapshot_path = snapshot_path;
     version.bytes_total = snapshot.total_bytes;
     version.queued_at = Clock::now();
-    WriteSnapshotFile(snapshot, version.snapshot_path);
     if (uploader_) uploader_->Upload(version.snapshot_path);
     versions_[seq] = version;
     handled_[candidate.name] = fingerprint;
     incomplete_noted_.erase(candidate.name);
     if (options_.on_handoff) options_.on_handoff(candidate.name);
     const auto queued_in = Clock::now() - started;
-    journal_.Sync();
+    try {
+      journal_.Sync();
+    } catch (const std::runtime_error& error) {
+      WarnJournal(error.what());
+    }
     spdlog::info("checkpoints: {} is complete ({}, {}): {} files, {}; snapshotted as {} and queued in {:.1f} ms",
                  candidate.name, LayoutName(candidate.layout), verdict.reason, snapshot.files.size(),
                  storage::FormatBytes(snapshot.total_bytes), MethodSummary(snapshot),
@@ -625,9 +734,59 @@ class CheckpointAgent::Impl {
     if (awaited) AnswerDeclarations();  // binds it now: its snapshot record already names the save
   }
 
+  // A complete checkpoint that could not be snapshotted or recorded (the disk full, defects
+  // 28/29): judged again after a pause, so that it is handed off once there is room, and
+  // reported by the drain while it is not.
+  void HandoffFailed(const std::string& name, const std::string& fingerprint, const std::string& reason) {
+    const bool first = !failed_handoffs_.contains(name);
+    failed_handoffs_[name] = FailedHandoff{fingerprint, reason, Clock::now() + kHandoffRetryGap};
+    if (first) {
+      spdlog::error("checkpoints: {} is complete but was not handed off: {}; trying again every {} s", name, reason,
+                    kHandoffRetryGap.count());
+    }
+  }
+
+  // Whether `name`, as it is now, waits for its next try.
+  bool WaitingToRetry(const std::string& name, const std::string& fingerprint) {
+    auto failed = failed_handoffs_.find(name);
+    if (failed == failed_handoffs_.end()) return false;
+    if (failed->second.fingerprint != fingerprint) {  // written again: judged afresh
+      failed_handoffs_.erase(failed);
+      return false;
+    }
+    return Clock::now() < failed->second.retry_at;
+  }
+
+  // A state change the journal could not keep (the disk full): the version goes on in memory;
+  // a launcher restarted on this volume resumes it from its state before, which is safe
+  // (uploaded again, or committed again).
+  template <typename... Args>
+  void JournalRecord(Args&&... args) {
+    try {
+      journal_.Record(std::forward<Args>(args)...);
+    } catch (const std::runtime_error& error) {
+      WarnJournal(error.what());
+    }
+  }
+
+  void JournalAnswers(uint64_t seq, const std::string& save) {
+    try {
+      journal_.RecordAnswers(seq, save);
+    } catch (const std::runtime_error& error) {
+      WarnJournal(error.what());
+    }
+  }
+
+  void WarnJournal(const std::string& what) {
+    if (Clock::now() - last_journal_warning_ < kRetryLogEvery) return;
+    last_journal_warning_ = Clock::now();
+    spdlog::warn("checkpoints: {}; uploads go on, a restart on this volume may upload again what this record was for",
+                 what);
+  }
+
   // Node 0: every version it hands off is declared, each time.
   void Declare(Version& version) {
-    BoardCall([&] { version.declaration = options_.board->Declare({0, version.name, version.version_id, {}}); });
+    BoardCall([&] { version.declaration = options_.board->Declare({0, version.name, version.version_id, version.cycle, {}}); });
   }
 
   static void WriteSnapshotFile(const Snapshot& snapshot, const std::string& path) {
@@ -703,7 +862,7 @@ class CheckpointAgent::Impl {
   void OnModified(Version& version, const UploaderEvent& event) {
     spdlog::warn("checkpoints: {} was modified after it was declared complete ({} changed); this version is not "
                  "uploaded as committed, the checkpoint is judged again", version.name, event.message);
-    journal_.Record(version.seq, version.name, HandoffState::kAbandoned, "modified after completion: " + event.message);
+    JournalRecord(version.seq, version.name, HandoffState::kAbandoned, "modified after completion: " + event.message);
     RemoveStaging(version);
     handled_.erase(version.name);
     versions_.erase(version.seq);
@@ -712,7 +871,7 @@ class CheckpointAgent::Impl {
   void OnUploaded(Version& version) {
     version.stage = Stage::kUploaded;
     version.bytes_done = version.bytes_total;
-    journal_.Record(version.seq, version.name, HandoffState::kUploaded);
+    JournalRecord(version.seq, version.name, HandoffState::kUploaded);
     double seconds = std::chrono::duration<double>(Clock::now() - version.queued_at).count();
     spdlog::info("checkpoints: uploaded {} ({} in {:.1f} s)", version.name, storage::FormatBytes(version.bytes_total), seconds);
     RemoveStaging(version);
@@ -732,6 +891,7 @@ class CheckpointAgent::Impl {
     const uint64_t after = last_paired_seq_[declaration.name];
     for (auto& [seq, version] : versions_) {
       if (version.name != declaration.name || version.declaration) continue;
+      if (version.cycle != declaration.cycle) continue;  // a part of another cycle is never that save's
       if (version.answers == declaration.save) return &version;
       if (seq > after && version.answers.empty() && !declaration.resumed_age_ns) newest = &version;
     }
@@ -748,7 +908,7 @@ class CheckpointAgent::Impl {
       Version* version = BoundVersion(declaration.number);
       if (version == nullptr) version = Bind(declaration);
       if (version == nullptr || version->stage == Stage::kQueued) continue;
-      Answer(declaration.number, version->version_id);
+      AnswerWith(declaration.number, *version);
     }
   }
 
@@ -770,7 +930,7 @@ class CheckpointAgent::Impl {
     version.declaration = declaration.number;
     if (version.answers.empty()) {
       version.answers = declaration.save;
-      journal_.RecordAnswers(version.seq, declaration.save);
+      JournalAnswers(version.seq, declaration.save);
     }
     DropSuperseded(declaration.name, last_paired_seq_[declaration.name], version.seq);
     last_paired_seq_[declaration.name] = std::max(last_paired_seq_[declaration.name], version.seq);
@@ -781,6 +941,7 @@ class CheckpointAgent::Impl {
   // save is not complete because an earlier save of that name was.
   const CommitBoard::Declaration* AwaitedDeclaration(const std::string& name) {
     for (const auto& [number, declaration] : unanswered_) {
+      if (declaration.cycle != current_cycle_) continue;  // an earlier cycle's save: never a part written now
       if (declaration.name == name && BoundVersion(number) == nullptr) return &declaration;
     }
     return nullptr;
@@ -797,34 +958,73 @@ class CheckpointAgent::Impl {
         ++it;
         continue;
       }
-      journal_.Record(version.seq, version.name, HandoffState::kAbandoned, "superseded by a later save of " + name);
+      JournalRecord(version.seq, version.name, HandoffState::kAbandoned, "superseded by a later save of " + name);
       it = versions_.erase(it);
     }
   }
 
-  void Answer(uint64_t declaration, const std::string& version_id) {
+  // This launcher's one answer for its rank: the version it uploaded for that save, with the
+  // cycle it was written in.
+  void AnswerWith(uint64_t declaration, const Version& version) {
     if (!unanswered_.erase(declaration)) return;
-    answered_[declaration] = version_id;
-    BoardCall([&] { options_.board->ReportPart(declaration, version_id); });
+    answered_[declaration] = PartKind::kVersion;
+    BoardCall([&] { options_.board->ReportPart(declaration, PartKind::kVersion, version.version_id, version.cycle); });
+  }
+
+  // "No part" or "lost", as seen in the current cycle (unless `cycle` says which one the
+  // disk was seen in: the end of the save's own cycle).
+  void AnswerWithout(uint64_t declaration, PartKind kind, std::optional<int64_t> cycle = std::nullopt) {
+    if (!unanswered_.erase(declaration)) return;
+    answered_[declaration] = kind;
+    BoardCall([&] { options_.board->ReportPart(declaration, kind, "", cycle.value_or(current_cycle_)); });
   }
 
   // Single node: uploaded is committed once `latest` names it (or a newer one).
   void CommitLocally() {
     for (auto& [seq, version] : versions_) {
-      if (version.stage == Stage::kUploaded && !publishing_.contains(seq)) Commit(version, {});
+      if (version.stage == Stage::kUploaded && !publishing_.contains(seq)) CommitAlone(version);
     }
   }
 
-  // `parts`: every node's version of this checkpoint (node 0's, or this node's alone).
-  void Commit(Version& version, std::map<int, std::string> parts) {
-    if (!options_.board && !options_.publish_latest) {  // the mpi backend's followers: node 0 commits
+  // Without a board: this node's part alone. One node's record says its save (one rank);
+  // the mpi backend's node 0 cannot know the others' parts, so its record says nothing of them.
+  void CommitAlone(Version& version) {
+    if (!options_.publish_latest) {  // the mpi backend's followers: node 0 commits
       MarkCommitted(version);
       return;
     }
-    parts[options_.node_rank] = version.version_id;
-    version.commit.job_id = options_.job_id;
-    version.commit.name = version.name;
-    version.commit.parts = std::move(parts);
+    storage::CommitRecord record;
+    record.parts[options_.node_rank] = version.version_id;
+    if (options_.node_count == 1) {
+      record.rank_count = 1;
+      record.part_cycles[options_.node_rank] = version.cycle;
+    }
+    SendRecord(version, std::move(record));
+  }
+
+  // Node 0 with a board: the record of the save the rule committed, every rank's answer in it.
+  void Commit(Version& version, const SaveState& save) {
+    storage::CommitRecord record;
+    record.rank_count = options_.node_count;
+    for (const auto& [rank, part] : save.answers) {
+      if (part.kind == PartKind::kNoPart) {
+        record.no_part.insert(rank);
+        continue;
+      }
+      record.parts[rank] = part.version;
+      record.part_cycles[rank] = part.cycle;
+    }
+    record.parts[options_.node_rank] = version.version_id;
+    record.part_cycles[options_.node_rank] = version.cycle;
+    SendRecord(version, std::move(record));
+  }
+
+  void SendRecord(Version& version, storage::CommitRecord record) {
+    record.job_id = options_.job_id;
+    record.name = version.name;
+    record.save = version.version_id;
+    record.cycle = version.cycle;
+    version.commit = std::move(record);
     publishing_.insert(version.seq);
     SendCommit(version);
   }
@@ -850,7 +1050,7 @@ class CheckpointAgent::Impl {
   void MarkCommitted(Version& version) {
     if (version.stage == Stage::kCommitted) return;
     version.stage = Stage::kCommitted;
-    journal_.Record(version.seq, version.name, HandoffState::kCommitted);
+    JournalRecord(version.seq, version.name, HandoffState::kCommitted);
     if (options_.board && is_leader() && version.declaration) {
       BoardCall([&] { options_.board->SetOutcome(*version.declaration, CommitBoard::Outcome::kCommitted); });
     }
@@ -877,45 +1077,40 @@ class CheckpointAgent::Impl {
     declared_.insert(declaration.name);
     declared_order_.push_back(declaration);
     unanswered_[declaration.number] = declaration;
+    if (declaration.cycle < options_.incarnation) {
+      spdlog::info("checkpoints: {} was declared (cycle {}) before this launcher replaced the lost one (cycle {}): "
+                   "this node's part of that save is lost", declaration.name, declaration.cycle, options_.incarnation);
+      AnswerWithout(declaration.number, PartKind::kLost);
+    }
   }
 
-  // Node 0: a version every node has answered its declaration for is committed with the
-  // versions they answered, unless a node's part of that save is lost.
+  // Node 0: each uploaded version is decided by the commit rule on what every launcher
+  // answered for its save: committed with the versions they answered, or abandoned (a part
+  // lost, a rank replaced before it answered, a later save of the name committed first).
   void CommitAnsweredVersions() {
     for (auto& [seq, version] : versions_) {
       if (version.stage == Stage::kCommitted) continue;
       if (!version.declaration) Declare(version);
       if (version.stage != Stage::kUploaded || publishing_.contains(seq) || !version.declaration) continue;
       const uint64_t declaration = *version.declaration;
-      if (answered_.emplace(declaration, version.version_id).second) {  // node 0's own part is one of them
-        options_.board->ReportPart(declaration, version.version_id);
+      if (answered_.emplace(declaration, PartKind::kVersion).second) {  // node 0's own part is one of them
+        options_.board->ReportPart(declaration, PartKind::kVersion, version.version_id, version.cycle);
       }
-      if (!options_.board->MissingParts(declaration).empty()) continue;
-      std::map<int, std::string> parts = options_.board->PartVersions(declaration);
-      const std::string lost = LostParts(parts);
-      if (lost.empty()) {
-        Commit(version, std::move(parts));
+      const std::optional<SaveState> save = options_.board->Decide(declaration);
+      if (!save || save->decision == Decision::kPending) continue;
+      if (save->decision == Decision::kCommit) {
+        Commit(version, *save);
         continue;
       }
-      AbandonLostSave(seq, lost);
+      AbandonSave(seq, save->why);
       return;  // versions_ changed under the loop; the next pass goes on
     }
   }
 
-  static std::string LostParts(const std::map<int, std::string>& parts) {
-    std::string ranks;
-    for (const auto& [rank, part] : parts) {
-      if (part == CommitBoard::kPartLost) ranks += (ranks.empty() ? "" : ", ") + std::to_string(rank);
-    }
-    return ranks;
-  }
-
-  void AbandonLostSave(uint64_t seq, const std::string& ranks) {
+  void AbandonSave(uint64_t seq, const std::string& why) {
     Version& version = versions_.at(seq);
-    const std::string why = "node(s) " + ranks + " no longer hold their part of this save (written again while the "
-                            "launchers restarted)";
-    spdlog::warn("checkpoints: the save of {} resumed after the restart is not committed: {}", version.name, why);
-    journal_.Record(seq, version.name, HandoffState::kAbandoned, why);
+    spdlog::warn("checkpoints: the save of {} (cycle {}) is not committed: {}", version.name, version.cycle, why);
+    JournalRecord(seq, version.name, HandoffState::kAbandoned, why);
     options_.board->SetOutcome(*version.declaration, CommitBoard::Outcome::kAbandoned);
     RemoveStaging(version);
     versions_.erase(seq);
@@ -932,13 +1127,13 @@ class CheckpointAgent::Impl {
                                ? CommitBoard::Outcome::kPending
                                : options_.board->GetOutcome(*version.declaration);
       if (outcome == CommitBoard::Outcome::kAbandoned) {
-        journal_.Record(version.seq, version.name, HandoffState::kAbandoned, "node 0 did not commit this save");
+        JournalRecord(version.seq, version.name, HandoffState::kAbandoned, "node 0 did not commit this save");
         it = versions_.erase(it);
         continue;
       }
       if (version.stage == Stage::kUploaded && (own || outcome == CommitBoard::Outcome::kCommitted)) {
         version.stage = Stage::kCommitted;
-        journal_.Record(version.seq, version.name, HandoffState::kCommitted);
+        JournalRecord(version.seq, version.name, HandoffState::kCommitted);
       }
       ++it;
     }
@@ -957,17 +1152,38 @@ class CheckpointAgent::Impl {
   }
 
   bool Settled(bool declarations_closed) {
+    if (!failed_handoffs_.empty()) return false;  // tried again until the deadline
+    if (options_.board && !is_leader() && !board_error_) return FollowerSettled();
     for (const auto& [seq, version] : versions_) {
       if (version.stage != Stage::kCommitted) return false;
     }
     if (!options_.board || board_error_) return true;
-    if (is_leader()) return declarations_closed;
-    // A follower: node 0 has said no more names are coming, and each of them is answered.
+    return declarations_closed;
+  }
+
+  // A follower: node 0 has said no more names are coming, each of them is answered, and its
+  // versions are committed; an uploaded version of a declared name that no declaration took
+  // (a part of an earlier cycle, a save node 0 never declared) can no longer be, and waits
+  // for nothing.
+  bool FollowerSettled() {
     bool closed = false;
     BoardCall([&] { closed = options_.board->DeclarationsClosed(); });
     if (board_error_) return true;
-    if (!closed) return false;
-    return unanswered_.empty();
+    if (closed && unanswered_.empty()) {
+      for (auto it = versions_.begin(); it != versions_.end();) {
+        const Version& version = it->second;
+        if (version.stage != Stage::kUploaded || version.declaration || !declared_.contains(version.name)) {
+          ++it;
+          continue;
+        }
+        JournalRecord(version.seq, version.name, HandoffState::kAbandoned, "no save of node 0 took this part");
+        it = versions_.erase(it);
+      }
+    }
+    for (const auto& [seq, version] : versions_) {
+      if (version.stage != Stage::kCommitted) return false;
+    }
+    return closed && unanswered_.empty();
   }
 
   void LogDrainProgress() {
@@ -998,6 +1214,10 @@ class CheckpointAgent::Impl {
     if (refused_ && (versions_.empty() || refused_->seq > versions_.rbegin()->first)) {
       return {false, "checkpoint " + refused_->name + " was not uploaded: " + refused_->reason};
     }
+    if (!failed_handoffs_.empty()) {
+      const auto& [name, failed] = *failed_handoffs_.begin();
+      return {false, "checkpoint " + name + " is complete but was not uploaded: " + failed.reason};
+    }
     if (target.empty()) return {true, "no complete checkpoint to commit"};
     const Version* newest = nullptr;
     for (const auto& [seq, version] : versions_) {
@@ -1005,10 +1225,12 @@ class CheckpointAgent::Impl {
     }
     if (target_declaration) {
       auto answer = answered_.find(*target_declaration);
-      if (answer != answered_.end() && answer->second.empty()) return {true, "this node holds no part of checkpoint " + target};
-      if (answer != answered_.end() && answer->second == CommitBoard::kPartLost) {
-        return {true, "the save of " + target + " resumed after the restart was not committed: this node's part of it "
-                      "was written over"};
+      if (answer != answered_.end() && answer->second == PartKind::kNoPart) {
+        return {true, "this node holds no part of checkpoint " + target};
+      }
+      if (answer != answered_.end() && answer->second == PartKind::kLost) {
+        return {true, "the save of " + target + " was not committed: this node's part of it was written over, or lost "
+                      "in a restart"};
       }
     }
     if (newest == nullptr) {
@@ -1030,7 +1252,15 @@ class CheckpointAgent::Impl {
       reason = "uploaded, but the cross-node commit failed: " + *board_error_;
     } else if (options_.board && is_leader()) {
       std::vector<int> missing;
-      if (version.declaration) BoardCall([&] { missing = options_.board->MissingParts(*version.declaration); });
+      if (version.declaration) {
+        BoardCall([&] {
+          if (auto save = options_.board->Decide(*version.declaration)) {
+            for (int rank = 0; rank < options_.node_count; ++rank) {
+              if (!save->answers.contains(rank)) missing.push_back(rank);
+            }
+          }
+        });
+      }
       std::string ranks;
       for (int rank : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(rank);
       reason = missing.empty() ? "`latest` could not be written" : "node(s) " + ranks + " did not upload their parts";
@@ -1056,12 +1286,25 @@ class CheckpointAgent::Impl {
   std::vector<CommitBoard::Declaration> declared_order_;
   uint64_t declarations_seen_ = 0;
   std::map<uint64_t, CommitBoard::Declaration> unanswered_;  // by number
-  std::map<uint64_t, std::string> answered_;      // declaration → the version answered ("" none)
+  std::map<uint64_t, PartKind> answered_;          // declaration → what this node answered
   std::map<std::string, uint64_t> last_paired_seq_;  // name → the version that answered last
   std::map<uint64_t, Clock::time_point> absent_since_;
   std::set<std::string> incomplete_noted_;
   std::set<std::string> warned_symlinks_;
+  std::string load_exclusion_;  // LoadExclusion()
+  struct FailedHandoff {
+    std::string fingerprint;
+    std::string reason;
+    Clock::time_point retry_at;
+  };
+  std::map<std::string, FailedHandoff> failed_handoffs_;  // by name
+  Clock::time_point last_journal_warning_;
   std::optional<std::string> board_error_;
+  int64_t current_cycle_ = 0;  // the restart cycle whose training runs (or ran last)
+  std::optional<int64_t> requested_cycle_;  // BeginCycle's, for the agent's thread (mutex_)
+  int64_t applied_cycle_ = -1;              // the newest the agent's thread took (mutex_)
+  bool running_ = true;                     // the agent's thread runs (mutex_)
+  std::condition_variable cycle_applied_;
   int64_t resumed_read_ns_ = 0;  // when a follower first read one of node 0's resumed declarations
   std::string last_destination_error_;
   int wake_fd_ = -1;
@@ -1085,5 +1328,7 @@ CheckpointAgent::~CheckpointAgent() = default;
 DrainResult CheckpointAgent::Drain(bool training_succeeded, std::chrono::steady_clock::time_point deadline) {
   return impl_->Drain(training_succeeded, deadline);
 }
+
+void CheckpointAgent::BeginCycle(int64_t cycle) { impl_->BeginCycle(cycle); }
 
 }  // namespace bt::checkpoint

@@ -14,17 +14,18 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/commit_rule.h"
 #include "env/job_config.h"
 #include "storage/destination.h"
 
 namespace bt::checkpoint {
 
-// The cross-node part of a commit, over the rendezvous store (launcher/). Markers are rank-0
-// files on node-local disks: node 0 declares each version it hands off (a number per
-// declaration, so a name saved again is declared again, and the save: node 0's version id);
-// every node answers each declaration with its own version of that save (or none, or lost);
-// node 0 commits the versions reported for that one declaration once all have answered,
-// never an answer to an earlier one.
+// The cross-node part of a commit (DESIGN.md §3), over the rendezvous store (launcher/):
+// node 0 declares each version it hands off (a number per declaration, so a name saved again
+// is declared again, with the save: node 0's version id, and the cycle its part was written
+// in); every launcher answers each declaration once for its rank, with its own version of
+// that save, "no part" or "lost"; node 0's board feeds what it reads to the commit rule
+// (checkpoint/commit_rule.h), which alone says when a save commits or is abandoned.
 //
 // After the launchers restart on their volumes, node 0 declares again what it had handed
 // off but not committed ("resumed", with how long ago its part was complete) before any
@@ -37,23 +38,25 @@ class CommitBoard {
     uint64_t number = 0;
     std::string name;
     std::string save;  // node 0's version id of the save declared
+    int64_t cycle = 0;  // the restart cycle node 0's part was written in
     // Resumed from before a restart: how long before the declaration node 0's part of this
     // save was complete, by node 0's clock (a duration, so no two hosts' clocks are compared).
     std::optional<int64_t> resumed_age_ns;
   };
   enum class Outcome { kPending, kCommitted, kAbandoned };
-  // A follower's answer when its part of a resumed save is gone (written again since).
-  static constexpr const char* kPartLost = "lost";
 
   virtual ~CommitBoard() = default;
   virtual uint64_t Declare(const Declaration& declaration) = 0;                  // node 0; number ignored
   virtual std::vector<Declaration> DeclaredSince(uint64_t first) = 0;            // numbers first...
   virtual void FinishResumedDeclarations() = 0;                                  // node 0, at start
   virtual bool ResumedDeclared() = 0;                                             // followers; never waits
-  // Every node, once per declaration: the version of its part, "" for none, kPartLost.
-  virtual void ReportPart(uint64_t declaration, const std::string& version) = 0;
-  virtual std::vector<int> MissingParts(uint64_t declaration) = 0;               // ranks not answered yet
-  virtual std::map<int, std::string> PartVersions(uint64_t declaration) = 0;     // ranks with a part
+  // Every launcher, once per declaration, for its rank: `version` for kVersion; `cycle` is
+  // the cycle the part (or its absence) was seen in.
+  virtual void ReportPart(uint64_t declaration, PartKind kind, const std::string& version, int64_t cycle) = 0;
+  // Node 0: the rule's state of `declaration` after reading every answer and replacement
+  // there is now; nullopt when it was never declared.
+  virtual std::optional<SaveState> Decide(uint64_t declaration) = 0;
+  virtual void Restart(int64_t cycle) = 0;                                        // node 0: the job entered `cycle`
   virtual void SetOutcome(uint64_t declaration, Outcome outcome) = 0;            // node 0
   virtual Outcome GetOutcome(uint64_t declaration) = 0;
   virtual void CloseDeclarations() = 0;                                          // node 0's drain
@@ -71,6 +74,13 @@ struct AgentOptions {
   std::string uploader_binary;        // bt-launch itself (its `upload-worker` subcommand)
   CommitBoard* board = nullptr;       // null: this node commits on its own
   bool publish_latest = true;         // without a board: whether this node writes `latest`
+  // The restart cycle this launcher joined the job in: 0 from the start, a replacement's
+  // rejoin cycle (Peers::TakeRejoin). A replacement answers "lost" for the saves declared
+  // before it joined (DESIGN.md §3): its predecessor wrote those parts, not it.
+  int64_t incarnation = 0;
+  // BT_LOAD_CHECKPOINT_DIR: when it lies inside checkpoint_dir, what the launcher loads there
+  // is never taken for a checkpoint of this run.
+  std::string load_dir;
   // Called on the agent's thread when a checkpoint has been snapshotted and queued.
   std::function<void(const std::string& name)> on_handoff;
 };
@@ -92,6 +102,11 @@ class CheckpointAgent {
   // The training has ended (`succeeded`: every command exited 0). Commits what is complete
   // and waits until it is uploaded and committed, or until `deadline`.
   DrainResult Drain(bool training_succeeded, std::chrono::steady_clock::time_point deadline);
+
+  // The job's training of `cycle` is about to start (restart in place), the last cycle's is
+  // stopped. Returns once the agent judged what the last cycle left as that cycle's (at most
+  // a few seconds): a part written from now on never answers an earlier cycle's save.
+  void BeginCycle(int64_t cycle);
 
  private:
   class Impl;

@@ -122,7 +122,17 @@ void HandoffJournal::Append(uint64_t seq, const std::string& name, HandoffState 
   if (!detail.empty()) line["detail"] = storage::BytesToJson(detail);
   if (snapshot) line["snapshot"] = snapshot->ToJson();
   const std::string text = line.dump() + "\n";
-  storage::WriteAll(fd_, text, "the checkpoint journal " + path_);
+  // A write cut short (ENOSPC) leaves no part of its line: the journal stays one record a
+  // line, and the next append, once there is room, is read back whole.
+  const off_t end = lseek(fd_, 0, SEEK_END);
+  try {
+    storage::WriteAll(fd_, text, "the checkpoint journal " + path_);
+  } catch (const std::runtime_error&) {
+    if (end >= 0 && ftruncate(fd_, end) != 0) {
+      spdlog::warn("checkpoint journal {}: cannot remove a record cut short: {}", path_, std::strerror(errno));
+    }
+    throw;
+  }
   JournalEntry& entry = entries_[seq];
   entry.seq = seq;
   entry.job_id = job_id_;

@@ -164,9 +164,12 @@ std::unique_ptr<watchdog::Watchdog> ArmWatchdog(PreparedJob& job, Peers* peers, 
 // Each cycle's commands under a fresh supervisor (a stopped one stays stopped), watched
 // for hangs, and the load of the checkpoint the next cycle resumes from.
 CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, const std::optional<storage::DestinationSpec>& destination,
-                        Peers* peers, watchdog::Watchdog* watch, watchdog::Progress* progress, SignalRouter& signals) {
+                        Peers* peers, watchdog::Watchdog* watch, watchdog::Progress* progress, SignalRouter& signals,
+                        checkpoint::CheckpointAgent* checkpoints) {
   CycleHooks hooks;
-  hooks.run = [&cli, &job, peers, watch, progress, &signals](int64_t cycle, const std::string& resume) {
+  hooks.run = [&cli, &job, peers, watch, progress, &signals, checkpoints](int64_t cycle, const std::string& resume) {
+    // What the last cycle left is that cycle's: judged before this cycle's training writes.
+    if (checkpoints) checkpoints->BeginCycle(cycle);
     auto grace = std::chrono::milliseconds(int64_t(job.config.launcher.grace_period_s * 1000));
     auto peer_grace = std::chrono::milliseconds(int64_t(job.config.launcher.peer_failure_grace_s * 1000));
     // With the watchdog on, the job's output is progress: relayed, or written to its files.
@@ -226,7 +229,8 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   CheckpointPhase checkpoints;
   if (destination) {
     checkpoints = StartCheckpoints(job.config, job.environment, *destination, job.identity,
-                                   peers ? peers->store() : nullptr, [&] { CheckStop(peers.get(), signals); });
+                                   peers ? peers->store() : nullptr, [&] { CheckStop(peers.get(), signals); },
+                                   rejoin ? rejoin->cycle : 0);
   }
   // Until the end: after its job ended, a node still answers a stack request of the others'.
   watchdog::Progress progress;
@@ -236,7 +240,9 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   timeline.Begin("run");
   std::vector<CycleRecord> cycles;
   JobOutcome outcome = RunCycles(job.config, peers.get(), signals,
-                                 CycleHooksOf(cli, job, destination, peers.get(), watch.get(), &progress, signals), resume,
+                                 CycleHooksOf(cli, job, destination, peers.get(), watch.get(), &progress, signals,
+                                              checkpoints.agent.get()),
+                                 resume,
                                  std::move(rejoin), cycles);
   timeline.Annotate(DescribeOutcome(outcome) + (cycles.empty() ? "" : "; restarts: " + RenderCycles(cycles)));
   if (peers) peers->Report(outcome);  // the other nodes stop now, not after this node's drain

@@ -33,8 +33,8 @@ constexpr std::array kRules = {
     KeyRule{"bt/fabric/probe/qp/*/*/{rank}", Writer::kOwner},
     KeyRule{"bt/nccl/gpus/{rank}", Writer::kOwner},
     KeyRule{"bt/nccl/result/{rank}", Writer::kOwner},
-    KeyRule{"bt/ckpt/parts/*", Writer::kCounter},
-    KeyRule{"bt/ckpt/parts/*/rank-{rank}", Writer::kOwner},
+    KeyRule{"bt/ckpt/answer/*/rank-{rank}/*", Writer::kOwner},  // launcher/phases/commit_board.cpp
+    KeyRule{"bt/ckpt/launchers/rank-{rank}", Writer::kOwner},
     KeyRule{"bt/hang/*/stacks/{rank}", Writer::kOwner},
     KeyRule{"bt/hang/*/answered", Writer::kCounter},
 };

@@ -33,14 +33,40 @@ std::string CommitRecord::ToText() const {
   nlohmann::json versions = nlohmann::json::object();
   for (const auto& [rank, version] : parts) versions[std::to_string(rank)] = version;
   nlohmann::json value = {{"format", kCommitFormat}, {"job_id", job_id}, {"name", BytesToJson(name)}, {"parts", versions}};
+  if (rank_count == 0) return value.dump(2) + "\n";
+  value["format"] = kCommitFormatWithSave;
+  value["save"] = save;
+  value["cycle"] = cycle;
+  value["ranks"] = rank_count;
+  value["no_part"] = no_part;
+  nlohmann::json cycles = nlohmann::json::object();
+  for (const auto& [rank, part_cycle] : part_cycles) cycles[std::to_string(rank)] = part_cycle;
+  value["part_cycles"] = cycles;
   return value.dump(2) + "\n";
 }
+
+namespace {
+
+// Format 2's fields about the save; `format` 1 has none.
+void ReadSave(const nlohmann::json& value, CommitRecord& record, const std::string& origin) {
+  record.save = Field(value, "save", origin).get<std::string>();
+  record.cycle = Field(value, "cycle", origin).get<int64_t>();
+  record.rank_count = Field(value, "ranks", origin).get<int>();
+  if (record.rank_count <= 0) throw ManifestError(origin + ": ranks: not a positive count");
+  for (const auto& rank : Field(value, "no_part", origin)) record.no_part.insert(rank.get<int>());
+  const nlohmann::json& cycles = Field(value, "part_cycles", origin);
+  if (!cycles.is_object()) throw ManifestError(origin + ": part_cycles: not an object");
+  for (const auto& [rank, part_cycle] : cycles.items()) record.part_cycles[std::stoi(rank)] = part_cycle.get<int64_t>();
+}
+
+}  // namespace
 
 CommitRecord CommitRecord::FromText(const std::string& text, const std::string& origin) {
   nlohmann::json value = nlohmann::json::parse(text, nullptr, false);
   if (!value.is_object()) throw ManifestError(origin + ": the commit record is not a JSON object");
-  if (value.value("format", std::string()) != kCommitFormat) {
-    throw ManifestError(origin + ": format is not " + std::string(kCommitFormat));
+  const std::string format = value.value("format", std::string());
+  if (format != kCommitFormat && format != kCommitFormatWithSave) {
+    throw ManifestError(origin + ": format is not " + std::string(kCommitFormat) + " or " + kCommitFormatWithSave);
   }
   CommitRecord record;
   try {
@@ -55,6 +81,7 @@ CommitRecord CommitRecord::FromText(const std::string& text, const std::string& 
       }
       record.parts[std::stoi(rank)] = id;
     }
+    if (format == kCommitFormatWithSave) ReadSave(value, record, origin);
   } catch (const nlohmann::json::exception& error) {
     throw ManifestError(origin + ": " + error.what());
   } catch (const std::logic_error&) {  // std::stoi: a key that is not a rank
@@ -62,6 +89,31 @@ CommitRecord CommitRecord::FromText(const std::string& text, const std::string& 
   }
   ValidateCheckpointName(record.name, origin + ": name");
   return record;
+}
+
+std::vector<std::string> CommitRecordProblems(const CommitRecord& commit) {
+  std::vector<std::string> problems;
+  if (commit.rank_count == 0 || commit.unversioned) return problems;
+  const std::string save = "save " + commit.save + " (cycle " + std::to_string(commit.cycle) + ")";
+  for (int rank = 0; rank < commit.rank_count; ++rank) {
+    const bool part = commit.parts.contains(rank);
+    const bool none = commit.no_part.contains(rank);
+    if (!part && !none) problems.push_back("rank " + std::to_string(rank) + " has neither a part nor \"no part\" in " + save);
+    if (part && none) problems.push_back("rank " + std::to_string(rank) + " has both a part and \"no part\" in " + save);
+  }
+  for (const auto& [rank, version] : commit.parts) {
+    if (rank < 0 || rank >= commit.rank_count) {
+      problems.push_back("rank " + std::to_string(rank) + " is not one of the job's " + std::to_string(commit.rank_count));
+    }
+    auto part_cycle = commit.part_cycles.find(rank);
+    if (part_cycle == commit.part_cycles.end()) {
+      problems.push_back("rank " + std::to_string(rank) + "'s part does not say which cycle it was written in");
+    } else if (part_cycle->second != commit.cycle) {
+      problems.push_back("rank " + std::to_string(rank) + "'s part was written in cycle " + std::to_string(part_cycle->second) +
+                         ", not in the cycle of " + save);
+    }
+  }
+  return problems;
 }
 
 std::string CommitRecordPath(const std::string& job_id, const std::string& name) {

@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "launcher/exit_codes.h"
+#include "launcher/phases/commit_board.h"
 #include "storage/commit_record.h"
 #include "storage/durable_file.h"
 #include "storage/hash.h"
@@ -28,7 +29,6 @@ using storage::Manifest;
 using storage::ManifestError;
 
 constexpr const char* kDefaultDestinationDir = "/var/lib/bt-launch/checkpoints";
-constexpr std::chrono::seconds kStoreGetTimeout{10};
 constexpr std::chrono::seconds kLoadLogEvery{10};
 
 std::string RankDir(const std::string& job_id, int rank) { return job_id + "/rank-" + std::to_string(rank); }
@@ -68,102 +68,7 @@ std::string IsoTime(int64_t unix_seconds) {
   return text;
 }
 
-constexpr const char* kResumedKey = "bt/ckpt/resumed";
-
-class StoreCommitBoard final : public checkpoint::CommitBoard {
- public:
-  StoreCommitBoard(rendezvous::Store& store, int node_count, int node_rank)
-      : store_(store), node_count_(node_count), node_rank_(node_rank) {}
-
-  uint64_t Declare(const Declaration& declaration) override {
-    nlohmann::json value = {{"name", storage::BytesToJson(declaration.name)}, {"save", declaration.save}};
-    if (declaration.resumed_age_ns) value["resumed_age_ns"] = *declaration.resumed_age_ns;
-    const int64_t number = store_.Add("bt/ckpt/declared", 0);
-    store_.Set(DeclarationKey(uint64_t(number)), value.dump());
-    store_.Add("bt/ckpt/declared", 1);  // after the declaration: a reader never finds a gap
-    return uint64_t(number);
-  }
-
-  std::vector<Declaration> DeclaredSince(uint64_t first) override {
-    std::vector<Declaration> declarations;
-    const int64_t count = store_.Add("bt/ckpt/declared", 0);
-    for (int64_t number = int64_t(first); number < count; ++number) {
-      const std::string key = DeclarationKey(uint64_t(number));
-      declarations.push_back(ParseDeclaration(uint64_t(number), store_.Get(key, kStoreGetTimeout), key));
-    }
-    return declarations;
-  }
-
-  void FinishResumedDeclarations() override { store_.Set(kResumedKey, "1"); }
-  bool ResumedDeclared() override { return store_.Peek({kResumedKey}).front().has_value(); }
-
-  void ReportPart(uint64_t declaration, const std::string& version) override {
-    store_.Set(PartKey(declaration, node_rank_), version);
-    store_.Add(PartsKey(declaration), 1);
-  }
-
-  std::vector<int> MissingParts(uint64_t declaration) override {
-    if (store_.Add(PartsKey(declaration), 0) >= node_count_) return {};
-    std::vector<int> missing;
-    const auto answers = Answers(declaration);
-    for (int rank = 0; rank < node_count_; ++rank) {
-      if (!answers[size_t(rank)]) missing.push_back(rank);
-    }
-    return missing;
-  }
-
-  std::map<int, std::string> PartVersions(uint64_t declaration) override {
-    std::map<int, std::string> versions;
-    const auto answers = Answers(declaration);
-    for (int rank = 0; rank < node_count_; ++rank) {
-      if (answers[size_t(rank)] && !answers[size_t(rank)]->empty()) versions[rank] = *answers[size_t(rank)];
-    }
-    return versions;
-  }
-
-  // One counter per declaration: 1 committed, 2 abandoned (Add is the store's atomic write).
-  void SetOutcome(uint64_t declaration, Outcome outcome) override {
-    if (GetOutcome(declaration) == Outcome::kPending) store_.Add(OutcomeKey(declaration), int64_t(outcome));
-  }
-  Outcome GetOutcome(uint64_t declaration) override {
-    const int64_t value = store_.Add(OutcomeKey(declaration), 0);
-    return value == 1 ? Outcome::kCommitted : value == 2 ? Outcome::kAbandoned : Outcome::kPending;
-  }
-  void CloseDeclarations() override { store_.Add("bt/ckpt/closed", 1); }
-  bool DeclarationsClosed() override { return store_.Add("bt/ckpt/closed", 0) > 0; }
-
- private:
-
-  // Keyed by the declaration's number, not the checkpoint's name: a name saved again is a
-  // new declaration, and an answer to the first can never complete the second.
-  static std::string DeclarationKey(uint64_t number) { return "bt/ckpt/declared/" + std::to_string(number); }
-  static std::string PartsKey(uint64_t declaration) { return "bt/ckpt/parts/" + std::to_string(declaration); }
-  static std::string PartKey(uint64_t declaration, int rank) {
-    return PartsKey(declaration) + "/rank-" + std::to_string(rank);
-  }
-  static std::string OutcomeKey(uint64_t declaration) { return "bt/ckpt/outcome/" + std::to_string(declaration); }
-
-  static Declaration ParseDeclaration(uint64_t number, const std::string& text, const std::string& key) {
-    try {
-      const auto value = nlohmann::json::parse(text);
-      Declaration declaration{number, storage::BytesFromJson(value.at("name")), value.at("save").get<std::string>(), {}};
-      if (value.contains("resumed_age_ns")) declaration.resumed_age_ns = value["resumed_age_ns"].get<int64_t>();
-      return declaration;
-    } catch (const std::exception& error) {
-      throw std::runtime_error("the store's " + key + " is not a checkpoint declaration: " + error.what());
-    }
-  }
-
-  std::vector<std::optional<std::string>> Answers(uint64_t declaration) {
-    std::vector<std::string> keys;
-    for (int rank = 0; rank < node_count_; ++rank) keys.push_back(PartKey(declaration, rank));
-    return store_.Peek(keys);
-  }
-
-  rendezvous::Store& store_;
-  int node_count_;
-  int node_rank_;
-};
+constexpr const char* kResumedKey = "bt/ckpt/resumed";  // commit_board.cpp: node 0 declared its resumed saves
 
 // The committed version `reference` names: the job's latest, or the named checkpoint's
 // newest commit. A name committed before versions existed is read where it was then
@@ -186,6 +91,9 @@ struct CommittedManifest {
   std::string rank_root;  // what the manifest's paths are relative to
   int rank = -1;          // what the commit record says: who is missing when the manifest is
   std::string name;
+  // What makes the record naming it no one save (CommitRecordProblems): every row of that
+  // record fails --verify with them.
+  std::vector<std::string> record_problems;
 };
 
 // Every committed part of every checkpoint of `job_id`: the versions the commit records
@@ -199,14 +107,15 @@ std::vector<CommittedManifest> CommittedManifests(storage::Destination& destinat
     if (!text) continue;
     storage::CommitRecord commit = storage::CommitRecord::FromText(*text, destination.Describe() + "/" + commits_dir + "/" + path);
     commit.job_id = job_id;
+    const std::vector<std::string> problems = storage::CommitRecordProblems(commit);
     for (const auto& [rank, version] : commit.parts) {
       const std::string root = *storage::PartRoot(commit, rank);
-      found.push_back({root + "/" + storage::ManifestName(commit.name), root, rank, commit.name});
+      found.push_back({root + "/" + storage::ManifestName(commit.name), root, rank, commit.name, problems});
     }
   }
   for (const std::string& path : destination.List(job_id, storage::kManifestSuffix)) {
     if (path.find("/.bt-versions/") != std::string::npos) continue;
-    found.push_back({job_id + "/" + path, job_id + "/" + path.substr(0, path.find('/')), -1, ""});  // listed: it is there
+    found.push_back({job_id + "/" + path, job_id + "/" + path.substr(0, path.find('/')), -1, "", {}});  // listed: it is there
   }
   return found;
 }
@@ -228,10 +137,6 @@ void DownloadLogged(storage::Destination& destination, const std::string& remote
 }
 
 }  // namespace
-
-std::unique_ptr<checkpoint::CommitBoard> MakeStoreCommitBoard(rendezvous::Store& store, int node_count, int node_rank) {
-  return std::make_unique<StoreCommitBoard>(store, node_count, node_rank);
-}
 
 storage::DestinationSpec ResolveCheckpointDestination(const env::JobConfig& config,
                                                          const env::JobEnvironment& environment,
@@ -478,7 +383,8 @@ void WaitForResumedDeclarations(rendezvous::Store& store, const std::function<vo
 
 CheckpointPhase StartCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment,
                                  const storage::DestinationSpec& destination, const env::NodeIdentity& identity,
-                                 rendezvous::Store* store, const std::function<void()>& check_stop) {
+                                 rendezvous::Store* store, const std::function<void()>& check_stop,
+                                 int64_t incarnation) {
   CheckpointPhase phase;
   if (!config.runtime.checkpointing_config.enabled) return phase;
   checkpoint::AgentOptions options;
@@ -490,8 +396,11 @@ CheckpointPhase StartCheckpoints(const env::JobConfig& config, const env::JobEnv
   options.destination = destination;
   options.uploader_environ = destination.rclone_environ;
   options.uploader_binary = storage::CurrentExecutable();
+  options.incarnation = incarnation;
+  auto load_dir = environment.variables.find("BT_LOAD_CHECKPOINT_DIR");
+  if (load_dir != environment.variables.end()) options.load_dir = load_dir->second;
   if (identity.count > 1 && store != nullptr) {
-    phase.board = MakeStoreCommitBoard(*store, identity.count, identity.rank);
+    phase.board = MakeStoreCommitBoard(*store, identity.count, identity.rank, incarnation);
     options.board = phase.board.get();
     if (identity.rank != 0) WaitForResumedDeclarations(*store, check_stop);
   } else if (identity.count > 1) {
@@ -581,6 +490,17 @@ int ListCheckpoints(const env::JobConfig& config, const env::JobEnvironment& env
           problems.push_back(error.what());
         }
         storage::RemoveTree(temporary);
+        if (manifest.name != committed.name && !committed.name.empty()) {
+          problems.push_back("the manifest names checkpoint " + manifest.name + ", the commit record " + committed.name);
+        }
+        if (committed.rank >= 0 && manifest.node_rank != committed.rank) {
+          problems.push_back("the manifest is node " + std::to_string(manifest.node_rank) + "'s, the commit record says node " +
+                             std::to_string(committed.rank) + "'s");
+        }
+        for (const std::string& problem : committed.record_problems) {
+          spdlog::error("checkpoint {}: its commit record is no one save: {}", committed.name, problem);
+          problems.push_back("commit record: " + problem);
+        }
         row["verified"] = problems.empty();
         row["problems"] = problems;
         all_verified &= problems.empty();

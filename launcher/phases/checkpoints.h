@@ -65,9 +65,12 @@ struct CheckpointPhase {
 
 // `store` is the rendezvous store (null for one node, or for the mpi backend); a follower
 // waits on it for node 0's resumed saves (up to 20 s), calling `check_stop`, which throws.
+// `incarnation`: the cycle this launcher joined the job in (a replacement's rejoin cycle, else
+// 0; AgentOptions::incarnation).
 CheckpointPhase StartCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment,
                                  const storage::DestinationSpec& destination, const env::NodeIdentity& identity,
-                                 rendezvous::Store* store, const std::function<void()>& check_stop);
+                                 rendezvous::Store* store, const std::function<void()>& check_stop,
+                                 int64_t incarnation = 0);
 
 // Commits what is complete within launcher.checkpoint.drain_timeout_s. Returns false (after
 // one error line naming the checkpoint and the reason) when the last complete checkpoint
@@ -77,8 +80,5 @@ bool DrainCheckpoints(CheckpointPhase& phase, const env::JobConfig& config, cons
 // `bt-launch checkpoints` (CheckpointsSubcommand): committed checkpoints per rank; --verify
 // re-hashes them, with the load's comparison against the manifest.
 int ListCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment, const CliOptions& cli);
-
-// The cross-node commit over the rendezvous store (keys under bt/ckpt/).
-std::unique_ptr<checkpoint::CommitBoard> MakeStoreCommitBoard(rendezvous::Store& store, int node_count, int node_rank);
 
 }  // namespace bt::launcher

@@ -189,6 +189,41 @@ TEST_F(CheckpointJob, VerifyReportsACommittedPartWithoutItsManifest) {
   EXPECT_NE(listed.err.find(relative), std::string::npos) << listed.err;
 }
 
+// Defect 25: the commit record carries its save, so `--verify` fails a record whose parts
+// come from two cycles or that lacks a rank (it passed them before); a record of format 1
+// (written before) is still read and verified as it was.
+TEST_F(CheckpointJob, VerifyFailsARecordMixingCyclesOrLackingARank) {
+  ProcessResult result = RunLauncher(Run(Config({HfSave(1)})));
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const std::string path = Remote() + "/" + storage::CommitRecordPath(kJob, "checkpoint-1");
+  const storage::CommitRecord record = storage::CommitRecord::FromText(ReadFile(path), path);
+  EXPECT_EQ(record.rank_count, 1) << ReadFile(path);
+  EXPECT_EQ(record.part_cycles.at(0), record.cycle);
+  ProcessResult good = Checkpoints(true);
+  EXPECT_EQ(good.exit_code, 0) << good.out << good.err;
+
+  storage::CommitRecord mixed = record;
+  mixed.part_cycles[0] = record.cycle + 1;
+  WriteFile(path, mixed.ToText());
+  ProcessResult verified = Checkpoints(true);
+  EXPECT_EQ(verified.exit_code, 74) << verified.out << verified.err;
+  EXPECT_NE(verified.out.find("rank 0's part was written in cycle 1"), std::string::npos) << verified.out;
+
+  storage::CommitRecord lacking = record;
+  lacking.rank_count = 2;
+  WriteFile(path, lacking.ToText());
+  verified = Checkpoints(true);
+  EXPECT_EQ(verified.exit_code, 74) << verified.out << verified.err;
+  EXPECT_NE(verified.out.find("rank 1 has neither a part nor"), std::string::npos) << verified.out;
+
+  storage::CommitRecord old_format = record;
+  old_format.rank_count = 0;
+  WriteFile(path, old_format.ToText());
+  ASSERT_NE(ReadFile(path).find(storage::kCommitFormat), std::string::npos);
+  ProcessResult old = Checkpoints(true);
+  EXPECT_EQ(old.exit_code, 0) << old.out << old.err;
+}
+
 // The journal on the checkpoint volume names each version's staging directory. A record
 // naming one outside the volume's staging (a corrupt journal, or one from another mount)
 // had the launcher upload that directory and then remove it as staging.

@@ -39,7 +39,7 @@ int AllocationsOf(std::string_view key, KeyWrite write, int rank) {
 TEST(KeyPolicy, AWriteThatIsAllowedIsCheckedWithoutAllocating) {
   EXPECT_EQ(AllocationsOf("bt/fabric/inventory/7", KeyWrite::kSet, 7), 0);
   EXPECT_EQ(AllocationsOf("bt/ready", KeyWrite::kAdd, 3), 0);
-  EXPECT_EQ(AllocationsOf("bt/ckpt/parts/3f2a/rank-12", KeyWrite::kSet, 12), 0);
+  EXPECT_EQ(AllocationsOf("bt/ckpt/answer/3/rank-12/joined-0", KeyWrite::kSet, 12), 0);
   EXPECT_EQ(AllocationsOf("bt/fabric/plan", KeyWrite::kSet, 0), 0);
   EXPECT_EQ(AllocationsOf("job/anything/at/all", KeyWrite::kSet, 5), 0);
 }
@@ -56,9 +56,13 @@ TEST(KeyPolicy, EachSegmentOfTheKeyMatchesOneOfThePattern) {
     EXPECT_NE(why->find("only the leader (node 0) writes"), std::string::npos) << *why;
   }
   // "*" matches any one segment, the empty one too.
-  EXPECT_FALSE(WriteRefusal("bt/ckpt/parts/", KeyWrite::kAdd, 3));
+  EXPECT_FALSE(WriteRefusal("bt/hang//answered", KeyWrite::kAdd, 3));
   EXPECT_FALSE(WriteRefusal("bt/fabric/probe/qp//1/3", KeyWrite::kSet, 3));
   EXPECT_TRUE(WriteRefusal("bt/fabric/probe/qp//1/4", KeyWrite::kSet, 3));
+  // A launcher answers for its own rank only, whichever cycle it joined in.
+  EXPECT_FALSE(WriteRefusal("bt/ckpt/answer/7/rank-3/joined-2", KeyWrite::kSet, 3));
+  EXPECT_TRUE(WriteRefusal("bt/ckpt/answer/7/rank-4/joined-0", KeyWrite::kSet, 3));
+  EXPECT_FALSE(WriteRefusal("bt/ckpt/launchers/rank-3", KeyWrite::kSet, 3));
 }
 
 }  // namespace

@@ -61,5 +61,72 @@ TEST(CommitRecord, LatestWithoutARecordIsTheLayoutBeforeVersions) {
   EXPECT_EQ(PartRoot(*ReadLatestCommit(*destination, "job"), 0), "job/rank-0/.bt-versions/v7");
 }
 
+// Defect 25: the record carries its save, so that a record mixing two cycles' parts, or
+// lacking a rank, can be told from a good one.
+CommitRecord SavedRecord() {
+  CommitRecord record{"job", "checkpoint-7", {{0, "aa"}, {2, "cc"}}};
+  record.save = "aa";
+  record.cycle = 3;
+  record.rank_count = 3;
+  record.no_part = {1};
+  record.part_cycles = {{0, 3}, {2, 3}};
+  return record;
+}
+
+TEST(CommitRecord, CarriesItsSaveAndEveryRanksAnswer) {
+  const CommitRecord record = SavedRecord();
+  const std::string text = record.ToText();
+  EXPECT_NE(text.find(kCommitFormatWithSave), std::string::npos) << text;
+  CommitRecord read = CommitRecord::FromText(text, "test");
+  EXPECT_EQ(read.save, "aa");
+  EXPECT_EQ(read.cycle, 3);
+  EXPECT_EQ(read.rank_count, 3);
+  EXPECT_EQ(read.no_part, std::set<int>{1});
+  EXPECT_EQ(read.part_cycles, record.part_cycles);
+  EXPECT_EQ(read.parts, record.parts);
+  EXPECT_TRUE(CommitRecordProblems(read).empty());
+}
+
+TEST(CommitRecord, ARecordMixingCyclesOrLackingARankHasProblems) {
+  CommitRecord mixed = SavedRecord();
+  mixed.part_cycles[2] = 2;  // node 2's part of the cycle before
+  auto problems = CommitRecordProblems(CommitRecord::FromText(mixed.ToText(), "test"));
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_NE(problems[0].find("rank 2's part was written in cycle 2"), std::string::npos) << problems[0];
+
+  CommitRecord short_one = SavedRecord();
+  short_one.no_part.clear();  // rank 1 neither has a part nor said it holds none
+  problems = CommitRecordProblems(CommitRecord::FromText(short_one.ToText(), "test"));
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_NE(problems[0].find("rank 1 has neither a part nor"), std::string::npos) << problems[0];
+}
+
+// Records written before the save was carried are read as they always were, and cannot be
+// checked for it (no problem is made up).
+TEST(CommitRecord, ARecordOfFormatOneIsStillRead) {
+  const std::string old_text = R"({"format": "bt-checkpoint-commit/1", "job_id": "job", "name": "checkpoint-1",
+                                   "parts": {"0": "aa", "1": "bb"}})";
+  CommitRecord read = CommitRecord::FromText(old_text, "test");
+  EXPECT_EQ(read.parts, (std::map<int, std::string>{{0, "aa"}, {1, "bb"}}));
+  EXPECT_EQ(read.rank_count, 0);
+  EXPECT_TRUE(CommitRecordProblems(read).empty());
+  const CommitRecord without_save{"job", "checkpoint-1", {{0, "aa"}}};
+  EXPECT_NE(without_save.ToText().find(kCommitFormat), std::string::npos)
+      << "a record that does not know its save is written as format 1";
+}
+
+TEST(CommitRecord, ABadSaveFieldNamesItsOrigin) {
+  std::string text = SavedRecord().ToText();
+  const std::string ranks = "\"ranks\": 3";
+  ASSERT_NE(text.find(ranks), std::string::npos) << text;
+  text.replace(text.find(ranks), ranks.size(), "\"ranks\": 0");
+  try {
+    CommitRecord::FromText(text, "s3://b/job/.bt-commits/x.json");
+    FAIL() << "read";
+  } catch (const ManifestError& error) {
+    EXPECT_NE(std::string(error.what()).find("s3://b/job/.bt-commits/x.json: ranks"), std::string::npos) << error.what();
+  }
+}
+
 }  // namespace
 }  // namespace bt::storage

@@ -1,7 +1,9 @@
-// The cross-node commit across a restart of every launcher on its volume: two checkpoint
-// agents (node 0 and node 1, each with its own disk) over the store commit board, with the
-// real uploader process and a file:// destination. A "kill" ends an agent at once (a drain
-// with its deadline already past), leaving its journal as a killed launcher's would be.
+// The cross-node commit over the store board: the board alone (what it stores and what node
+// 0's rule decides from it), then across restarts: two checkpoint agents (node 0 and node 1,
+// each with its own disk) with the real uploader process and a file:// destination, the
+// launchers restarted on their volumes, restarted in place (cycles), or one replaced. A
+// "kill" ends an agent at once (a drain with its deadline already past), leaving its journal
+// as a killed launcher's would be.
 #include <sys/stat.h>
 
 #include <chrono>
@@ -13,6 +15,7 @@
 
 #include "checkpoint/agent.h"
 #include "launcher/phases/checkpoints.h"
+#include "launcher/phases/commit_board.h"
 #include "rendezvous/store.h"
 #include "storage/commit_record.h"
 #include "storage/destination.h"
@@ -28,6 +31,58 @@ using Clock = std::chrono::steady_clock;
 
 constexpr const char* kJob = "board-job";
 
+using checkpoint::Decision;
+using checkpoint::PartKind;
+
+// Defect 4: the board counted answers (a counter per declaration), so a replacement's answer
+// wrote over node 1's version and completed the count while node 2 never answered.
+TEST(StoreCommitBoard, CountsRanksNeverAnswers) {
+  auto store = rendezvous::MakeMemoryStore();
+  auto node0 = MakeStoreCommitBoard(*store, 3, 0);
+  auto node1 = MakeStoreCommitBoard(*store, 3, 1);
+  const uint64_t save = node0->Declare({0, "checkpoint-3", "s3", 0, {}});
+  node0->ReportPart(save, PartKind::kVersion, "v0", 0);
+  node1->ReportPart(save, PartKind::kVersion, "v1", 0);
+  node1->ReportPart(save, PartKind::kNoPart, "", 0);  // a second word of the same launcher
+  auto state = node0->Decide(save);
+  ASSERT_TRUE(state.has_value());
+  EXPECT_EQ(state->decision, Decision::kPending) << "committed while node 2 never answered";
+  EXPECT_EQ(state->answers.at(1).version, "v1");
+  EXPECT_FALSE(state->answers.contains(2));
+}
+
+// Defect 3: a replacement of node 1 (joined in cycle 1) must not answer "no part" for the save
+// its predecessor was writing in cycle 0: node 1's part of it is lost, nothing is committed.
+TEST(StoreCommitBoard, AReplacementMakesItsPredecessorsOpenSavesLost) {
+  auto store = rendezvous::MakeMemoryStore();
+  auto node0 = MakeStoreCommitBoard(*store, 2, 0);
+  const uint64_t save = node0->Declare({0, "checkpoint-1", "s1", 0, {}});
+  node0->ReportPart(save, PartKind::kVersion, "v0", 0);
+  node0->Restart(1);
+  auto replacement = MakeStoreCommitBoard(*store, 2, 1, /*incarnation=*/1);
+  replacement->ReportPart(save, PartKind::kNoPart, "", 1);
+  EXPECT_EQ(node0->Decide(save)->decision, Decision::kAbandon);
+  // Its own saves, declared in its time, are its to answer.
+  const uint64_t next = node0->Declare({0, "checkpoint-2", "s2", 1, {}});
+  node0->ReportPart(next, PartKind::kVersion, "v0b", 1);
+  replacement->ReportPart(next, PartKind::kVersion, "v1b", 1);
+  EXPECT_EQ(node0->Decide(next)->decision, Decision::kCommit);
+}
+
+// Defect 2: a save declared in cycle 0 and left open across the restart is never completed
+// by a part of cycle 1.
+TEST(StoreCommitBoard, APartOfTheNextCycleNeverCompletesAnOpenSave) {
+  auto store = rendezvous::MakeMemoryStore();
+  auto node0 = MakeStoreCommitBoard(*store, 2, 0);
+  auto node1 = MakeStoreCommitBoard(*store, 2, 1);
+  const uint64_t save = node0->Declare({0, "checkpoint-2", "s", 0, {}});
+  node0->ReportPart(save, PartKind::kVersion, "v0", 0);
+  node0->Restart(1);
+  node1->ReportPart(save, PartKind::kVersion, "v1", 1);
+  EXPECT_EQ(node0->Decide(save)->decision, Decision::kAbandon);
+  EXPECT_EQ(node1->DeclaredSince(0).front().cycle, 0);
+}
+
 class CommitAcrossRestart : public ::testing::Test {
  protected:
   std::string Disk(int rank) const { return dir_.path() + "/node-" + std::to_string(rank); }
@@ -40,8 +95,8 @@ class CommitAcrossRestart : public ::testing::Test {
     boards_.clear();
   }
 
-  std::unique_ptr<checkpoint::CheckpointAgent> Start(int rank) {
-    boards_.push_back(MakeStoreCommitBoard(*store_, 2, rank));
+  std::unique_ptr<checkpoint::CheckpointAgent> Start(int rank, int64_t incarnation = 0, const std::string& load_dir = "") {
+    boards_.push_back(MakeStoreCommitBoard(*store_, 2, rank, incarnation));
     checkpoint::AgentOptions options;
     options.checkpoint_dir = Disk(rank);
     options.settings.scan_interval_s = 0.2;
@@ -51,6 +106,8 @@ class CommitAcrossRestart : public ::testing::Test {
     options.destination = storage::ParseDestination("file://" + Remote(), "test");
     options.uploader_binary = BT_LAUNCH_BINARY;
     options.board = boards_.back().get();
+    options.incarnation = incarnation;
+    options.load_dir = load_dir;
     return std::make_unique<checkpoint::CheckpointAgent>(options);
   }
 
@@ -249,6 +306,96 @@ TEST_F(CommitAcrossRestart, ANodeZeroOnlyCheckpointResumedIsCommittedWithoutTheF
   ASSERT_TRUE(commit.has_value()) << leader.message << " / " << follower.message;
   EXPECT_EQ(CommittedSize(*commit, 0, "weights.bin"), 1000u);
   EXPECT_FALSE(storage::PartRoot(*commit, 1).has_value()) << "node 1 holds no part of export-1";
+}
+
+// Restart in place: the agents live on, the cycle moves on (CheckpointAgent::BeginCycle).
+class CommitAcrossCycles : public CommitAcrossRestart {
+ protected:
+  void SetUp() override { NewStore(); }
+
+  // Waits until `name` is committed, or `within` passes.
+  std::optional<storage::CommitRecord> WaitForCommit(const std::string& name, std::chrono::seconds within = 15s) {
+    const auto deadline = Clock::now() + within;
+    while (Clock::now() < deadline) {
+      if (auto commit = Committed(name)) return commit;
+      std::this_thread::sleep_for(50ms);
+    }
+    return std::nullopt;
+  }
+};
+
+// Defect 2 and 30: node 0 wrote checkpoint-2 as the restart stopped the job, node 1's part was
+// not complete; the next cycle saved checkpoint-2 again. The commit names the second save's
+// parts only (never node 0's cycle-0 part with node 1's cycle-1 part), and neither drain
+// waits on the first save, which can no longer complete.
+TEST_F(CommitAcrossCycles, ANameSavedAgainInTheNextCycleCommitsOneCyclesParts) {
+  auto node0 = Start(0);
+  auto node1 = Start(1);
+  SaveOnNodeZero("save-2", 1000);
+  WaitForUploads(0, 1);
+  testing::WriteFile(Disk(1) + "/save-2/shard-1.bin.tmp", "half");  // cut short by the restart
+  std::thread next_cycle([&] { node0->BeginCycle(1); });
+  node1->BeginCycle(1);
+  next_cycle.join();
+  fs::remove_all(Disk(1) + "/save-2");
+  SaveOnNodeOne("save-2", 2500);
+  SaveOnNodeZero("save-2", 2000);
+
+  const auto started = Clock::now();
+  auto [leader, follower] = DrainBoth(*node0, *node1);
+  EXPECT_LT(Clock::now() - started, 15s) << "a drain waited on a save that cannot complete";
+  EXPECT_TRUE(leader.committed) << leader.message;
+  EXPECT_TRUE(follower.committed) << follower.message;
+  auto commit = Committed("save-2");
+  ASSERT_TRUE(commit.has_value()) << leader.message;
+  EXPECT_EQ(CommittedSize(*commit, 0, "weights.bin"), 2000u) << "node 0's part of cycle 0 was committed";
+  EXPECT_EQ(CommittedSize(*commit, 1, "shard-1.bin"), 2500u);
+  EXPECT_EQ(commit->cycle, 1);
+  EXPECT_EQ(commit->part_cycles, (std::map<int, int64_t>{{0, 1}, {1, 1}}));
+  EXPECT_TRUE(storage::CommitRecordProblems(*commit).empty());
+}
+
+// Defect 3: node 1's launcher was lost while node 1 wrote its part of checkpoint-1; its
+// replacement (joined in cycle 1, on a fresh disk) holds nothing of it. It answers "lost",
+// never "no part": checkpoint-1 is not committed without node 1's shard; the next save is.
+TEST_F(CommitAcrossCycles, AReplacementNeverAnswersNoPartForItsPredecessorsSave) {
+  auto node0 = Start(0);
+  auto lost = Start(1);
+  SaveOnNodeZero("save-1", 1000);
+  WaitForUploads(0, 1);
+  Kill(lost);
+  fs::remove_all(Disk(1));  // a fresh node in its place
+  node0->BeginCycle(1);
+  auto replacement = Start(1, /*incarnation=*/1);
+  replacement->BeginCycle(1);
+  SaveOnNodeZero("save-2", 1000);
+  SaveOnNodeOne("save-2", 500);
+  ASSERT_TRUE(WaitForCommit("save-2").has_value());
+  auto [leader, follower] = DrainBoth(*node0, *replacement);
+  EXPECT_FALSE(Committed("save-1").has_value()) << "checkpoint-1 was committed without node 1's shard";
+  EXPECT_TRUE(leader.committed) << leader.message;
+}
+
+// Defect 12: BT_LOAD_CHECKPOINT_DIR inside BT_CHECKPOINT_DIR: what the launcher loads there
+// for the restart is not a checkpoint of this run, and `latest` never names it.
+TEST(CheckpointLoadFolder, ALoadFolderInsideTheCheckpointFolderIsNeverCommitted) {
+  testing::TempDir dir;
+  const std::string disk = dir.path() + "/ckpt";
+  testing::WriteFile(disk + "/loaded/rank-0/ckpt-4/weights.bin", std::string(100, 'w'));
+  testing::WriteFile(disk + "/loaded/rank-0/ckpt-4/.complete", "");
+  checkpoint::AgentOptions options;
+  options.checkpoint_dir = disk;
+  options.settings.scan_interval_s = 0.2;
+  options.job_id = kJob;
+  options.destination = storage::ParseDestination("file://" + dir.path() + "/remote", "test");
+  options.uploader_binary = BT_LAUNCH_BINARY;
+  options.load_dir = disk + "/loaded";
+  checkpoint::CheckpointAgent agent(options);
+  std::this_thread::sleep_for(500ms);
+  checkpoint::DrainResult result = agent.Drain(true, Clock::now() + 10s);
+  EXPECT_FALSE(fs::exists(dir.path() + "/remote/" + kJob + "/latest"))
+      << testing::ReadFile(dir.path() + "/remote/" + kJob + "/latest");
+  EXPECT_NE(result.message.find("no complete checkpoint"), std::string::npos) << result.message;
 }
 
 }  // namespace

@@ -1,0 +1,353 @@
+// The commit rule's state machine: the reproduced defects as single scenarios, then every
+// sequence of declare / answer / replace / restart a small model can make (2 ranks, 2 saves of
+// one name, answers truthful or not: from a stale launcher, telling of the wrong cycle), with
+// the invariants of DESIGN.md §3 checked after every step; and every order of a
+// restart with a replaced rank around two saves.
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "checkpoint/commit_rule.h"
+
+namespace bt::checkpoint {
+namespace {
+
+SaveDeclaration Save(uint64_t number, int64_t cycle, const std::string& name = "checkpoint-2") {
+  return {number, name, "save-" + std::to_string(number), cycle};
+}
+
+PartAnswer Version(int rank, uint64_t declaration, int64_t cycle, int64_t incarnation = 0) {
+  return {rank, declaration, incarnation, cycle, PartKind::kVersion, "v" + std::to_string(rank) + "-" + std::to_string(cycle)};
+}
+
+PartAnswer NoPart(int rank, uint64_t declaration, int64_t cycle, int64_t incarnation = 0) {
+  return {rank, declaration, incarnation, cycle, PartKind::kNoPart, ""};
+}
+
+PartAnswer Lost(int rank, uint64_t declaration, int64_t cycle, int64_t incarnation = 0) {
+  return {rank, declaration, incarnation, cycle, PartKind::kLost, ""};
+}
+
+TEST(CommitRule, CommitsWhenEveryRankAnsweredWithAVersionOrNoPart) {
+  CommitRule rule(3);
+  rule.Declare(Save(0, 0));
+  EXPECT_TRUE(rule.Answer(Version(0, 0, 0)));
+  EXPECT_TRUE(rule.Answer(NoPart(2, 0, 0)));
+  EXPECT_EQ(rule.DecisionOf(0), Decision::kPending);
+  EXPECT_EQ(rule.Missing(0), std::vector<int>{1});
+  EXPECT_TRUE(rule.Answer(Version(1, 0, 0)));
+  EXPECT_EQ(rule.DecisionOf(0), Decision::kCommit);
+  EXPECT_EQ(rule.Find(0)->answers.at(2).kind, PartKind::kNoPart);
+}
+
+TEST(CommitRule, OneLostPartAbandonsTheSaveAtOnce) {
+  CommitRule rule(3);
+  rule.Declare(Save(0, 0));
+  EXPECT_TRUE(rule.Answer(Lost(2, 0, 0)));
+  EXPECT_EQ(rule.DecisionOf(0), Decision::kAbandon);
+  EXPECT_FALSE(rule.Answer(Version(0, 0, 0)));
+}
+
+// Defect 4: a second answer for a rank (a replacement's) neither replaces the first nor
+// counts towards the others: node 2 never answered, so nothing commits.
+TEST(CommitRule, CountsRanksNotAnswers) {
+  CommitRule rule(3);
+  rule.Declare(Save(0, 0));
+  EXPECT_TRUE(rule.Answer(Version(0, 0, 0)));
+  EXPECT_TRUE(rule.Answer(Version(1, 0, 0)));
+  EXPECT_FALSE(rule.Answer(NoPart(1, 0, 0)));
+  EXPECT_FALSE(rule.Answer(Version(1, 0, 0)));
+  EXPECT_EQ(rule.DecisionOf(0), Decision::kPending);
+  EXPECT_EQ(rule.Find(0)->answers.at(1).version, "v1-0");
+}
+
+// Defect 3: a replacement answers "no part" for the save its lost predecessor was writing:
+// it is not that launcher's to answer; the rank's part is lost and the save is abandoned.
+TEST(CommitRule, AReplacementNeverAnswersItsPredecessorsSave) {
+  CommitRule rule(2);
+  rule.Declare(Save(0, 0));
+  EXPECT_TRUE(rule.Answer(Version(0, 0, 0)));
+  rule.Restart(1);
+  rule.Replace(1, 1);
+  EXPECT_EQ(rule.DecisionOf(0), Decision::kAbandon);
+  EXPECT_FALSE(rule.Answer(NoPart(1, 0, 1, 1)));
+}
+
+// Defect 2: a declaration left open across a restart is never completed by a part of the new
+// cycle; the answer that tells of the new cycle makes it lost.
+TEST(CommitRule, APartOfALaterCycleNeverCompletesAnEarlierSave) {
+  CommitRule rule(2);
+  rule.Declare(Save(0, 0));
+  EXPECT_TRUE(rule.Answer(Version(0, 0, 0)));
+  rule.Restart(1);
+  EXPECT_TRUE(rule.Answer(Version(1, 0, 1)));
+  EXPECT_EQ(rule.DecisionOf(0), Decision::kAbandon);
+}
+
+TEST(CommitRule, AnOpenSaveCompletesAfterARestartWithAPartOfItsOwnCycle) {
+  CommitRule rule(2);
+  rule.Declare(Save(0, 0));
+  EXPECT_TRUE(rule.Answer(Version(0, 0, 0)));
+  rule.Restart(1);
+  EXPECT_TRUE(rule.Answer(Version(1, 0, 0)));  // uploaded late, written in cycle 0
+  EXPECT_EQ(rule.DecisionOf(0), Decision::kCommit);
+}
+
+// A stale launcher (replaced, still running behind a partition) is never heard again.
+TEST(CommitRule, AStaleLaunchersLateAnswerIsIgnored) {
+  CommitRule rule(2);
+  rule.Restart(1);
+  rule.Replace(1, 1);
+  rule.Declare(Save(0, 1));
+  EXPECT_FALSE(rule.Answer(Version(1, 0, 1, /*incarnation=*/0)));
+  EXPECT_TRUE(rule.Answer(Version(0, 0, 1)));
+  EXPECT_TRUE(rule.Answer(Version(1, 0, 1, 1)));
+  EXPECT_EQ(rule.DecisionOf(0), Decision::kCommit);
+}
+
+// Defect 30: the name saved again in the next cycle; once the later save commits, the
+// earlier one can never complete, and nothing waits for it.
+TEST(CommitRule, ALaterSaveOfTheNameCommittedAbandonsTheEarlierOne) {
+  CommitRule rule(2);
+  rule.Declare(Save(0, 0));
+  EXPECT_TRUE(rule.Answer(Version(0, 0, 0)));
+  rule.Restart(1);
+  rule.Declare(Save(1, 1));
+  EXPECT_TRUE(rule.Answer(Version(0, 1, 1)));
+  EXPECT_TRUE(rule.Answer(Version(1, 1, 1)));
+  EXPECT_EQ(rule.DecisionOf(1), Decision::kCommit);
+  EXPECT_EQ(rule.DecisionOf(0), Decision::kAbandon);
+  EXPECT_FALSE(rule.Answer(Version(1, 0, 0)));
+}
+
+// ---- The small model, every sequence -------------------------------------------------
+
+constexpr int kRanks = 2;
+constexpr int kSaves = 2;
+
+struct Event {
+  enum Kind { kDeclare, kRestart, kReplace, kAnswer } kind = kDeclare;
+  int rank = 0;
+  int save = 0;  // the n-th declaration
+  PartKind part = PartKind::kVersion;
+  bool tells_current_cycle = false;  // else the declaration's cycle
+  bool from_first_launcher = false;  // else the launcher running the rank now
+};
+
+std::vector<Event> Alphabet() {
+  std::vector<Event> events{{Event::kDeclare}, {Event::kRestart}};
+  for (int rank = 0; rank < kRanks; ++rank) events.push_back({Event::kReplace, rank});
+  for (int rank = 0; rank < kRanks; ++rank) {
+    for (int save = 0; save < kSaves; ++save) {
+      for (PartKind part : {PartKind::kVersion, PartKind::kNoPart, PartKind::kLost}) {
+        for (bool current_cycle : {false, true}) {
+          for (bool first_launcher : {false, true}) {
+            events.push_back({Event::kAnswer, rank, save, part, current_cycle, first_launcher});
+          }
+        }
+      }
+    }
+  }
+  return events;
+}
+
+// The world the rule is told about, and what the test saw it count.
+struct Model {
+  CommitRule rule{kRanks};
+  int64_t cycle = 0;
+  std::vector<int64_t> declared_cycle;                  // by declaration number
+  std::map<int, std::vector<int64_t>> launchers;        // rank → joined cycles, increasing
+  std::map<std::pair<uint64_t, int>, PartAnswer> counted;  // (save, rank) → the answer counted
+  std::map<uint64_t, Decision> decided;
+
+  Model() {
+    for (int rank = 0; rank < kRanks; ++rank) launchers[rank] = {0};
+  }
+
+  int64_t RanAt(int rank, int64_t at) const {
+    int64_t found = 0;
+    for (int64_t joined : launchers.at(rank)) {
+      if (joined <= at) found = joined;
+    }
+    return found;
+  }
+
+  // Applies `event`; false when it means nothing in this world (a third declaration).
+  bool Apply(const Event& event, std::string& failure) {
+    switch (event.kind) {
+      case Event::kDeclare:
+        if (declared_cycle.size() == size_t(kSaves)) return false;
+        declared_cycle.push_back(cycle);
+        rule.Declare(Save(declared_cycle.size() - 1, cycle));
+        break;
+      case Event::kRestart:
+        if (cycle == 2) return false;
+        rule.Restart(++cycle);
+        break;
+      case Event::kReplace:
+        // A replacement joins a cycle before that cycle's training runs: before any save of it.
+        if (launchers[event.rank].back() == cycle) return false;
+        if (!declared_cycle.empty() && declared_cycle.back() == cycle) return false;
+        launchers[event.rank].push_back(cycle);
+        rule.Replace(event.rank, cycle);
+        break;
+      case Event::kAnswer: {
+        const uint64_t number = uint64_t(event.save);
+        const int64_t declared = number < declared_cycle.size() ? declared_cycle[number] : cycle;
+        PartAnswer answer{event.rank,
+                          number,
+                          event.from_first_launcher ? 0 : launchers[event.rank].back(),
+                          event.tells_current_cycle ? cycle : declared,
+                          event.part,
+                          event.part == PartKind::kVersion ? "v" : ""};
+        const bool was_counted = rule.Answer(answer);
+        if (was_counted) {
+          if (number >= declared_cycle.size()) failure = "an answer to a save never declared counted";
+          if (!counted.emplace(std::pair(number, event.rank), answer).second) failure = "two answers of one rank counted";
+        }
+        break;
+      }
+    }
+    return true;
+  }
+
+  // DESIGN.md §3's invariants over the rule's state now.
+  std::string Violation() {
+    for (const auto& [number, save] : rule.saves()) {
+      auto before = decided.find(number);
+      if (before != decided.end() && before->second != save.decision) return "a decision changed";
+      if (save.decision != Decision::kPending) decided[number] = save.decision;
+      const int64_t declared = declared_cycle[number];
+      bool all_answered = true;
+      bool any_lost = false;
+      for (int rank = 0; rank < kRanks; ++rank) {
+        auto answer = counted.find({number, rank});
+        const bool good = answer != counted.end() && answer->second.kind != PartKind::kLost &&
+                          answer->second.cycle == declared && answer->second.incarnation == RanAt(rank, declared);
+        if (save.decision == Decision::kCommit && !good) {
+          return "save " + std::to_string(number) + " committed without a good answer of rank " + std::to_string(rank);
+        }
+        if (answer == counted.end()) {
+          all_answered = false;
+          any_lost |= launchers.at(rank).back() != RanAt(rank, declared);  // replaced before it answered
+        } else {
+          any_lost |= !good;
+        }
+      }
+      if (any_lost && save.decision == Decision::kCommit) return "a save committed with a lost part";
+      if (any_lost && save.decision == Decision::kPending) return "a save with a lost part left open";
+      // Progress: every rank answered well → committed, unless a later save of the name was.
+      if (all_answered && !any_lost && save.decision != Decision::kCommit) {
+        bool superseded = false;
+        for (const auto& [later, other] : rule.saves()) superseded |= later > number && other.decision == Decision::kCommit;
+        if (!superseded) return "a save every rank answered is not committed";
+      }
+      if (save.decision == Decision::kCommit) {
+        for (const auto& [later, other] : rule.saves()) {
+          if (later > number && other.decision == Decision::kCommit && decided_order_.at(later) < decided_order_.at(number)) {
+            return "an older save of the name committed after a newer one";
+          }
+        }
+      }
+    }
+    return "";
+  }
+
+  void NoteDecisions(int step) {
+    for (const auto& [number, save] : rule.saves()) {
+      if (save.decision != Decision::kPending) decided_order_.emplace(number, step);
+    }
+  }
+
+  std::map<uint64_t, int> decided_order_;
+};
+
+std::string Describe(const std::vector<Event>& sequence) {
+  std::string text;
+  for (const Event& event : sequence) {
+    switch (event.kind) {
+      case Event::kDeclare: text += "declare; "; break;
+      case Event::kRestart: text += "restart; "; break;
+      case Event::kReplace: text += "replace " + std::to_string(event.rank) + "; "; break;
+      case Event::kAnswer:
+        text += "answer rank " + std::to_string(event.rank) + " save " + std::to_string(event.save) + " " +
+                PartKindName(event.part) + (event.tells_current_cycle ? " (current cycle)" : "") +
+                (event.from_first_launcher ? " (first launcher)" : "") + "; ";
+        break;
+    }
+  }
+  return text;
+}
+
+// Depth-first over every sequence of up to `depth` events, the model copied at each step.
+void Explore(const Model& model, const std::vector<Event>& alphabet, std::vector<Event>& sequence, int depth,
+             int64_t& sequences, std::string& first_failure) {
+  if (!first_failure.empty()) return;
+  ++sequences;
+  if (depth == 0) return;
+  for (const Event& event : alphabet) {
+    Model next = model;
+    std::string failure;
+    if (!next.Apply(event, failure)) continue;
+    sequence.push_back(event);
+    next.NoteDecisions(int(sequence.size()));
+    if (failure.empty()) failure = next.Violation();
+    if (!failure.empty()) {
+      first_failure = failure + " after: " + Describe(sequence);
+      return;
+    }
+    Explore(next, alphabet, sequence, depth - 1, sequences, first_failure);
+    sequence.pop_back();
+  }
+}
+
+TEST(CommitRuleModel, EverySequenceOfUpToFourEventsKeepsTheInvariants) {
+  const std::vector<Event> alphabet = Alphabet();
+  std::vector<Event> sequence;
+  int64_t sequences = 0;
+  std::string failure;
+  Explore(Model(), alphabet, sequence, 4, sequences, failure);
+  EXPECT_EQ(failure, "");
+  EXPECT_GT(sequences, 100'000);
+}
+
+// The events of two saves around a restart with a replaced rank, each truthful, in every
+// order: whatever the order, nothing mixes, nothing commits without a rank.
+TEST(CommitRuleModel, EveryOrderOfARestartWithAReplacementKeepsTheInvariants) {
+  std::vector<Event> events = {
+      {Event::kDeclare},
+      {Event::kDeclare},
+      {Event::kRestart},
+      {Event::kReplace, 1},
+      {Event::kAnswer, 0, 0, PartKind::kVersion},
+      {Event::kAnswer, 1, 0, PartKind::kVersion},
+      {Event::kAnswer, 0, 1, PartKind::kVersion},
+      {Event::kAnswer, 1, 1, PartKind::kNoPart},
+      {Event::kAnswer, 1, 0, PartKind::kLost},
+  };
+  std::vector<int> order(events.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = int(i);
+  int64_t orders = 0;
+  do {
+    Model model;
+    std::vector<Event> sequence;
+    for (int index : order) {
+      std::string failure;
+      if (!model.Apply(events[size_t(index)], failure)) continue;
+      sequence.push_back(events[size_t(index)]);
+      model.NoteDecisions(int(sequence.size()));
+      if (failure.empty()) failure = model.Violation();
+      ASSERT_EQ(failure, "") << Describe(sequence);
+    }
+    ++orders;
+  } while (std::next_permutation(order.begin(), order.end()));
+  EXPECT_EQ(orders, 362880);
+}
+
+}  // namespace
+}  // namespace bt::checkpoint
