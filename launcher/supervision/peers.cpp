@@ -207,15 +207,20 @@ std::unique_ptr<TcpPeers> TcpPeers::Join(const env::JobConfig& config, const env
                                     Millis(settings.heartbeat_timeout_s),
                                     signals.fd(),
                                     checked_job_id};
+  // Only a shutdown signal stops the retries: the SIGCHLD of a child run before the
+  // rendezvous (node 0's restart policy reads `latest` through rclone) is no stop.
+  std::optional<int> stop_signal;
+  options.stop_requested = [&signals, &stop_signal] {
+    if (!stop_signal) stop_signal = signals.TakeShutdownRequest();
+    return stop_signal.has_value();
+  };
   try {
     peers->client_ = rendezvous::StoreClient::Connect(options);
   } catch (const rendezvous::StoreError& error) {
-    // The retries stop early when a signal is pending: a stop, not a failed rendezvous.
-    while (auto signal_number = signals.Take()) {
-      if (StartsShutdown(*signal_number)) {
-        throw LaunchFailure(128 + *signal_number,
-                            std::string("stopped by ") + strsignal(*signal_number) + " while waiting for the leader");
-      }
+    // The retries stop early on a shutdown signal: a stop, not a failed rendezvous.
+    if (!stop_signal) stop_signal = signals.TakeShutdownRequest();
+    if (stop_signal) {
+      throw LaunchFailure(128 + *stop_signal, std::string("stopped by ") + strsignal(*stop_signal) + " while waiting for the leader");
     }
     throw LaunchFailure(kExitUnavailable, std::string("rendezvous failed: ") + error.what() + LoopbackHint(identity) +
                                               "; `bt-launch doctor` on this node checks the name, the port, the token and the clock");

@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -856,6 +857,44 @@ TEST(Client, UnresolvableLeaderIsRetriedThenNamed) {
   }
 }
 
+// The interrupt fd readable without a stop request (a SIGCHLD on the launcher's signalfd,
+// read off by `stop_requested`): the retries go on to their deadline. With a stop request
+// they end at once.
+TEST(Client, OnlyAStopRequestEndsTheConnectRetries) {
+  const int interrupt = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  ASSERT_GE(interrupt, 0);
+  auto make_readable = [interrupt] {
+    uint64_t one = 1;
+    ASSERT_EQ(write(interrupt, &one, sizeof one), ssize_t(sizeof one));
+  };
+  int asked = 0;
+  ClientOptions options{"127.0.0.1", 1, kToken, 1s, 100ms, 1s, interrupt};
+  options.stop_requested = [&] {
+    ++asked;
+    uint64_t value = 0;
+    [[maybe_unused]] ssize_t ignored = read(interrupt, &value, sizeof value);
+    return false;
+  };
+  make_readable();
+  try {
+    StoreClient::Connect(options);
+    FAIL();
+  } catch (const StoreError& error) {
+    EXPECT_NE(std::string(error.what()).find("never answered"), std::string::npos) << error.what();
+  }
+  EXPECT_EQ(asked, 1);
+  options.stop_requested = [] { return true; };
+  make_readable();
+  const auto started = std::chrono::steady_clock::now();
+  try {
+    StoreClient::Connect(options);
+    FAIL();
+  } catch (const StoreError& error) {
+    EXPECT_NE(std::string(error.what()).find("interrupted"), std::string::npos) << error.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 500ms);
+  close(interrupt);
+}
 
 // Restart in place: a policy that always restarts, with the checkpoint it would resume from.
 ServerOptions RestartingOptions(int nodes) {
