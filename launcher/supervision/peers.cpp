@@ -254,6 +254,10 @@ void TcpPeers::DrainEvents() {
     if (event->kind == PeerEvent::Kind::kComplete) {
       complete_ = true;
     } else if (event->kind == PeerEvent::Kind::kRejoin) {
+      // This launcher's reports and barrier arrivals belong to the cycle it meets the others
+      // in, and until it begins one it has no job for a newer restart to stop.
+      cycle_ = event->cycle;
+      preparing_rejoin_ = true;
       rejoin_ = std::move(*event);
     } else if (event->kind == PeerEvent::Kind::kRestart || event->kind == PeerEvent::Kind::kCycleGo) {
       OnCycleEvent(std::move(*event));
@@ -283,6 +287,8 @@ void TcpPeers::OnCycleEvent(PeerEvent event) {
     spdlog::warn("ignoring a restart into cycle {}: this node is already in cycle {}", event.cycle, newest);
     return;
   }
+  // A replacement still preparing had no job for the push to stop: its stop took no time.
+  if (preparing_rejoin_) event.received = {};
   restart_ = std::move(event);
   stop_delivered_ = false;  // the job of this cycle (when one runs) is stopped for the restart
 }
@@ -325,13 +331,17 @@ std::optional<std::string> TcpPeers::TakeStop() {
     stop_delivered_ = true;
     return verdict_->message;
   }
-  if (!restart_) return std::nullopt;
+  // A replacement still preparing (weights, the seed) has no job to stop: a newer restart
+  // is the cycle it meets the others in (RunCycles takes it at the barrier), never a reason
+  // to give up a rank the leader now awaits from it.
+  if (!restart_ || preparing_rejoin_) return std::nullopt;
   stop_delivered_ = true;
   return restart_->message + "; every node restarts in cycle " + std::to_string(restart_->cycle);
 }
 
 void TcpPeers::BeginCycle(int64_t cycle) {
   cycle_ = cycle;
+  preparing_rejoin_ = false;
   stop_delivered_ = false;
   reported_ = false;
   cycle_started_ = false;

@@ -160,6 +160,7 @@ class TcpPeers final : public Peers {
   int64_t cycle_ = 0;
   std::optional<rendezvous::PeerEvent> restart_;  // pushed for a cycle after cycle_, not yet taken
   std::optional<rendezvous::PeerEvent> rejoin_;   // this launcher replaced a lost one: the cycle to meet in
+  bool preparing_rejoin_ = false;                 // it did, and has begun no cycle yet (no job to stop)
   bool cycle_started_ = false;                    // the leader's go for cycle_ came
   rendezvous::Message cycle_go_;                  // that go
   std::mutex stack_request_mutex_;
