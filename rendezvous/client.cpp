@@ -444,6 +444,11 @@ std::string StoreClient::LocalAddress() const {
   return AddressText(reinterpret_cast<const sockaddr*>(&address));
 }
 
+bool StoreClient::LeaderLost() {
+  std::lock_guard lock(mutex_);
+  return broken_.has_value();
+}
+
 std::optional<PeerEvent> StoreClient::TakeEvent() {
   std::lock_guard lock(mutex_);
   if (events_.empty()) {

@@ -126,6 +126,9 @@ class StoreClient final : public Store {
   void SayGoodbye();
 
   int event_fd() const { return event_fd_; }  // readable when TakeEvent() has something
+  // The connection to the leader is gone (no heartbeat, closed): nothing sent to it arrives.
+  // Thread-safe, and cheap: no event is taken.
+  bool LeaderLost();
   // This end's address of the connection to the leader: the one that is proven to reach it.
   std::string LocalAddress() const;
   std::optional<PeerEvent> TakeEvent();
