@@ -109,10 +109,11 @@ class CheckpointAgent::Impl {
     if (wake_fd_ >= 0) close(wake_fd_);
   }
 
-  DrainResult Drain(bool training_succeeded, Clock::time_point deadline) {
+  DrainResult Drain(bool training_succeeded, Clock::time_point deadline, LeaderLoss leader_loss = {}) {
     {
       std::lock_guard lock(mutex_);
       drain_deadline_ = deadline;
+      leader_loss_ = std::move(leader_loss);
       training_succeeded_ = training_succeeded;
       training_ended_ns_ = WallNanos();
     }
@@ -517,6 +518,7 @@ class CheckpointAgent::Impl {
       if (!options_.board) CommitLocally();
       if (!uploader_) RestartUploaderIfDue();
       if (!draining) continue;
+      if (LeaderLost() && OwnUploadsDone()) break;
       if (Settled(declarations_closed)) break;
       if (Clock::now() >= drain_deadline_) break;
       if (Clock::now() - last_drain_log >= kProgressLogEvery) {
@@ -1151,6 +1153,27 @@ class CheckpointAgent::Impl {
     }
   }
 
+  // Whether node 0 is lost (LeaderLoss): the first time it is, the drain's deadline comes
+  // down to the upload bound, and the log says why the drain ends early.
+  bool LeaderLost() {
+    if (leader_lost_since_) return true;
+    if (!leader_loss_.lost || !leader_loss_.lost()) return false;
+    leader_lost_since_ = Clock::now();
+    std::lock_guard lock(mutex_);
+    drain_deadline_ = std::min(drain_deadline_, *leader_lost_since_ + leader_loss_.upload_bound);
+    spdlog::warn("checkpoints: node 0 is lost, so nothing can be committed: waiting only for this node's own uploads, "
+                 "at most {} s (the journal keeps them for a restarted launcher)",
+                 std::chrono::duration_cast<std::chrono::seconds>(drain_deadline_ - Clock::now()).count());
+    return true;
+  }
+
+  bool OwnUploadsDone() const {
+    for (const auto& [seq, version] : versions_) {
+      if (version.stage == Stage::kQueued) return false;
+    }
+    return true;
+  }
+
   bool Settled(bool declarations_closed) {
     if (!failed_handoffs_.empty()) return false;  // tried again until the deadline
     if (options_.board && !is_leader() && !board_error_) return FollowerSettled();
@@ -1267,6 +1290,10 @@ class CheckpointAgent::Impl {
     } else {
       reason = options_.board ? "uploaded, but node 0 has not committed it" : "`latest` could not be written";
     }
+    if (leader_lost_since_) {
+      return {false, "checkpoint " + version.name + " was not committed: node 0 was lost (" + reason +
+                         "); this node's journal keeps its part for a restarted launcher"};
+    }
     return {false, "checkpoint " + version.name + " was not committed before the drain deadline: " + reason};
   }
 
@@ -1310,6 +1337,8 @@ class CheckpointAgent::Impl {
   int wake_fd_ = -1;
   std::mutex mutex_;
   Clock::time_point drain_deadline_ = Clock::time_point::max();
+  LeaderLoss leader_loss_;
+  std::optional<Clock::time_point> leader_lost_since_;  // when the drain first saw node 0 lost
   bool training_succeeded_ = false;
   std::optional<int64_t> training_ended_ns_;
   std::thread thread_;
@@ -1325,8 +1354,9 @@ class CheckpointAgent::Impl {
 CheckpointAgent::CheckpointAgent(AgentOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
 CheckpointAgent::~CheckpointAgent() = default;
 
-DrainResult CheckpointAgent::Drain(bool training_succeeded, std::chrono::steady_clock::time_point deadline) {
-  return impl_->Drain(training_succeeded, deadline);
+DrainResult CheckpointAgent::Drain(bool training_succeeded, std::chrono::steady_clock::time_point deadline,
+                                   LeaderLoss leader_loss) {
+  return impl_->Drain(training_succeeded, deadline, std::move(leader_loss));
 }
 
 void CheckpointAgent::BeginCycle(int64_t cycle) { impl_->BeginCycle(cycle); }

@@ -85,6 +85,14 @@ struct AgentOptions {
   std::function<void(const std::string& name)> on_handoff;
 };
 
+// A follower's drain once node 0 is lost (cut off, or gone): no commit can come any more,
+// so the drain waits only for this node's own uploads (its journal keeps them for a
+// restarted launcher), and at most `upload_bound` from when the loss is seen.
+struct LeaderLoss {
+  std::function<bool()> lost;  // true once node 0 cannot be reached; called on the agent's thread
+  std::chrono::milliseconds upload_bound{0};
+};
+
 struct DrainResult {
   bool committed = true;  // the last complete checkpoint is committed (or there was none)
   std::string message;    // one line: what was committed, or what was not and why
@@ -100,8 +108,10 @@ class CheckpointAgent {
   CheckpointAgent& operator=(const CheckpointAgent&) = delete;
 
   // The training has ended (`succeeded`: every command exited 0). Commits what is complete
-  // and waits until it is uploaded and committed, or until `deadline`.
-  DrainResult Drain(bool training_succeeded, std::chrono::steady_clock::time_point deadline);
+  // and waits until it is uploaded and committed, or until `deadline`; once `leader_loss`
+  // says node 0 is lost, only until this node's own uploads are done (see LeaderLoss).
+  DrainResult Drain(bool training_succeeded, std::chrono::steady_clock::time_point deadline,
+                    LeaderLoss leader_loss = {});
 
   // The job's training of `cycle` is about to start (restart in place), the last cycle's is
   // stopped. Returns once the agent judged what the last cycle left as that cycle's (at most

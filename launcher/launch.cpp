@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -135,6 +136,17 @@ rendezvous::RestartPolicy RestartPolicyOf(const PreparedJob& job, const std::opt
   return MakeRestartPolicy(job.config.launcher.restart, std::move(latest));
 }
 
+// A follower cut off from node 0 can commit nothing: its drain waits only for its own uploads,
+// briefly (at most a quarter of rejoin_timeout_s), so that it exits while node 0 still awaits
+// its replacement.
+checkpoint::LeaderLoss LeaderLossOf(Peers* peers, const env::JobConfig& config) {
+  constexpr double kUploadBoundS = 30;
+  if (peers == nullptr) return {};
+  const double bound_s = std::min({kUploadBoundS, config.launcher.checkpoint.drain_timeout_s,
+                                   config.launcher.restart.rejoin_timeout_s / 4});
+  return {[peers] { return peers->LeaderLost(); }, std::chrono::milliseconds(int64_t(bound_s * 1000))};
+}
+
 // The hang watch of the run (launcher.watchdog): the job's side (heartbeat file, stack
 // hook, NCCL flight recorder) goes into its environment; null when it is off.
 std::unique_ptr<watchdog::Watchdog> ArmWatchdog(PreparedJob& job, Peers* peers, watchdog::Progress& progress) {
@@ -249,7 +261,7 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   bool committed = true;
   if (checkpoints.agent) {
     timeline.Begin("drain");
-    committed = DrainCheckpoints(checkpoints, job.config, outcome);
+    committed = DrainCheckpoints(checkpoints, job.config, outcome, LeaderLossOf(peers.get(), job.config));
     timeline.Annotate(committed ? "committed" : "last checkpoint not committed");
   }
   int exit_code = outcome.exit_code;
@@ -258,7 +270,8 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
     exit_code = peers->Finish(outcome, signals);
     timeline.Annotate("job exit " + std::to_string(exit_code));
   }
-  if (!committed) exit_code = kExitIo;
+  // Cut off from node 0, the job failed at the rendezvous (69): the uncommitted part is no I/O failure.
+  if (!committed && !(peers && peers->LeaderLost())) exit_code = kExitIo;
   LogTimeline(timeline);
   return exit_code;
 }

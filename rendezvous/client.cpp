@@ -34,6 +34,28 @@ int64_t MillisLeft(Clock::time_point deadline) {
 // How often a name lookup in progress looks at the interrupt fd.
 constexpr int kResolvePollMs = 50;
 
+enum class Woken { kTimedOut, kReady, kStopRequested };
+
+// Waits up to `timeout` for `watched` (null: nothing) to be ready, or for a stop request:
+// `interrupt_fd` readable and `stop_requested` (when set) agreeing. A readable interrupt fd
+// that asks for no stop (a SIGCHLD on the launcher's signalfd, consumed by `stop_requested`)
+// does not end the wait: it goes on for the rest of `timeout`. Sets `watched->revents`.
+Woken WaitUnlessStopped(pollfd* watched, int interrupt_fd, const std::function<bool()>& stop_requested,
+                        std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (true) {
+    // poll ignores an entry whose fd is negative: no watched fd, or no interrupt fd.
+    pollfd fds[2] = {watched ? pollfd{watched->fd, watched->events, 0} : pollfd{-1, 0, 0}, {interrupt_fd, POLLIN, 0}};
+    poll(fds, 2, int(MillisLeft(deadline)));
+    if (fds[1].revents != 0 && (!stop_requested || stop_requested())) return Woken::kStopRequested;
+    if (watched && fds[0].revents != 0) {
+      watched->revents = fds[0].revents;
+      return Woken::kReady;
+    }
+    if (MillisLeft(deadline) <= 0) return Woken::kTimedOut;
+  }
+}
+
 // One lookup handed to glibc's resolver thread. On an interrupt it is abandoned: a lookup
 // that cannot be cancelled still writes into it, so it is never freed then.
 struct PendingLookup {
@@ -45,8 +67,9 @@ struct PendingLookup {
 
 // getaddrinfo would block the launcher's only thread for the resolver's whole timeout (a
 // DNS server that never answers: seconds per attempt and family), deaf to SIGTERM: the
-// lookup runs on glibc's thread (getaddrinfo_a) while this one watches `interrupt_fd`.
-int ResolveInterruptibly(const std::string& host, const std::string& service, int interrupt_fd, addrinfo** result) {
+// lookup runs on glibc's thread (getaddrinfo_a) while this one watches for a stop request.
+int ResolveInterruptibly(const std::string& host, const std::string& service, const ClientOptions& options,
+                         addrinfo** result) {
   auto lookup = std::make_unique<PendingLookup>();
   lookup->host = host;
   lookup->service = service;
@@ -59,8 +82,9 @@ int ResolveInterruptibly(const std::string& host, const std::string& service, in
   if (int status = getaddrinfo_a(GAI_NOWAIT, requests, 1, nullptr); status != 0) return status;
   int status = EAI_INPROGRESS;
   while ((status = gai_error(&lookup->request)) == EAI_INPROGRESS) {
-    pollfd interrupt = {interrupt_fd, POLLIN, 0};
-    if (poll(&interrupt, interrupt_fd >= 0 ? 1 : 0, kResolvePollMs) > 0) {
+    const auto woken = WaitUnlessStopped(nullptr, options.interrupt_fd, options.stop_requested,
+                                         std::chrono::milliseconds(kResolvePollMs));
+    if (woken == Woken::kStopRequested) {
       if (gai_cancel(&lookup->request) != EAI_CANCELED) static_cast<void>(lookup.release());
       throw StoreError("interrupted while resolving the leader's name " + host);
     }
@@ -68,7 +92,6 @@ int ResolveInterruptibly(const std::string& host, const std::string& service, in
   *result = lookup->request.ar_result;
   return status;
 }
-
 
 }  // namespace
 
@@ -94,7 +117,7 @@ int ConnectWithBackoff(const ClientOptions& options, Clock::time_point deadline)
   while (true) {
     ++attempts;
     addrinfo* addresses = nullptr;
-    int lookup = ResolveInterruptibly(options.leader_host, std::to_string(options.port), options.interrupt_fd, &addresses);
+    int lookup = ResolveInterruptibly(options.leader_host, std::to_string(options.port), options, &addresses);
     if (lookup != 0) {
       last_error = std::string("cannot resolve ") + options.leader_host + ": " + gai_strerror(lookup);
     } else {
@@ -102,7 +125,7 @@ int ConnectWithBackoff(const ClientOptions& options, Clock::time_point deadline)
         int error = 0;
         auto attempt_timeout = std::min<std::chrono::milliseconds>(ConnectSchedule::AttemptTimeout(attempts),
                                                                    std::chrono::milliseconds(MillisLeft(deadline) + 1));
-        int fd = ConnectWithin(*address, attempt_timeout, error, options.interrupt_fd);
+        int fd = ConnectWithin(*address, attempt_timeout, error, options.interrupt_fd, options.stop_requested);
         if (fd >= 0) {
           freeaddrinfo(addresses);
           return fd;
@@ -125,8 +148,8 @@ int ConnectWithBackoff(const ClientOptions& options, Clock::time_point deadline)
       next_progress_log = Clock::now() + kProgressLogInterval;
     }
     auto sleep = std::min<int64_t>(MillisLeft(deadline), ConnectSchedule::Backoff(attempts, uint32_t(jitter())).count());
-    pollfd interrupt = {options.interrupt_fd, POLLIN, 0};
-    if (poll(&interrupt, options.interrupt_fd >= 0 ? 1 : 0, int(sleep)) > 0) {
+    if (WaitUnlessStopped(nullptr, options.interrupt_fd, options.stop_requested, std::chrono::milliseconds(sleep)) ==
+        Woken::kStopRequested) {
       throw StoreError("interrupted while waiting for the leader");
     }
   }
@@ -169,7 +192,8 @@ void WriteAll(int fd, const std::string& bytes) {
 
 }  // namespace
 
-int ConnectWithin(const addrinfo& address, std::chrono::milliseconds timeout, int& error, int interrupt_fd) {
+int ConnectWithin(const addrinfo& address, std::chrono::milliseconds timeout, int& error, int interrupt_fd,
+                  const std::function<bool()>& stop_requested) {
   int fd = socket(address.ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     error = errno;
@@ -180,17 +204,20 @@ int ConnectWithin(const addrinfo& address, std::chrono::milliseconds timeout, in
     close(fd);
     return -1;
   }
-  // A SYN that is dropped keeps the attempt open for its whole timeout: a pending signal
-  // (interrupt_fd readable) must not wait for it.
-  pollfd ready[2] = {{fd, POLLOUT, 0}, {interrupt_fd, POLLIN, 0}};
+  // A SYN that is dropped keeps the attempt open for its whole timeout: a stop request
+  // (interrupt_fd readable with a shutdown signal) must not wait for it.
+  pollfd connected = {fd, POLLOUT, 0};
   int status = ETIMEDOUT;
   socklen_t length = sizeof status;
-  if (poll(ready, interrupt_fd >= 0 ? 2 : 1, int(timeout.count())) > 0) {
-    if (ready[1].revents != 0) {
+  switch (WaitUnlessStopped(&connected, interrupt_fd, stop_requested, timeout)) {
+    case Woken::kStopRequested:
       status = EINTR;
-    } else {
+      break;
+    case Woken::kReady:
       getsockopt(fd, SOL_SOCKET, SO_ERROR, &status, &length);
-    }
+      break;
+    case Woken::kTimedOut:
+      break;
   }
   if (status != 0) {
     error = status;
@@ -249,9 +276,9 @@ std::unique_ptr<StoreClient> StoreClient::Connect(const ClientOptions& options) 
       close(fd);
       throw;
     }
-    pollfd interrupt = {options.interrupt_fd, POLLIN, 0};
     const int64_t pause = ConnectSchedule::Backoff(shed, uint32_t(jitter())).count();
-    if (poll(&interrupt, options.interrupt_fd >= 0 ? 1 : 0, int(std::min<int64_t>(MillisLeft(deadline), pause))) > 0) {
+    if (WaitUnlessStopped(nullptr, options.interrupt_fd, options.stop_requested,
+                          std::chrono::milliseconds(std::min<int64_t>(MillisLeft(deadline), pause))) == Woken::kStopRequested) {
       throw StoreError("interrupted while waiting for the leader");
     }
   }
@@ -415,6 +442,11 @@ std::string StoreClient::LocalAddress() const {
   socklen_t length = sizeof address;
   if (getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length) != 0) return "";
   return AddressText(reinterpret_cast<const sockaddr*>(&address));
+}
+
+bool StoreClient::LeaderLost() {
+  std::lock_guard lock(mutex_);
+  return broken_.has_value();
 }
 
 std::optional<PeerEvent> StoreClient::TakeEvent() {

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <atomic>
@@ -30,10 +31,15 @@ struct ClientOptions {
   std::chrono::milliseconds connect_timeout{900'000};  // total, DNS + connect retries included
   std::chrono::milliseconds heartbeat_interval{1000};
   std::chrono::milliseconds heartbeat_timeout{10'000};
-  int interrupt_fd = -1;  // readable (e.g. a signalfd) aborts the connect retries
+  int interrupt_fd = -1;  // readable (e.g. a signalfd): `stop_requested` says whether the retries end
   // Sent with the proof: a leader serving another job's rendezvous refuses this node by
   // name, even when both jobs hold one token (one Kubernetes Secret per namespace).
   std::string job_id;
+  // Asked each time `interrupt_fd` is readable: true ends the connect retries (a shutdown
+  // signal); false says that what made it readable asks for no stop and has been consumed
+  // (a SIGCHLD read off the signalfd: a child the launcher ran before the rendezvous, such
+  // as rclone reading `latest`, must not fail the rendezvous). Unset: any readiness stops.
+  std::function<bool()> stop_requested{};
 };
 
 // What the leader pushes, or what the client concludes about the leader.
@@ -67,8 +73,10 @@ struct ConnectSchedule {
 
 // One non-blocking connect bounded by `timeout`: the socket (still non-blocking), or -1
 // with `error` set to the errno, ETIMEDOUT when nothing answered (packets dropped), EINTR
-// when `interrupt_fd` (a signalfd) became readable first.
-int ConnectWithin(const addrinfo& address, std::chrono::milliseconds timeout, int& error, int interrupt_fd = -1);
+// when `interrupt_fd` (a signalfd) became readable first and `stop_requested` (when set)
+// said it asks for a stop.
+int ConnectWithin(const addrinfo& address, std::chrono::milliseconds timeout, int& error, int interrupt_fd = -1,
+                  const std::function<bool()>& stop_requested = {});
 
 // What the handshake learnt about the leader besides its proof.
 struct LeaderHandshake {
@@ -118,6 +126,9 @@ class StoreClient final : public Store {
   void SayGoodbye();
 
   int event_fd() const { return event_fd_; }  // readable when TakeEvent() has something
+  // The connection to the leader is gone (no heartbeat, closed): nothing sent to it arrives.
+  // Thread-safe, and cheap: no event is taken.
+  bool LeaderLost();
   // This end's address of the connection to the leader: the one that is proven to reach it.
   std::string LocalAddress() const;
   std::optional<PeerEvent> TakeEvent();

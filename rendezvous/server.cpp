@@ -852,10 +852,16 @@ class StoreServer::Loop {
   }
 
   // Every node reports again in the new cycle; the push is the only way a node learns of it.
+  // Every rank without a launcher now is awaited, however it was lost: during a cycle, at a
+  // barrier, or after its own job had finished and reported (then its loss failed nothing,
+  // but the new cycle needs the rank all the same).
   void BeginCycle(const Message& restart) {
     {
       std::lock_guard lock(mutex_);
       std::fill(reported_.begin(), reported_.end(), false);
+    }
+    for (size_t rank = 0; rank < joined_.size(); ++rank) {
+      if (joined_[rank] < 0) awaiting_rejoin_[rank] = true;
     }
     reported_count_ = 0;
     rejoined_.clear();
@@ -1123,16 +1129,25 @@ class StoreServer::Loop {
       std::lock_guard lock(mutex_);
       joined_[size_t(rank)] = -1;
     }
-    if (!goodbye && !reported_[size_t(rank)]) LoseNode(rank, infos_[size_t(rank)].Label() + " lost: " + why);
+    if (reported_[size_t(rank)]) return;
+    if (!goodbye) return LoseNode(rank, infos_[size_t(rank)].Label() + " lost: " + why);
+    // A goodbye without a report of this cycle: its report was of an earlier one, dropped as
+    // stale (a replacement that gave up while the job moved to a newer cycle). While a
+    // restart's barrier still waits for the rank, the rank is awaited again, as a lost one's:
+    // it must never stay held by a launcher that is gone.
+    const std::vector<int> awaited = last_restart_ ? cycles_.Awaited() : std::vector<int>{};
+    if (std::find(awaited.begin(), awaited.end(), rank) == awaited.end()) return;
+    awaiting_rejoin_[size_t(rank)] = true;
+    spdlog::warn("rendezvous: {} left without reporting on cycle {}: a launcher may join again with its rank",
+                 infos_[size_t(rank)].Label(), cycles_.current());
   }
 
   // A launcher lost during the run: with restarts left, every node restarts and the rank
-  // waits for a launcher to join again with it (a replaced pod, a requeued task);
-  // otherwise the job ends, as it does without restarts.
+  // waits for a launcher to join again with it (a replaced pod, a requeued task: every rank
+  // without a launcher is awaited at BeginCycle); otherwise the job ends, as without restarts.
   void LoseNode(int rank, const std::string& message) {
     if (!values_.count(kRunStartedKey)) return Abort(rank, message);
     FailCycle(rank, message, 0, true);
-    if (verdict_.kind == ServerVerdict::Kind::kPending) awaiting_rejoin_[size_t(rank)] = true;
   }
 
   // Queued, and sent with whatever else the connection gets in this turn of the loop

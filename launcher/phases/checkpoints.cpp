@@ -416,12 +416,13 @@ CheckpointPhase StartCheckpoints(const env::JobConfig& config, const env::JobEnv
   return phase;
 }
 
-bool DrainCheckpoints(CheckpointPhase& phase, const env::JobConfig& config, const JobOutcome& outcome) {
+bool DrainCheckpoints(CheckpointPhase& phase, const env::JobConfig& config, const JobOutcome& outcome,
+                      checkpoint::LeaderLoss leader_loss) {
   if (!phase.agent) return true;
   const bool succeeded = outcome.exit_code == 0 && !outcome.stop_reason && !outcome.shutdown_signal;
   auto deadline = std::chrono::steady_clock::now() +
                   std::chrono::milliseconds(int64_t(config.launcher.checkpoint.drain_timeout_s * 1000));
-  checkpoint::DrainResult result = phase.agent->Drain(succeeded, deadline);
+  checkpoint::DrainResult result = phase.agent->Drain(succeeded, deadline, std::move(leader_loss));
   if (result.committed) {
     spdlog::info("checkpoints: {}", result.message);
   } else {

@@ -72,10 +72,12 @@ CheckpointPhase StartCheckpoints(const env::JobConfig& config, const env::JobEnv
                                  rendezvous::Store* store, const std::function<void()>& check_stop,
                                  int64_t incarnation = 0);
 
-// Commits what is complete within launcher.checkpoint.drain_timeout_s. Returns false (after
-// one error line naming the checkpoint and the reason) when the last complete checkpoint
-// was not committed.
-bool DrainCheckpoints(CheckpointPhase& phase, const env::JobConfig& config, const JobOutcome& outcome);
+// Commits what is complete within launcher.checkpoint.drain_timeout_s (on a follower that
+// `leader_loss` says is cut off from node 0: only its own uploads, within its bound). Returns
+// false (after one error line naming the checkpoint and the reason) when the last complete
+// checkpoint was not committed.
+bool DrainCheckpoints(CheckpointPhase& phase, const env::JobConfig& config, const JobOutcome& outcome,
+                      checkpoint::LeaderLoss leader_loss = {});
 
 // `bt-launch checkpoints` (CheckpointsSubcommand): committed checkpoints per rank; --verify
 // re-hashes them, with the load's comparison against the manifest.

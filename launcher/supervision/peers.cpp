@@ -207,15 +207,20 @@ std::unique_ptr<TcpPeers> TcpPeers::Join(const env::JobConfig& config, const env
                                     Millis(settings.heartbeat_timeout_s),
                                     signals.fd(),
                                     checked_job_id};
+  // Only a shutdown signal stops the retries: the SIGCHLD of a child run before the
+  // rendezvous (node 0's restart policy reads `latest` through rclone) is no stop.
+  std::optional<int> stop_signal;
+  options.stop_requested = [&signals, &stop_signal] {
+    if (!stop_signal) stop_signal = signals.TakeShutdownRequest();
+    return stop_signal.has_value();
+  };
   try {
     peers->client_ = rendezvous::StoreClient::Connect(options);
   } catch (const rendezvous::StoreError& error) {
-    // The retries stop early when a signal is pending: a stop, not a failed rendezvous.
-    while (auto signal_number = signals.Take()) {
-      if (StartsShutdown(*signal_number)) {
-        throw LaunchFailure(128 + *signal_number,
-                            std::string("stopped by ") + strsignal(*signal_number) + " while waiting for the leader");
-      }
+    // The retries stop early on a shutdown signal: a stop, not a failed rendezvous.
+    if (!stop_signal) stop_signal = signals.TakeShutdownRequest();
+    if (stop_signal) {
+      throw LaunchFailure(128 + *stop_signal, std::string("stopped by ") + strsignal(*stop_signal) + " while waiting for the leader");
     }
     throw LaunchFailure(kExitUnavailable, std::string("rendezvous failed: ") + error.what() + LoopbackHint(identity) +
                                               "; `bt-launch doctor` on this node checks the name, the port, the token and the clock");
@@ -249,6 +254,10 @@ void TcpPeers::DrainEvents() {
     if (event->kind == PeerEvent::Kind::kComplete) {
       complete_ = true;
     } else if (event->kind == PeerEvent::Kind::kRejoin) {
+      // This launcher's reports and barrier arrivals belong to the cycle it meets the others
+      // in, and until it begins one it has no job for a newer restart to stop.
+      cycle_ = event->cycle;
+      preparing_rejoin_ = true;
       rejoin_ = std::move(*event);
     } else if (event->kind == PeerEvent::Kind::kRestart || event->kind == PeerEvent::Kind::kCycleGo) {
       OnCycleEvent(std::move(*event));
@@ -278,6 +287,8 @@ void TcpPeers::OnCycleEvent(PeerEvent event) {
     spdlog::warn("ignoring a restart into cycle {}: this node is already in cycle {}", event.cycle, newest);
     return;
   }
+  // A replacement still preparing had no job for the push to stop: its stop took no time.
+  if (preparing_rejoin_) event.received = {};
   restart_ = std::move(event);
   stop_delivered_ = false;  // the job of this cycle (when one runs) is stopped for the restart
 }
@@ -320,13 +331,17 @@ std::optional<std::string> TcpPeers::TakeStop() {
     stop_delivered_ = true;
     return verdict_->message;
   }
-  if (!restart_) return std::nullopt;
+  // A replacement still preparing (weights, the seed) has no job to stop: a newer restart
+  // is the cycle it meets the others in (RunCycles takes it at the barrier), never a reason
+  // to give up a rank the leader now awaits from it.
+  if (!restart_ || preparing_rejoin_) return std::nullopt;
   stop_delivered_ = true;
   return restart_->message + "; every node restarts in cycle " + std::to_string(restart_->cycle);
 }
 
 void TcpPeers::BeginCycle(int64_t cycle) {
   cycle_ = cycle;
+  preparing_rejoin_ = false;
   stop_delivered_ = false;
   reported_ = false;
   cycle_started_ = false;

@@ -85,6 +85,9 @@ class Peers : public StopRequests {
   virtual rendezvous::Message CycleGo() { return {}; }
   // The job's verdict (abort, lost leader) when one came.
   virtual std::optional<std::string> Verdict() { return std::nullopt; }
+  // Node 0 cannot be reached any more (cut off, or gone): nothing this node sends it counts,
+  // so no checkpoint can be committed. Thread-safe: the checkpoint drain asks on its thread.
+  virtual bool LeaderLost() { return false; }
 
   // Hangs (launcher/watchdog, docs/PROTOCOL.md "Hangs"); backends without a leader that
   // pushes (mpi) watch each node alone.
@@ -134,6 +137,7 @@ class TcpPeers final : public Peers {
   bool AwaitCycleStart(int64_t cycle, double stopped_s, std::chrono::steady_clock::time_point deadline, SignalRouter& signals,
                        int& signal_number) override;
   std::optional<std::string> Verdict() override;
+  bool LeaderLost() override { return client_->LeaderLost(); }
   bool SharesHangs() const override { return true; }
   void ReportStall(int64_t cycle, const std::string& quiet, bool stalled) override;
   void DeclareHang(int64_t cycle, int rank, const std::string& cause, int exit_code) override;
@@ -160,6 +164,7 @@ class TcpPeers final : public Peers {
   int64_t cycle_ = 0;
   std::optional<rendezvous::PeerEvent> restart_;  // pushed for a cycle after cycle_, not yet taken
   std::optional<rendezvous::PeerEvent> rejoin_;   // this launcher replaced a lost one: the cycle to meet in
+  bool preparing_rejoin_ = false;                 // it did, and has begun no cycle yet (no job to stop)
   bool cycle_started_ = false;                    // the leader's go for cycle_ came
   rendezvous::Message cycle_go_;                  // that go
   std::mutex stack_request_mutex_;

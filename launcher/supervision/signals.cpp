@@ -44,4 +44,12 @@ std::optional<int> SignalRouter::Take() {
   return int(info.ssi_signo);
 }
 
+std::optional<int> SignalRouter::TakeShutdownRequest() {
+  std::optional<int> shutdown;
+  while (auto signal_number = Take()) {
+    if (!shutdown && StartsShutdown(*signal_number)) shutdown = signal_number;
+  }
+  return shutdown;
+}
+
 }  // namespace bt::launcher

@@ -26,6 +26,11 @@ class SignalRouter {
   int fd() const { return fd_; }
   // The next pending signal, without blocking; nullopt when none is pending.
   std::optional<int> Take();
+  // Every pending signal read, and the first that starts a shutdown returned (nullopt when
+  // none did); the others are dropped. Only for the waits before the job runs: a SIGCHLD
+  // then is a child the launcher already waited for (rclone reading `latest`), and HUP,
+  // USR1 and USR2 have no job to reach.
+  std::optional<int> TakeShutdownRequest();
   // The mask to restore in children: the one the launcher was started with.
   const sigset_t& original_mask() const { return original_mask_; }
   const sigset_t& routed_signals() const { return routed_; }

@@ -69,6 +69,13 @@ class Job {
     return results;
   }
 
+  // Merges `patch` into the job's config at its top level (weights[], runtime...).
+  void Amend(const nlohmann::json& patch) {
+    nlohmann::json config = nlohmann::json::parse(ReadFile(config_));
+    config.merge_patch(patch);
+    WriteFile(config_, config.dump());
+  }
+
   const TempDir& dir() const { return dir_; }
   uint16_t port() const { return port_; }
 
@@ -762,6 +769,146 @@ TEST(Restart, AnOwnCopyChangedSinceItsUploadIsNotTrusted) {
       << results[1].err;
   EXPECT_EQ(ReadFile(node1 + "/tmp/loaded_checkpoints/rank-1/checkpoint-3/model.bin"), committed)
       << "node 1 resumed from its changed copy, not the committed one";
+}
+
+// Each cycle after the first waits for `go`; every cycle says which it is on which node.
+std::string CyclesWaitingFor(const std::string& go, const std::string& cycle0) {
+  return nlohmann::json::array({"echo \"cycle $BT_RESTART_COUNT node $BT_NODE_RANK\"; if [ \"$BT_RESTART_COUNT\" = 0 ]; then " +
+                                cycle0 + "; fi; while [ ! -e " + go + " ]; do sleep 0.1; done"}).dump();
+}
+
+// Node 2 is replaced; its replacement still waits for its weights when node 1 is lost too
+// and the job moves to cycle 2. The replacement has no job to stop: it meets the others in
+// cycle 2 (it exited 69 at the push, and rank 2 could never be filled again), and with a
+// replacement of node 1 the job runs cycle 2 and ends well.
+TEST(Restart, AReplacementStillPreparingWhenTheJobMovesOnJoinsTheNewCycle) {
+  TempDir scratch;
+  const std::string go = scratch.path() + "/go";
+  const std::string mount = scratch.path() + "/weights";
+  WriteFile(mount + "/model.bin", "weights");
+  WriteFile(mount + "/.complete", "");
+  nlohmann::json settings = RestartSettings(scratch, 3, 3);
+  settings["restart"]["rejoin_timeout_s"] = 40;
+  settings["weights"] = {{"mode", "wait"}, {"timeout_s", 60}};
+  Job job(3, CyclesWaitingFor(go, "exec sleep 60"), "", false, settings, FreePort());
+  job.Amend({{"weights", {{{"source", "file://" + scratch.path() + "/src"}, {"mount_location", mount}}}}});
+  auto processes = job.StartAll();
+  ASSERT_TRUE(processes[2]->WaitForOutput("cycle 0 node 2", 20s));
+  processes[2]->Signal(SIGKILL);
+  processes[2]->Finish();
+  ASSERT_TRUE(processes[0]->WaitForLog("restarting every node in cycle 1", 20s));
+  fs::remove(mount + "/.complete");  // the replacement's weights are not there yet
+  processes[2] = std::make_unique<LauncherProcess>(job.Spec(2));
+  ASSERT_TRUE(processes[2]->WaitForLog("weights: waiting for", 20s));
+  ASSERT_TRUE(processes[0]->WaitForLog("joined again from", 5s));
+  processes[1]->Signal(SIGKILL);
+  processes[1]->Finish();
+  ASSERT_TRUE(processes[0]->WaitForLog("restarting every node in cycle 2", 20s));
+  std::this_thread::sleep_for(1s);  // the push reaches the replacement while it waits for its weights
+  WriteFile(mount + "/.complete", "");
+  processes[1] = std::make_unique<LauncherProcess>(job.Spec(1));
+  for (int rank = 0; rank < 3; ++rank) {
+    ASSERT_TRUE(processes[rank]->WaitForOutput("cycle 2 node " + std::to_string(rank), 30s))
+        << "node " << rank << " never ran cycle 2:\n" << processes[rank]->Finish().err;
+  }
+  WriteFile(go);
+  auto results = Job::FinishAll(processes);
+  for (int rank = 0; rank < 3; ++rank) EXPECT_EQ(results[rank].exit_code, 0) << "node " << rank << ":\n" << results[rank].err;
+  EXPECT_EQ(results[2].out.find("cycle 1 node 2"), std::string::npos) << results[2].out;
+  EXPECT_NE(results[2].err.find("this launcher replaces a lost one: it meets the other nodes in cycle 1"),
+            std::string::npos) << results[2].err;
+}
+
+// Node 1's job succeeded and reported; then its launcher was lost (its job's success
+// stands). Node 2 fails later: the restart needs rank 1 again, so it awaits it and takes a
+// replacement (it was refused as "not awaited", and the job ended 69).
+TEST(Restart, ANodeLostAfterItsJobFinishedIsAwaitedAtTheNextRestart) {
+  TempDir scratch;
+  const std::string go = scratch.path() + "/go";
+  const std::string fail = scratch.path() + "/fail";
+  nlohmann::json settings = RestartSettings(scratch, 2, 3);
+  settings["restart"]["rejoin_timeout_s"] = 40;
+  const std::string cycle0 = "if [ $BT_NODE_RANK = 1 ]; then exit 0; fi; if [ $BT_NODE_RANK = 2 ]; then while [ ! -e " +
+                             fail + " ]; do sleep 0.1; done; exit 1; fi; exec sleep 60";
+  Job job(3, CyclesWaitingFor(go, cycle0), "", false, settings, FreePort());
+  auto processes = job.StartAll();
+  ASSERT_TRUE(processes[1]->WaitForOutput("cycle 0 node 1", 20s));
+  std::this_thread::sleep_for(2s);  // its job's success is reported
+  processes[1]->Signal(SIGKILL);
+  processes[1]->Finish();
+  std::this_thread::sleep_for(500ms);
+  WriteFile(fail);
+  ASSERT_TRUE(processes[0]->WaitForLog("restarting every node in cycle 1", 20s));
+  processes[1] = std::make_unique<LauncherProcess>(job.Spec(1));
+  for (int rank = 0; rank < 3; ++rank) {
+    ASSERT_TRUE(processes[rank]->WaitForOutput("cycle 1 node " + std::to_string(rank), 30s))
+        << "node " << rank << " never ran cycle 1:\n" << processes[rank]->Finish().err;
+  }
+  WriteFile(go);
+  auto results = Job::FinishAll(processes);
+  for (int rank = 0; rank < 3; ++rank) EXPECT_EQ(results[rank].exit_code, 0) << "node " << rank << ":\n" << results[rank].err;
+  EXPECT_NE(results[0].err.find("joined again from"), std::string::npos) << results[0].err;
+}
+
+// An rclone destination (s3://) with restarts on: node 0's restart policy reads `latest`
+// through rclone before the rendezvous, and that child's SIGCHLD, pending on the launcher's
+// signalfd, interrupted node 0's lookup of the leader's name (every node 69, "interrupted
+// while resolving the leader's name"). The rclone is a script first in PATH that finds no
+// `latest`.
+TEST(Restart, AnRcloneDestinationsEarlyChildDoesNotInterruptTheRendezvous) {
+  TempDir scratch;
+  scratch.Write("bin/rclone", "#!/bin/sh\n"
+                              "case \"$1\" in\n"
+                              "  copyto) exit 3 ;;\n"  // not found
+                              "  *) exit 1 ;;\n"
+                              "esac\n");
+  fs::permissions(scratch.path() + "/bin/rclone", fs::perms::owner_all);
+  nlohmann::json settings = RestartSettings(scratch, 1);
+  settings["checkpoint"]["destination"] = "s3://ckpts/prefix";
+  Job job(2, R"(["echo ran"])", "", true, settings, FreePort());
+  const std::map<std::string, std::string> env = {{"PATH", scratch.path() + "/bin:" + std::getenv("PATH")},
+                                                  {"AWS_ACCESS_KEY_ID", "test-key-id"},
+                                                  {"AWS_SECRET_ACCESS_KEY", "test-secret-key-value"},
+                                                  {"AWS_REGION", "us-east-1"}};
+  std::vector<std::unique_ptr<LauncherProcess>> processes;
+  for (int rank = 0; rank < 2; ++rank) processes.push_back(std::make_unique<LauncherProcess>(job.Spec(rank, {}, env)));
+  auto results = Job::FinishAll(processes);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(results[rank].exit_code, 0) << "node " << rank << ":\n" << results[rank].err;
+    EXPECT_NE(results[rank].out.find("ran"), std::string::npos) << results[rank].out;
+    EXPECT_EQ(results[rank].err.find("interrupted"), std::string::npos) << results[rank].err;
+  }
+}
+
+// Node 0's launcher freezes (SIGSTOP: to node 1, as a partition) after node 1 uploaded its
+// part of checkpoint-1, which node 0 never declared. Node 1 hears the leader is lost, stops
+// its job, and its drain stops waiting for a commit that cannot come: it exits 69 within
+// seconds (it waited out drain_timeout_s, 60 s here, and exited 74), its part in its journal.
+TEST(Restart, AFollowerCutOffFromNodeZeroDrainsOnlyItsOwnUploadsAndExitsPromptly) {
+  TempDir scratch;
+  nlohmann::json settings = RestartSettings(scratch, 0);
+  settings["checkpoint"]["drain_timeout_s"] = 60;
+  const std::string commands = nlohmann::json::array(
+      {"echo $$ > $BT_SCRATCH_DIR/../../training.pid; if [ $BT_NODE_RANK = 1 ]; then " + Save(1) +
+       "; fi; echo started; exec sleep 120"}).dump();
+  Job job(2, commands, "", true, settings, FreePort());
+  auto processes = job.StartAll();
+  ASSERT_TRUE(processes[1]->WaitForLog("checkpoints: uploaded checkpoint-1", 30s)) << processes[1]->Finish().err;
+  processes[0]->Signal(SIGSTOP);
+  const auto frozen = std::chrono::steady_clock::now();
+  const ProcessResult follower = processes[1]->Finish();
+  const auto took = std::chrono::steady_clock::now() - frozen;
+  KillNodeHard(job, *processes[0], 0);
+  processes[0]->Finish();
+  EXPECT_EQ(follower.exit_code, 69) << follower.err;
+  // heartbeat_timeout_s 3, the job's stop, the drain's check: well inside drain_timeout_s.
+  EXPECT_LT(took, 20s) << follower.err;
+  EXPECT_NE(follower.err.find("leader (node 0) lost"), std::string::npos) << follower.err;
+  EXPECT_NE(follower.err.find("checkpoints: node 0 is lost, so nothing can be committed"), std::string::npos)
+      << follower.err;
+  EXPECT_NE(follower.err.find("checkpoint-1 was not committed: node 0 was lost"), std::string::npos) << follower.err;
+  const std::string journal = job.dir().path() + "/root/node-1/mnt/ckpts/.bt-checkpoint/journal.jsonl";
+  EXPECT_NE(ReadFile(journal).find("checkpoint-1"), std::string::npos) << "the journal lost node 1's part";
 }
 
 }  // namespace restart

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # SIGTERM while a follower is still reaching the leader stops it within a second, in the
-# two waits that used to ignore it:
+# two waits that used to ignore it; a signal that asks for no stop (SIGCHLD: a child the
+# launcher ran before, such as rclone reading `latest`; HUP, USR1, USR2) stops neither:
 #   1. the leader's name is looked up on a DNS server that never answers (a plain
 #      getaddrinfo blocks the launcher's only thread for the resolver's timeout);
 #   2. the leader's address drops SYNs (a connect attempt rides the kernel's SYN
@@ -52,6 +53,16 @@ start_follower() {  # start_follower LEADER_ADDRESS
   launcher_pid=$!
 }
 
+# not_stopped_by_other_signals CASE: SIGCHLD, HUP, USR1 and USR2 leave the wait under way.
+not_stopped_by_other_signals() {
+  local signal_name
+  for signal_name in CHLD HUP USR1 USR2; do kill -"$signal_name" "$launcher_pid"; done
+  sleep 0.5
+  kill -0 "$launcher_pid" 2>/dev/null || { wait "$launcher_pid" || true; launcher_pid=""; fail "$1: ended by a signal that asks for no stop"; }
+  ! grep -q "interrupted" "$work/err" || fail "$1: interrupted by a signal that asks for no stop"
+  echo "$1: SIGCHLD, SIGHUP, SIGUSR1 and SIGUSR2 did not stop it"
+}
+
 # stop_within_bound CASE: SIGTERM to the follower, which must exit 143 within the bound.
 stop_within_bound() {
   local started elapsed_ms code=0
@@ -86,6 +97,7 @@ start_follower leader.never-answers.test
 wait_for "the launcher never asked the DNS server" test -e "$work/queried"
 sleep 0.3  # the lookup is under way, well inside the resolver's timeout
 ! grep -q "cannot resolve" "$work/err" || fail "a lookup ended before SIGTERM: the test would not stop one under way"
+not_stopped_by_other_signals "the leader's name lookup"
 stop_within_bound "the leader's name lookup"
 
 # --- 2. a connect attempt whose SYNs are dropped -------------------------------------
@@ -101,5 +113,6 @@ syn_sent() {  # the follower's socket to the leader in SYN_SENT (state 02 in /pr
 }
 wait_for "the follower never sent a SYN to $SILENT_LEADER:29300" syn_sent
 sleep 0.5  # well inside the attempt's 5 s
+not_stopped_by_other_signals "a connect to a leader that drops SYNs"
 stop_within_bound "a connect to a leader that drops SYNs"
 echo "PASS"

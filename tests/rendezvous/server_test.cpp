@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -856,6 +857,44 @@ TEST(Client, UnresolvableLeaderIsRetriedThenNamed) {
   }
 }
 
+// The interrupt fd readable without a stop request (a SIGCHLD on the launcher's signalfd,
+// read off by `stop_requested`): the retries go on to their deadline. With a stop request
+// they end at once.
+TEST(Client, OnlyAStopRequestEndsTheConnectRetries) {
+  const int interrupt = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  ASSERT_GE(interrupt, 0);
+  auto make_readable = [interrupt] {
+    uint64_t one = 1;
+    ASSERT_EQ(write(interrupt, &one, sizeof one), ssize_t(sizeof one));
+  };
+  int asked = 0;
+  ClientOptions options{"127.0.0.1", 1, kToken, 1s, 100ms, 1s, interrupt};
+  options.stop_requested = [&] {
+    ++asked;
+    uint64_t value = 0;
+    [[maybe_unused]] ssize_t ignored = read(interrupt, &value, sizeof value);
+    return false;
+  };
+  make_readable();
+  try {
+    StoreClient::Connect(options);
+    FAIL();
+  } catch (const StoreError& error) {
+    EXPECT_NE(std::string(error.what()).find("never answered"), std::string::npos) << error.what();
+  }
+  EXPECT_EQ(asked, 1);
+  options.stop_requested = [] { return true; };
+  make_readable();
+  const auto started = std::chrono::steady_clock::now();
+  try {
+    StoreClient::Connect(options);
+    FAIL();
+  } catch (const StoreError& error) {
+    EXPECT_NE(std::string(error.what()).find("interrupted"), std::string::npos) << error.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 500ms);
+  close(interrupt);
+}
 
 // Restart in place: a policy that always restarts, with the checkpoint it would resume from.
 ServerOptions RestartingOptions(int nodes) {
@@ -906,6 +945,80 @@ TEST(Server, AReportOfAnEarlierCycleChangesNothing) {
   nodes[0]->Report(0, "exit code 0", 1, true);
   nodes[1]->Report(0, "exit code 0", 1, true);
   EXPECT_TRUE(NextEvent(*nodes[0], PeerEvent::Kind::kResult));
+}
+
+// The run has started (node 0 says so as its commands begin): a lost launcher is then a
+// failed cycle, not a failed start.
+std::vector<std::unique_ptr<StoreClient>> JoinAllAndStartTheRun(const StoreServer& server, int nodes) {
+  auto clients = JoinAll(server, nodes);
+  EXPECT_TRUE(NextEvent(*clients[0], PeerEvent::Kind::kComplete));
+  clients[0]->Set(kRunStartedKey, "1");
+  return clients;
+}
+
+// Node 1's job finished and reported, then its launcher was lost (a node drained for
+// maintenance). Nothing failed then; but when node 2 fails later, the restart needs rank 1
+// again: it is awaited, and a launcher that joins with it takes it back.
+TEST(Server, ANodeLostAfterItsJobFinishedIsAwaitedAtTheNextRestart) {
+  StoreServer server(RestartingOptions(3));
+  auto nodes = JoinAllAndStartTheRun(server, 3);
+  nodes[1]->Report(0, "exit code 0", 0, true);
+  nodes[1].reset();  // lost without a goodbye, its job's success already reported
+  EXPECT_FALSE(NextEvent(*nodes[0], PeerEvent::Kind::kRestart, 300ms)) << "a loss after a success failed nothing";
+  nodes[2]->Report(3, "exit code 3", 0, true);
+  auto restart = NextEvent(*nodes[0], PeerEvent::Kind::kRestart);
+  ASSERT_TRUE(restart);
+  EXPECT_EQ(restart->cycle, 1);
+  auto replacement = Connect(server);
+  ASSERT_NO_THROW(replacement->Join(Node(1, "new-host"), 3)) << "the replacement of node 1 was refused";
+  auto rejoin = NextEvent(*replacement, PeerEvent::Kind::kRejoin);
+  ASSERT_TRUE(rejoin);
+  EXPECT_EQ(rejoin->cycle, 1);
+  for (auto* node : {nodes[0].get(), nodes[2].get(), replacement.get()}) node->ArriveAtCycle(1);
+  auto go = NextEvent(*nodes[0], PeerEvent::Kind::kCycleGo);
+  ASSERT_TRUE(go);
+  EXPECT_EQ(go->cycle, 1);
+}
+
+// A replacement of node 2 joined for cycle 1; node 1 failed before it was ready, so the job
+// moved to cycle 2; the replacement then left with its report of cycle 1 (dropped as stale)
+// and a goodbye. Rank 2 must not stay held by nobody: another launcher takes it, in cycle 2.
+TEST(Server, AReplacementThatLeavesWhileTheJobMovesOnLeavesItsRankFillable) {
+  StoreServer server(RestartingOptions(3));
+  auto nodes = JoinAllAndStartTheRun(server, 3);
+  nodes[2].reset();
+  ASSERT_TRUE(NextEvent(*nodes[0], PeerEvent::Kind::kRestart));
+  auto first = Connect(server);
+  first->Join(Node(2, "first-replacement"), 3);
+  ASSERT_TRUE(NextEvent(*first, PeerEvent::Kind::kRejoin));
+  nodes[1]->Report(3, "exit code 3", 1, true);
+  auto second_restart = NextEvent(*nodes[0], PeerEvent::Kind::kRestart);
+  ASSERT_TRUE(second_restart);
+  EXPECT_EQ(second_restart->cycle, 2);
+  first->Report(69, "bt-launch failed (exit code 69): stopping", 1, false);
+  first->SayGoodbye();
+  first.reset();
+  std::unique_ptr<StoreClient> second;
+  std::string refusal;
+  for (int attempt = 0; attempt < 50 && !second; ++attempt) {  // until the leader has seen the close
+    auto candidate = Connect(server);
+    try {
+      candidate->Join(Node(2, "second-replacement"), 3);
+      second = std::move(candidate);
+    } catch (const StoreError& error) {
+      refusal = error.what();
+      std::this_thread::sleep_for(50ms);
+    }
+  }
+  ASSERT_TRUE(second) << "rank 2 could never be filled again: " << refusal;
+  auto rejoin = NextEvent(*second, PeerEvent::Kind::kRejoin);
+  ASSERT_TRUE(rejoin);
+  EXPECT_EQ(rejoin->cycle, 2) << "the goodbye cost a restart";
+  EXPECT_EQ(server.verdict().kind, ServerVerdict::Kind::kPending);
+  for (auto* node : {nodes[0].get(), nodes[1].get(), second.get()}) node->ArriveAtCycle(rejoin->cycle);
+  auto go = NextEvent(*nodes[0], PeerEvent::Kind::kCycleGo);
+  ASSERT_TRUE(go);
+  EXPECT_EQ(go->cycle, rejoin->cycle);
 }
 
 // The policy reads `latest` at the destination, which can fail: the failure was taken for a
