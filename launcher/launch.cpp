@@ -271,7 +271,8 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
     timeline.Annotate("job exit " + std::to_string(exit_code));
   }
   // Cut off from node 0, the job failed at the rendezvous (69): the uncommitted part is no I/O failure.
-  if (!committed && !(peers && peers->LeaderLost())) exit_code = kExitIo;
+  const bool leader_lost = peers && exit_code == kExitUnavailable && peers->LeaderLost();
+  if (!committed && !leader_lost) exit_code = kExitIo;
   LogTimeline(timeline);
   return exit_code;
 }
