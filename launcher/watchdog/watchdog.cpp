@@ -475,9 +475,11 @@ void Watchdog::StopThread() {
   if (thread_.joinable()) thread_.join();
 }
 
+// Only when the supervisor took the stop: a job that exited on its own before that (0 in
+// the middle of the stack collection) ended as it ended.
 bool Watchdog::StoppedAsHung() const {
   std::lock_guard lock(mutex_);
-  return hung_;
+  return hung_ && stop_taken_;
 }
 
 std::optional<std::string> Watchdog::TakeStop() {
@@ -496,20 +498,27 @@ bool Watchdog::Stopping() {
   return stopping_;
 }
 
-void Watchdog::LookForProgress() {
+// Notes what the job did since the last look. Returns whether it touched its heartbeat file
+// or saved a checkpoint: signs that it is past its startup.
+bool Watchdog::LookForProgress() {
+  bool job_says_it_runs = false;
   for (auto& [path, seen] : touched_paths_) {
     const std::optional<int64_t> mtime = ModificationTimeNs(path);
     if (mtime == seen) continue;
     seen = mtime;
-    if (mtime) progress_.Note();
+    if (!mtime) continue;
+    progress_.Note();
+    job_says_it_runs = true;
   }
   if (output_files_.JobWrote()) progress_.Note();
+  return job_says_it_runs;
 }
 
 void Watchdog::Watch(int64_t cycle, bool watching, Clock::time_point since) {
   Clock::time_point previous{};
   double longest_gap_s = 0;
   bool reported = false;
+  bool startup_over = false;
   Clock::time_point last_at_report{};
   // A thread that watches starts when the first check is due: that check comes first.
   for (bool due = watching;; due = false) {
@@ -528,7 +537,8 @@ void Watchdog::Watch(int64_t cycle, bool watching, Clock::time_point since) {
       continue;
     }
     if (!watching) continue;
-    LookForProgress();
+    const bool job_says_it_runs = LookForProgress();
+    if (!startup_over) startup_over = StartupOver(job_says_it_runs, Seconds(Clock::now() - since));
     const Clock::time_point last = progress_.last();
     if (progress_.seen() && last != previous) {
       if (previous != Clock::time_point{}) longest_gap_s = std::max(longest_gap_s, Seconds(last - previous));
@@ -546,6 +556,9 @@ void Watchdog::Watch(int64_t cycle, bool watching, Clock::time_point since) {
         spdlog::error("watchdog: cannot tell node 0 that this node's job makes progress again: {}", error.what());
       }
     }
+    // Within the startup window nothing is a hang, whatever the job printed (a banner, then a
+    // long load).
+    if (!startup_over) continue;
     const double limit_s = StallLimitSeconds(settings_, progress_.seen(), longest_gap_s);
     const double quiet_s = Seconds(Clock::now() - (progress_.seen() ? last : since));
     if (limit_s <= 0 || quiet_s < limit_s) continue;
@@ -553,6 +566,16 @@ void Watchdog::Watch(int64_t cycle, bool watching, Clock::time_point since) {
     last_at_report = last;
     OnStall(cycle, quiet_s, limit_s);
   }
+}
+
+// The startup window (model loading, compilation) ends at the job's first heartbeat or new
+// checkpoint (it is in its loop), else startup_timeout_s after the cycle's start; output
+// alone does not end it, since a banner or torchrun's OMP warning comes before a long load.
+// With startup_timeout_s 0 (no startup limit) it ends at the first progress of any kind.
+bool Watchdog::StartupOver(bool job_says_it_runs, double elapsed_s) const {
+  if (job_says_it_runs) return true;
+  if (settings_.startup_timeout_s <= 0) return progress_.seen();
+  return elapsed_s >= settings_.startup_timeout_s;
 }
 
 void Watchdog::OnStall(int64_t cycle, double quiet_s, double limit_s) {
@@ -574,6 +597,12 @@ void Watchdog::OnStall(int64_t cycle, double quiet_s, double limit_s) {
   }
   // A node alone: its own stacks make the whole report.
   const std::vector<NodeStacks> nodes{ParseAnswer(node_.rank, NodeAnswer(quiet_s))};
+  // The job ended while its stacks were taken (a final save that was slow, not stuck): its
+  // own exit is the cycle's outcome, not a hang.
+  if (Stopping()) {
+    spdlog::info("watchdog: the job ended while its stacks were being taken: not a hang");
+    return;
+  }
   const HangFindings findings = Judge(nodes, node_.rank, "limit " + FormatSeconds(limit_s));
   std::string cause = findings.cause;
   const fs::path report = paths_.report_dir / ("hang-" + UtcStamp() + "-cycle-" + std::to_string(cycle) + ".txt");
@@ -585,6 +614,7 @@ void Watchdog::OnStall(int64_t cycle, double quiet_s, double limit_s) {
   }
   for (const std::string& line : findings.summary) spdlog::error("watchdog: {}", line);
   std::lock_guard lock(mutex_);
+  if (stopping_) return;  // the job ended meanwhile: the supervisor will not take this stop
   stop_ = "the job hung: " + cause;
   hung_ = true;
   WakeSupervisorIn(Clock::duration::zero());

@@ -103,7 +103,8 @@ class Watchdog final : public StopRequests {
   void AnswerStackRequest(int64_t cycle, bool finished);
   void GatherAndDeclare(int64_t cycle, int stalled_rank);
   std::string NodeAnswer(double quiet_s);
-  void LookForProgress();
+  bool LookForProgress();
+  bool StartupOver(bool job_says_it_runs, double elapsed_s) const;
   bool Stopping();
 
   env::WatchdogSettings settings_;

@@ -89,6 +89,55 @@ TEST_F(WatchdogTest, NothingBeforeTheFirstProgressIsHungAtTheStartupTimeout) {
       << result.err;
 }
 
+// A single node's job that exits 0 while the watchdog takes its stacks (a slow final save,
+// not a hang; here the stack signal is blocked, so the collection waits stack_timeout_s)
+// ends with its own code, not 124.
+TEST_F(WatchdogTest, AJobThatExitsZeroWhileItsStacksAreTakenIsNotHung) {
+  ProcessResult result = RunPython(R"PY(
+import os, signal, time
+signal.pthread_sigmask(signal.SIG_BLOCK, {int(os.environ["BT_STACK_SIGNAL"])})
+print("step 1", flush=True)
+time.sleep(5)
+print("saved", flush=True)
+)PY",
+                                   {{"stall_timeout_s", 2}, {"startup_timeout_s", 2}, {"stack_timeout_s", 10}});
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("saved\n"), std::string::npos) << result.out;
+  EXPECT_NE(result.err.find("this node's job made no progress for"), std::string::npos) << result.err;
+  EXPECT_EQ(result.err.find("the job hung"), std::string::npos) << result.err;
+  EXPECT_TRUE(Reports().empty()) << result.err;
+}
+
+// A banner (or torchrun's OMP warning) and then a long load: output alone does not end the
+// startup window, so the load gets startup_timeout_s, not the stall limit.
+TEST_F(WatchdogTest, ABannerBeforeALongLoadDoesNotEndTheStartupWindow) {
+  ProcessResult result = RunPython(R"PY(
+import time
+print("banner: starting", flush=True)
+time.sleep(4.5)  # loading the model, silently
+for step in range(6):
+    print("step", step, flush=True)
+    time.sleep(0.5)
+)PY",
+                                   {{"stall_timeout_s", 2}, {"startup_timeout_s", 7}});
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(result.err.find("made no progress"), std::string::npos) << result.err;
+}
+
+// The heartbeat's first touch says the job is in its loop: the startup window ends there,
+// and a hang after it is found at the stall limit, not at startup_timeout_s.
+TEST_F(WatchdogTest, TheFirstHeartbeatEndsTheStartupWindow) {
+  ProcessResult result = RunPython(R"PY(
+import os, time
+os.utime(os.environ["BT_HEARTBEAT_FILE"])
+time.sleep(1000)
+)PY",
+                                   {{"stall_timeout_s", 2}, {"startup_timeout_s", 60}});
+  EXPECT_EQ(result.exit_code, 124) << result.err;
+  EXPECT_LT(result.elapsed, 15s);
+  EXPECT_NE(result.err.find("limit 2.00 s: launcher.watchdog.stall_timeout_s"), std::string::npos) << result.err;
+}
+
 // The issue's case scaled down: a training that prints every 40 s is never hung with auto
 // (its floor is 15 minutes); here the floor is 2 s, the prints 1.5 s apart, then one gap
 // of 4 s, longer than the floor but within 5x the longest gap seen before it.
