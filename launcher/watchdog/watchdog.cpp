@@ -2,12 +2,14 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <set>
@@ -335,24 +337,61 @@ std::string RenderReport(int64_t cycle, const std::string& headline, const HangF
 
 }  // namespace
 
+namespace {
+
+// The node folder's contents, wherever it is.
+void PlaceInNodeDir(WatchdogPaths& paths, const fs::path& node_dir) {
+  paths.node_dir = node_dir;
+  paths.heartbeat_file = node_dir / "heartbeat";
+  paths.python_hook_dir = node_dir / "python-hook";
+  paths.stack_dir = node_dir / "stacks";
+  paths.nccl_trace_dir = node_dir / "nccl-trace";
+}
+
+// How many launchers of one job and node may share report_dir at once.
+constexpr int kMaxNodeDirClaims = 64;
+
+// Claims `node_dir`, or the first of node_dir.2, .3... that no live launcher holds: an
+// exclusive flock on its `.owner`, held (the descriptor left open, close-on-exec) for as long
+// as this launcher runs, so that two launchers never share a heartbeat or stack folder. A
+// launcher that died released its claim: the next one reuses the folder.
+fs::path ClaimNodeDir(const fs::path& node_dir) {
+  std::string last_error;
+  for (int claim = 1; claim <= kMaxNodeDirClaims; ++claim) {
+    const fs::path candidate = claim == 1 ? node_dir : fs::path(node_dir.string() + "." + std::to_string(claim));
+    std::error_code error;
+    fs::create_directories(candidate, error);
+    if (error) throw std::runtime_error("cannot create " + candidate.string() + ": " + error.message());
+    const fs::path owner = candidate / ".owner";
+    const int fd = open(owner.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOCTTY, 0644);
+    if (fd < 0) throw std::runtime_error("cannot open " + owner.string() + ": " + std::strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) return candidate;  // held until this launcher exits
+    last_error = std::strerror(errno);
+    close(fd);
+  }
+  throw std::runtime_error("every node folder " + node_dir.string() + "[.2-" + std::to_string(kMaxNodeDirClaims) +
+                           "] is held by another running launcher (" + last_error + ")");
+}
+
+}  // namespace
+
 WatchdogPaths PathsFor(const env::WatchdogSettings& settings, const env::JobEnvironment& environment, int rank) {
   fs::path report_dir = settings.report_dir;
   if (report_dir.empty()) {
     auto scratch = environment.variables.find("BT_SCRATCH_DIR");
     report_dir = fs::path(scratch != environment.variables.end() ? scratch->second : "/tmp") / "bt-launch";
   }
-  const fs::path node_dir = report_dir / ("node-" + std::to_string(rank));
+  auto job_id = environment.variables.find("BT_TRAINING_JOB_ID");
+  const std::string job = job_id != environment.variables.end() && !job_id->second.empty() ? job_id->second : "job";
   WatchdogPaths paths;
   paths.report_dir = report_dir;
-  paths.heartbeat_file = node_dir / "heartbeat";
-  paths.python_hook_dir = node_dir / "python-hook";
-  paths.stack_dir = node_dir / "stacks";
-  paths.nccl_trace_dir = node_dir / "nccl-trace";
+  PlaceInNodeDir(paths, report_dir / job / ("node-" + std::to_string(rank)));
   return paths;
 }
 
 void ArmJobEnvironment(WatchdogPaths& paths, env::JobEnvironment& environment) {
-  // First: it makes the node's folder, where the heartbeat file goes, with its own.
+  PlaceInNodeDir(paths, ClaimNodeDir(paths.node_dir));
+  // Then: the flight recorder makes the node's trace folders, the heartbeat goes beside them.
   paths.flight_recorder = ArmFlightRecorder(paths.nccl_trace_dir, environment);
   Offer(environment, kHeartbeatVariable, paths.heartbeat_file.string());
   auto pythonpath = environment.variables.find("PYTHONPATH");

@@ -30,15 +30,22 @@ class WatchdogTest : public ::testing::Test {
   // launcher's stdout and stderr are pipes, or `output_file` (appended to).
   ProcessResult RunPython(const std::string& script, const nlohmann::json& watchdog,
                           std::map<std::string, std::string> variables = {},
-                          std::optional<std::string> output_file = std::nullopt) {
-    const std::string program = dir_.Write("job.py", script);
+                          std::optional<std::string> output_file = std::nullopt, bool on_a_terminal = false,
+                          const std::string& name = "job") {
+    const std::string program = dir_.Write(name + ".py", script);
     nlohmann::json config = {
         {"compute", {{"node_count", 1}}},
         {"enable_baseten_workdir", false},
         {"runtime", {{"start_commands", {std::string(kPython) + " " + program}}, {"environment_variables", variables}}},
         {"launcher", {{"watchdog", watchdog}, {"grace_period_s", 2}, {"peer_failure_grace_s", 2}}}};
-    const std::string path = dir_.Write("job.json", config.dump());
-    return RunLauncher({{"run", "--config", path, "--root", dir_.path()}, {}, {}, std::nullopt, 60s, output_file});
+    const std::string path = dir_.Write(name + ".json", config.dump());
+    std::vector<std::string> args = {"run", "--config", path, "--root", dir_.path() + (name == "job" ? "" : "/" + name)};
+    if (!on_a_terminal) return RunLauncher({args, {}, {}, std::nullopt, 60s, output_file});
+    // `docker run -t`: the launcher's stdout and stderr are a terminal (Python's pty.spawn
+    // copies what it shows to the test's pipe, with the terminal's \r\n).
+    args.insert(args.begin(), {"-c", "import os, pty, sys; sys.exit(os.waitstatus_to_exitcode(pty.spawn(sys.argv[1:])))",
+                               BT_LAUNCH_BINARY});
+    return RunLauncher({args, {}, {}, std::nullopt, 60s}, kPython);
   }
 
   // The hang reports node 0 wrote (under the default report_dir, in the scratch directory).
@@ -186,6 +193,43 @@ for step in range(8):
   EXPECT_EQ(output.find("made no progress"), std::string::npos) << output;
 }
 
+// `tty: true`, `docker run -t`: the launcher's output is a terminal. The job still writes to a
+// terminal, and what it prints there is progress.
+TEST_F(WatchdogTest, AJobWhoseOutputIsATerminalIsWatchedAndStillSeesATerminal) {
+  ProcessResult result = RunPython(R"PY(
+import sys, time
+print("stdout is a terminal:", sys.stdout.isatty(), flush=True)
+for step in range(14):
+    print("step", step, flush=True)
+    time.sleep(0.4)
+)PY",
+                                   {{"stall_timeout_s", 2}, {"startup_timeout_s", 2}}, {}, std::nullopt, true);
+  EXPECT_EQ(result.exit_code, 0) << result.out;
+  EXPECT_NE(result.out.find("stdout is a terminal: True\r\n"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("step 13\r\n"), std::string::npos) << result.out;
+  EXPECT_EQ(result.out.find("made no progress"), std::string::npos) << result.out;
+}
+
+// With the launcher's stdout a file, a job that logs to `/dev/stdout` by path (a logging
+// FileHandler) writes through a description of its own: its writes are progress too.
+TEST_F(WatchdogTest, AJobLoggingToDevStdoutByPathIsNotHung) {
+  const std::string log = dir_.path() + "/train.log";
+  ProcessResult result = RunPython(R"PY(
+import logging, time
+logger = logging.getLogger("train")
+logger.addHandler(logging.FileHandler("/dev/stdout"))
+logger.setLevel(logging.INFO)
+for step in range(10):
+    logger.info("step %d", step)
+    time.sleep(0.6)
+)PY",
+                                   {{"stall_timeout_s", 2}, {"startup_timeout_s", 3}}, {}, log);
+  const std::string output = ReadFile(log);
+  EXPECT_EQ(result.exit_code, 0) << output;
+  EXPECT_NE(output.find("step 9\n"), std::string::npos) << output;
+  EXPECT_EQ(output.find("made no progress"), std::string::npos) << output;
+}
+
 // Other launchers and their jobs write to the same file (jobs of a local test sharing one
 // log): their lines, the launchers' log in either format and a job printing every 0.3 s,
 // are not this job's progress, and its silence is still a hang.
@@ -209,6 +253,36 @@ TEST_F(WatchdogTest, OthersWritingToTheJobsOutputFileAreNotItsProgress) {
   EXPECT_NE(output.find("this node's job made no progress for"), std::string::npos) << output;
   EXPECT_NE(output.find("neighbour 3\n"), std::string::npos) << "the neighbour's job printed nothing";
   EXPECT_NE(output.find("\"node\":0,\"ts\""), std::string::npos) << "the neighbour logged no JSON line";
+}
+
+// Two jobs (and two launchers of one config) sharing report_dir: the busy one's heartbeat
+// does not keep the silent one alive, and the silent one's report holds only its own process
+// (the other's is neither signalled nor counted).
+TEST_F(WatchdogTest, JobsSharingTheReportFolderNeverSeeEachOthersHeartbeatOrProcesses) {
+  const std::string shared = dir_.path() + "/shared-reports";
+  std::thread busy([&] {
+    RunPython(R"PY(
+import os, time
+def keep_busy():
+    for step in range(40):
+        os.utime(os.environ["BT_HEARTBEAT_FILE"])
+        time.sleep(0.25)
+keep_busy()
+)PY",
+              {{"stall_timeout_s", 2}, {"startup_timeout_s", 2}, {"report_dir", shared}}, {}, std::nullopt, false, "busy");
+  });
+  std::this_thread::sleep_for(1s);
+  ProcessResult result = RunPython("import time\ndef silent():\n    time.sleep(1000)\nsilent()\n",
+                                   {{"stall_timeout_s", 2}, {"startup_timeout_s", 2}, {"report_dir", shared}});
+  busy.join();
+  EXPECT_EQ(result.exit_code, 124) << result.err;
+  EXPECT_LT(result.elapsed, 9s) << "the other job's heartbeat kept it alive";
+  EXPECT_NE(result.err.find("its one rank in silent (job.py:3)"), std::string::npos) << result.err;
+  const std::vector<fs::path> reports = Reports();
+  ASSERT_EQ(reports.size(), 1u) << result.err;
+  const std::string report = ReadFile(reports.front());
+  EXPECT_EQ(report.find("keep_busy"), std::string::npos) << report;
+  EXPECT_EQ(report.find("busy.py"), std::string::npos) << report;
 }
 
 // A BT_HEARTBEAT_FILE the job's config sets is the one watched.
@@ -326,7 +400,7 @@ for name in ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORC
   ASSERT_EQ(result.exit_code, 0) << result.err;
   EXPECT_NE(result.out.find("TORCH_NCCL_TRACE_BUFFER_SIZE=50\n"), std::string::npos) << result.out;
   EXPECT_NE(result.out.find("TORCH_NCCL_DUMP_ON_TIMEOUT=1\n"), std::string::npos) << result.out;
-  EXPECT_TRUE(std::regex_search(result.out, std::regex("TORCH_NCCL_DEBUG_INFO_TEMP_FILE=/.*/bt-launch/node-0/nccl-trace/rank_\n")))
+  EXPECT_TRUE(std::regex_search(result.out, std::regex("TORCH_NCCL_DEBUG_INFO_TEMP_FILE=/.*/bt-launch/[^/]+/node-0/nccl-trace/rank_\n")))
       << result.out;
 }
 
