@@ -80,6 +80,18 @@ std::string ReadSmallFile(const fs::path& path, size_t max_bytes = 4096) {
   return text;
 }
 
+// "state T (stopped), waiting in do_signal_stop": why a process may give no stack.
+std::string ProcessState(pid_t pid) {
+  char state = '?';
+  for (const ProcessEntry& process : AllProcesses()) {
+    if (process.pid == pid) state = process.state;
+  }
+  const char* meaning = state == 'T' || state == 't' ? " (stopped)" : state == 'D' ? " (in the kernel, uninterruptible)" : "";
+  std::string wchan = ReadSmallFile("/proc/" + std::to_string(pid) + "/wchan", 128);
+  if (wchan.empty() || wchan == "0") wchan = "-";
+  return fmt::format("state {}{}, waiting in {}", state, meaning, wchan);
+}
+
 struct OtherProcess {
   pid_t pid = 0;
   std::string line;  // pid, state, wait channel, command line
@@ -120,9 +132,46 @@ std::vector<OtherProcess> OtherJobProcesses(const std::set<pid_t>& with_python_s
 
 // Processes with a RANK of their own (torchrun's workers, an mpirun rank), not forked from
 // one (a DataLoader worker inherits its rank's variables): the ones a collective waits on.
-// A job without RANK anywhere (one Python process a node) has its unforked processes.
+// A job without RANK anywhere (one Python process a node, or torch.multiprocessing.spawn)
+// has its unforked processes. Never multiprocessing's helpers, nor a parent that only
+// waits for its spawned ranks (MarkMultiprocessing).
 bool IsRank(const ProcessStack& stack, bool job_has_ranks) {
-  return (stack.labels.contains("RANK") || !job_has_ranks) && !stack.labels.contains("forked_from");
+  return (stack.labels.contains("RANK") || !job_has_ranks) && !stack.labels.contains("forked_from") &&
+         !stack.labels.contains("not_a_rank");
+}
+
+bool Contains(const std::string& text, const char* part) { return text.find(part) != std::string::npos; }
+
+// multiprocessing's resource tracker and forkserver serve the job's processes: never ranks.
+bool IsMultiprocessingHelper(const std::string& command) {
+  return Contains(command, "multiprocessing.resource_tracker") || Contains(command, "multiprocessing.semaphore_tracker") ||
+         Contains(command, "multiprocessing.forkserver");
+}
+
+// What multiprocessing started (spawn or forkserver: `--multiprocessing-fork` in its command
+// line): a DataLoader worker (its stack in _worker_loop) is its rank's worker; any other
+// process started so in a job without RANK is a rank (torch.multiprocessing.spawn, a Pool),
+// and its parent, which only waits for them, is not.
+void MarkMultiprocessing(std::vector<ProcessStack>& stacks) {
+  std::set<std::string> parents_of_ranks;
+  for (ProcessStack& stack : stacks) {
+    if (IsMultiprocessingHelper(stack.command)) {
+      stack.labels["not_a_rank"] = "multiprocessing's helper";
+      continue;
+    }
+    auto parent = stack.labels.find("PPID");
+    if (!Contains(stack.command, "--multiprocessing-fork") || parent == stack.labels.end()) continue;
+    if (Contains(stack.dump, "_worker_loop")) {
+      stack.labels["forked_from"] = parent->second;
+    } else if (!stack.labels.contains("RANK")) {
+      parents_of_ranks.insert(parent->second);
+    }
+  }
+  for (ProcessStack& stack : stacks) {
+    if (!stack.labels.contains("RANK") && parents_of_ranks.contains(std::to_string(stack.pid))) {
+      stack.labels["not_a_rank"] = "the parent of its spawned ranks";
+    }
+  }
 }
 
 struct NodeStacks {
@@ -199,6 +248,7 @@ NodeStacks ParseAnswer(int rank, const std::optional<std::string>& value) {
     node.stacks.push_back(std::move(stack));
   }
   MarkChildrenOfRanks(node.stacks);
+  MarkMultiprocessing(node.stacks);
   return node;
 }
 
@@ -213,6 +263,57 @@ bool JobHasRanks(const std::vector<NodeStacks>& nodes) {
 
 std::string NodeLabel(const NodeStacks& node) {
   return "node " + std::to_string(node.rank) + (node.host.empty() ? "" : " (" + node.host + ")");
+}
+
+// The ranks that gave no stack (stopped, or in the kernel with signals held): a group of
+// their own, which can be the odd one (the others wait for it in a collective).
+constexpr const char* kNoStack = "no stack";
+
+// The ranks grouped by where they are, those without a stack as one more group; largest first.
+std::vector<StackGroup> GroupsForTheHeadline(const std::vector<ProcessStack>& ranks) {
+  std::vector<StackGroup> groups = GroupByInnermostFrames(ranks);
+  StackGroup silent;
+  silent.frames = kNoStack;
+  for (const ProcessStack& rank : ranks) {
+    if (!rank.answered) silent.members.push_back(&rank);
+  }
+  if (silent.members.empty()) return groups;
+  groups.push_back(std::move(silent));
+  std::stable_sort(groups.begin(), groups.end(),
+                   [](const StackGroup& a, const StackGroup& b) { return a.members.size() > b.members.size(); });
+  return groups;
+}
+
+// "in all_reduce (...)", or for ranks without a stack what /proc said of the first.
+std::string Whereabouts(const StackGroup& group) {
+  if (group.frames != kNoStack) return "in " + (group.frames.empty() ? std::string("no Python frame") : group.frames);
+  const ProcessStack& first = *group.members.front();
+  auto state = first.labels.find("state");
+  return std::string("gave no stack") + (state == first.labels.end() ? "" : " (" + state->second + ")");
+}
+
+// "rank 0 (node 0, ...), rank 1 (node 1, ...)": where each member is.
+std::string DescribeMembers(const StackGroup& group) {
+  std::string text;
+  for (const ProcessStack* member : group.members) text += (text.empty() ? "" : ", ") + DescribeProcess(*member);
+  return text;
+}
+
+// Whether the group's innermost frames are in torch.distributed's collectives (all_reduce,
+// barrier, broadcast...): ranks that wait there wait for the others.
+bool InACollective(const StackGroup& group) {
+  return Contains(group.frames, "(distributed_c10d.py:") || Contains(group.frames, "(c10d_logger.py:");
+}
+
+// The one group not in a collective while the others are, or null.
+const StackGroup* OnlyGroupOutsideACollective(const std::vector<StackGroup>& groups) {
+  const StackGroup* outside = nullptr;
+  for (const StackGroup& group : groups) {
+    if (InACollective(group)) continue;
+    if (outside != nullptr) return nullptr;
+    outside = &group;
+  }
+  return outside != nullptr && groups.size() > 1 ? outside : nullptr;
 }
 
 // What node 0 concludes from every node's answer.
@@ -241,7 +342,8 @@ HangFindings Judge(const std::vector<NodeStacks>& nodes, int stalled_rank, const
   findings.summary = SummarizeStacks(ranks);
   if (other_processes > 0) {
     findings.summary.push_back(std::to_string(other_processes) +
-                               " other Python processes (launchers like torchrun, DataLoader workers): stacks in the report");
+                               " other Python processes (launchers like torchrun, DataLoader workers, multiprocessing's helpers): stacks in "
+                               "the report");
   }
   std::vector<std::string> missing;
   const NodeStacks* first_stopped = nullptr;
@@ -259,15 +361,32 @@ HangFindings Judge(const std::vector<NodeStacks>& nodes, int stalled_rank, const
             " before the stacks were asked for";
     if (nodes.size() > 1) findings.summary.push_back(first);
   }
-  const std::vector<StackGroup> groups = GroupByInnermostFrames(ranks);
+  const std::vector<StackGroup> groups = GroupsForTheHeadline(ranks);
   std::string odd;
-  if (groups.size() == 2 && groups.back().members.size() < groups.front().members.size()) {
+  if (groups.size() >= 2 && groups[0].members.size() == groups[1].members.size()) {
+    // No majority (1+1, 2+2): where every group is; the odd one is the only group not waiting
+    // in a collective, when there is one, else the first node to stop keeps the blame.
+    std::string listing;
+    for (const StackGroup& group : groups) {
+      listing += (listing.empty() ? "" : "; ") + std::to_string(group.members.size()) + " " + Whereabouts(group) + ": " +
+                 DescribeMembers(group);
+      findings.place += (findings.place.empty() ? "" : " | ") + group.frames;
+    }
+    if (const StackGroup* outside = OnlyGroupOutsideACollective(groups)) {
+      const ProcessStack& member = *outside->members.front();
+      findings.blamed_rank = std::atoi(member.labels.at("BT_NODE_RANK").c_str());
+      odd = "the odd one: " + DescribeProcess(member) + " " + Whereabouts(*outside) +
+            ", the only group not in a collective; no majority: " + listing;
+    } else {
+      odd = "no majority: " + listing;
+    }
+  } else if (groups.size() == 2 && groups.back().members.size() < groups.front().members.size()) {
     // One group apart from the majority: the straggler the others wait for.
     const StackGroup& smallest = groups.back();
     const ProcessStack& member = *smallest.members.front();
     findings.blamed_rank = std::atoi(member.labels.at("BT_NODE_RANK").c_str());
-    odd = "the odd one: " + DescribeProcess(member) + " in " + (smallest.frames.empty() ? "no Python frame" : smallest.frames) +
-          ", while " + std::to_string(groups.front().members.size()) + " ranks are in " + groups.front().frames;
+    odd = "the odd one: " + DescribeProcess(member) + " " + Whereabouts(smallest) + ", while " +
+          std::to_string(groups.front().members.size()) + " ranks are in " + groups.front().frames;
     findings.place = smallest.frames + " | " + groups.front().frames;
   } else if (groups.size() > 2) {
     // Several groups apart: the report lists them; the blame stays with the first node to stop.
@@ -276,9 +395,9 @@ HangFindings Judge(const std::vector<NodeStacks>& nodes, int stalled_rank, const
     findings.place = groups.front().frames;
   } else if (!groups.empty()) {
     findings.place = groups.front().frames;
-    const std::string where = groups.front().frames.empty() ? "no Python frame" : groups.front().frames;
-    odd = groups.front().members.size() == 1 ? "its one rank in " + where
-                                             : "no odd one: all " + std::to_string(groups.front().members.size()) + " in " + where;
+    odd = groups.front().members.size() == 1 ? "its one rank " + Whereabouts(groups.front())
+                                             : "no odd one: all " + std::to_string(groups.front().members.size()) + " " +
+                                                   Whereabouts(groups.front());
   }
   // How long the whole job has been silent: since the last progress of any node.
   std::optional<double> job_quiet_s;
@@ -670,9 +789,10 @@ std::string Watchdog::NodeAnswer(double quiet_s) {
   std::set<pid_t> with_stack;
   std::vector<pid_t> pids;
   json processes = json::array();
-  for (const ProcessStack& stack : stacks) {
+  for (ProcessStack& stack : stacks) {
     with_stack.insert(stack.pid);
     pids.push_back(stack.pid);
+    if (!stack.answered) stack.labels["state"] = ProcessState(stack.pid);
     processes.push_back({{"pid", stack.pid}, {"labels", stack.labels}, {"command", stack.command},
                          {"dump", stack.dump}, {"answered", stack.answered}});
   }

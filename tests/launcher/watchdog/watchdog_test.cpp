@@ -336,6 +336,126 @@ if __name__ == "__main__":
   EXPECT_TRUE(std::regex_search(result.err, std::regex("watchdog: [3-9] other Python processes"))) << result.err;
 }
 
+// torch.multiprocessing.spawn's pattern, without RANK: the parent only waits for the ranks
+// it spawned, and multiprocessing's resource tracker serves them: neither is a rank.
+TEST_F(WatchdogTest, AMultiprocessingParentAndItsResourceTrackerAreNotRanks) {
+  ProcessResult result = RunPython(R"PY(
+import multiprocessing as mp, time
+
+def train(rank, lock):
+    with lock:
+        pass
+    time.sleep(1000)
+
+if __name__ == "__main__":
+    context = mp.get_context("spawn")
+    lock = context.Lock()  # a semaphore: the resource tracker starts
+    workers = [context.Process(target=train, args=(rank, lock)) for rank in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+)PY",
+                                   {{"stall_timeout_s", 3}, {"startup_timeout_s", 3}});
+  EXPECT_EQ(result.exit_code, 124) << result.err;
+  EXPECT_NE(result.err.find("no odd one: all 4 in train (job.py:7)"), std::string::npos) << result.err;
+  EXPECT_TRUE(std::regex_search(result.err, std::regex("watchdog: 2 other Python processes"))) << result.err;
+}
+
+// A rank stopped (or stuck in the kernel) gives no stack: it is still a rank, and the odd
+// one while the others wait in their collective.
+TEST_F(WatchdogTest, ARankThatGivesNoStackIsTheOddOne) {
+  ProcessResult result = RunPython(R"PY(
+import os, signal, subprocess, sys, time
+def all_reduce():
+    time.sleep(1000)
+rank = os.environ.get("RANK")
+if rank is None:
+    ranks = [subprocess.Popen([sys.executable, __file__], env=dict(os.environ, RANK=str(r))) for r in range(3)]
+    for process in ranks:
+        process.wait()
+else:
+    print("rank", rank, "step 1", flush=True)
+    if rank == "2":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    all_reduce()
+)PY",
+                                   {{"stall_timeout_s", 2}, {"startup_timeout_s", 3}, {"stack_timeout_s", 3}});
+  EXPECT_EQ(result.exit_code, 124) << result.err;
+  EXPECT_TRUE(std::regex_search(result.err, std::regex("the odd one: rank 2 \\(node 0, [^)]*\\) gave no stack \\(state T \\(stopped\\)")))
+      << result.err;
+  EXPECT_NE(result.err.find("while 2 ranks are in all_reduce (job.py:4)"), std::string::npos) << result.err;
+}
+
+// Two equal groups (1+1): no majority, so the headline says where each group is, and the
+// rank outside the collective is the odd one.
+TEST_F(WatchdogTest, TwoEqualGroupsAreEachNamedWithWhereTheyAre) {
+  dir_.Write("distributed_c10d.py", "import time\ndef all_reduce():\n    time.sleep(1000)\n");
+  ProcessResult result = RunPython(R"PY(
+import os, subprocess, sys, time
+from distributed_c10d import all_reduce
+def load_batch():
+    time.sleep(1000)
+rank = os.environ.get("RANK")
+if rank is None:
+    ranks = [subprocess.Popen([sys.executable, __file__], env=dict(os.environ, RANK=str(r))) for r in range(2)]
+    for process in ranks:
+        process.wait()
+else:
+    print("rank", rank, "step 1", flush=True)
+    load_batch() if rank == "1" else all_reduce()
+)PY",
+                                   {{"stall_timeout_s", 2}, {"startup_timeout_s", 3}});
+  EXPECT_EQ(result.exit_code, 124) << result.err;
+  EXPECT_TRUE(std::regex_search(result.err, std::regex("the odd one: rank 1 \\(node 0, [^)]*\\) in load_batch \\(job.py:5\\)[^;]*, "
+                                                       "the only group not in a collective; no majority: "
+                                                       "1 in all_reduce \\(distributed_c10d.py:3\\) < <module> \\(job.py:[0-9]+\\): rank 0 \\(node 0")))
+      << result.err;
+}
+
+// 1+1 on two nodes, the rank outside the collective (node 1's) the last to print: the blame
+// goes to its node, not to the node whose progress stopped first.
+TEST_F(WatchdogTest, TwoEqualGroupsOnTwoNodesBlameTheRankOutsideTheCollective) {
+  dir_.Write("distributed_c10d.py", "import time\ndef all_reduce():\n    time.sleep(1000)\n");
+  const std::string program = dir_.Write("equal.py", R"PY(
+import os, sys, time
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from distributed_c10d import all_reduce
+def load_batch():
+    time.sleep(1000)
+if os.environ["RANK"] == "1":
+    time.sleep(1.5)
+    print("rank 1 step 1", flush=True)
+    load_batch()
+print("rank 0 step 1", flush=True)
+all_reduce()
+)PY");
+  nlohmann::json config = {
+      {"compute", {{"node_count", 2}}},
+      {"enable_baseten_workdir", false},
+      {"runtime", {{"start_commands", {"RANK=$BT_NODE_RANK exec " + std::string(kPython) + " " + program}}}},
+      {"launcher", {{"watchdog", {{"stall_timeout_s", 3}, {"startup_timeout_s", 4}, {"stack_timeout_s", 3}}},
+                    {"grace_period_s", 2}, {"peer_failure_grace_s", 2}}}};
+  const std::string path = dir_.Write("equal.json", config.dump());
+  const std::string port = std::to_string(FreePort());
+  std::vector<std::unique_ptr<LauncherProcess>> nodes;
+  for (int rank = 0; rank < 2; ++rank) {
+    nodes.push_back(std::make_unique<LauncherProcess>(LaunchSpec{
+        {"run", "--config", path, "--root", dir_.path() + "/equal", "--node-rank", std::to_string(rank), "--node-count", "2",
+         "--leader-addr", "127.0.0.1"},
+        {{"BT_RENDEZVOUS_PORT", port}, {"BT_RENDEZVOUS_TOKEN", "equal-groups"}},
+        {},
+        std::nullopt,
+        60s}));
+  }
+  std::vector<ProcessResult> results;
+  for (auto& node : nodes) results.push_back(node->Finish());
+  for (int rank = 0; rank < 2; ++rank) EXPECT_EQ(results[size_t(rank)].exit_code, 124) << results[size_t(rank)].err;
+  const std::string& leader = results[0].err;
+  EXPECT_TRUE(std::regex_search(leader, std::regex("the odd one: rank 1 \\(node 1, [^)]*\\) in load_batch"))) << leader;
+  EXPECT_TRUE(std::regex_search(leader, std::regex("node 1 \\([^)]*\\) hung"))) << leader;
+}
+
 // One node's job ends while the other's hangs (a rank stuck in a final save while the
 // others wait at the exit barrier): the hang is still found, and every node exits 124.
 // Node 0 stuck while node 1 waits, and node 1 stuck while node 0 (which gathers) waits.
