@@ -509,6 +509,26 @@ TEST_F(WatchdogTest, TheUsersSitecustomizeStillRunsAndTheHookArms) {
   EXPECT_TRUE(armed) << "no .armed marker in " << stacks;
 }
 
+// A job that drops to an unprivileged user (su, gosu): its Python processes still arm, and
+// the hook never writes into their output (here a program's captured output).
+TEST_F(WatchdogTest, TheHookWritesNothingIntoTheOutputOfAnUnprivilegedJob) {
+  if (geteuid() != 0) GTEST_SKIP() << "SKIPPED: needs root, to drop to an unprivileged user";
+  fs::permissions(dir_.path(), fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                                   fs::perms::others_read | fs::perms::others_exec);
+  ProcessResult result = RunPython(R"PY(
+import os, subprocess, sys
+os.setgid(65534)
+os.setuid(65534)
+child = "import os\nprint('child', os.getuid())\npid = os.fork()\nif pid == 0:\n    os._exit(0)\nos.waitpid(pid, 0)\n"
+out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True)
+print("captured:", repr(out.stdout + out.stderr), flush=True)
+)PY",
+                                   {{"stall_timeout_s", 60}});
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("captured: 'child 65534\\n'\n"), std::string::npos) << result.out;
+  EXPECT_EQ(result.err.find("will not be collected"), std::string::npos) << result.err;
+}
+
 // PyTorch's NCCL flight recorder is armed for the report unless the job set it itself.
 TEST_F(WatchdogTest, TheNcclFlightRecorderIsArmedUnlessTheJobSetsIt) {
   ProcessResult result = RunPython(R"PY(
