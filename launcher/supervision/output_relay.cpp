@@ -3,15 +3,19 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <linux/kcmp.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -58,8 +62,7 @@ int AboveStandard(int fd) {
 
 bool RelayTakesOver(int destination) {
   const int flags = fcntl(destination, F_GETFL);
-  if (flags < 0 || (flags & O_ACCMODE) == O_RDONLY) return false;
-  return isatty(destination) == 0;
+  return flags >= 0 && (flags & O_ACCMODE) != O_RDONLY;
 }
 
 struct OutputRelay::State {
@@ -75,6 +78,7 @@ struct OutputRelay::State {
     bool warned = false;
     size_t pipe_size = 0;  // what the pipe holds (0: not asked yet); grown once the job writes fast
     bool grown = false;
+    bool terminal = false;  // the source is a pseudo-terminal's master: EIO is its end of file
     // Whether whole lines are spliced to the destination (SpliceLines): only to a pipe, asked
     // at the first large chunk; off too once a splice failed.
     enum class Splicing { kUnknown, kOn, kOff } splicing = Splicing::kUnknown;
@@ -226,7 +230,8 @@ size_t ReadOnce(State& state, Stream& stream, size_t limit) {
     return size_t(got);
   }
   if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
-  if (got < 0) spdlog::warn("reading the job's {} failed ({}); forwarding it ends", StreamName(stream.number), std::strerror(errno));
+  // A pseudo-terminal's master says EIO once no one holds its terminal: the end of file.
+  if (got < 0 && !(errno == EIO && stream.terminal)) spdlog::warn("reading the job's {} failed ({}); forwarding it ends", StreamName(stream.number), std::strerror(errno));
   EndSource(state, stream);
   return 0;
 }
@@ -572,6 +577,82 @@ bool PipesAtEnd(const State& state) {
   return true;
 }
 
+// A channel from the job to the relay: the job writes into `job_end`, the relay reads
+// `relay_end` (non-blocking; the job's end blocks).
+struct Channel {
+  int relay_end = -1;
+  int job_end = -1;
+  bool terminal = false;
+};
+
+void CloseChannel(Channel& channel) {
+  if (channel.relay_end >= 0) close(channel.relay_end);
+  if (channel.job_end >= 0) close(channel.job_end);
+  channel = {};
+}
+
+// Both ends above fd 2, the relay's non-blocking; closed and invalid when either failed.
+Channel Settled(Channel channel) {
+  channel.relay_end = AboveStandard(channel.relay_end);
+  channel.job_end = AboveStandard(channel.job_end);
+  if (channel.relay_end < 0 || channel.job_end < 0) {
+    CloseChannel(channel);
+    return channel;
+  }
+  fcntl(channel.relay_end, F_SETFL, fcntl(channel.relay_end, F_GETFL) | O_NONBLOCK);
+  return channel;
+}
+
+Channel OpenPipe() {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return {};
+  return Settled({fds[0], fds[1], false});
+}
+
+// A pseudo-terminal of the relay's own, for a destination that is a terminal: the job still
+// sees a terminal (isatty, colours, line buffering, the same size) and the relay sees what it
+// writes. Its output processing is off, so the bytes reach the real terminal as the job
+// wrote them and that terminal's own processing (\n to \r\n) applies once.
+Channel OpenTerminalLike(int terminal) {
+  Channel channel;
+  channel.terminal = true;
+  channel.relay_end = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+  char name[128];
+  if (channel.relay_end < 0 || grantpt(channel.relay_end) != 0 || unlockpt(channel.relay_end) != 0 ||
+      ptsname_r(channel.relay_end, name, sizeof name) != 0) {
+    CloseChannel(channel);
+    return channel;
+  }
+  channel.job_end = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC);
+  if (channel.job_end < 0) {
+    CloseChannel(channel);
+    return channel;
+  }
+  termios settings{};
+  if (tcgetattr(terminal, &settings) != 0) tcgetattr(channel.job_end, &settings);
+  settings.c_oflag &= ~tcflag_t(OPOST);
+  tcsetattr(channel.job_end, TCSANOW, &settings);
+  winsize size{};
+  if (ioctl(terminal, TIOCGWINSZ, &size) == 0) ioctl(channel.job_end, TIOCSWINSZ, &size);
+  return Settled(channel);
+}
+
+// Whether the launcher's fd 1 and 2 are one stream (`2>&1 | tee`, one terminal for both):
+// the job's two streams are then one too, its lines in the order it wrote them, cut where it
+// cut them, as without the launcher. One open file description (kcmp), or, where kcmp is
+// not allowed (a container's seccomp), the same pipe or device; a terminal is one stream
+// however it was opened. Two descriptions of one pipe (a FIFO opened twice) stay two
+// streams whose lines arrive whole.
+bool SameDestination(int first, int second) {
+  struct stat a {}, b {};
+  if (fstat(first, &a) != 0 || fstat(second, &b) != 0) return false;
+  if (a.st_dev != b.st_dev || a.st_ino != b.st_ino || a.st_rdev != b.st_rdev) return false;
+  if (isatty(first) != 0) return true;
+  const pid_t self = getpid();
+  const long same = syscall(SYS_kcmp, self, self, KCMP_FILE, first, second);
+  return same == 0 || (same < 0 && errno != EBADF);
+}
+
 }  // namespace
 
 OutputRelay::OutputRelay(watchdog::Progress& progress, int stdout_destination, int stderr_destination, Options options)
@@ -583,36 +664,41 @@ OutputRelay::OutputRelay(watchdog::Progress& progress, int stdout_destination, i
     stream.destination = destinations[i];
     if (options.files != nullptr && options.files->JobDescription(i + 1) >= 0) continue;  // the job writes its file itself
     if (!RelayTakesOver(destinations[i])) continue;
-    int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0) {
-      spdlog::warn("cannot relay the job's {} (pipe: {}); it writes to the launcher's directly", StreamName(i + 1),
-                   std::strerror(errno));
+    // Two pipes would be read one after the other: stderr's lines would pass stdout's.
+    if (i == 1 && child_ends_[0] >= 0 && SameDestination(destinations[0], destinations[1])) {
+      child_ends_[1] = child_ends_[0];
       continue;
     }
-    fds[0] = AboveStandard(fds[0]);
-    fds[1] = AboveStandard(fds[1]);
-    if (fds[0] < 0 || fds[1] < 0) {
-      if (fds[0] >= 0) close(fds[0]);
-      if (fds[1] >= 0) close(fds[1]);
+    const bool terminal = isatty(destinations[i]) != 0;
+    Channel channel = terminal ? OpenTerminalLike(destinations[i]) : OpenPipe();
+    if (channel.relay_end < 0) {
+      spdlog::warn("cannot relay the job's {} ({}: {}); it writes to the launcher's directly", StreamName(i + 1),
+                   terminal ? "pseudo-terminal" : "pipe", std::strerror(errno));
       continue;
     }
-    fcntl(fds[0], F_SETFL, O_RDONLY | O_NONBLOCK);  // the launcher's end only: the job's blocks
-    stream.source = fds[0];
+    stream.source = channel.relay_end;
+    stream.terminal = channel.terminal;
     stream.open = true;
-    child_ends_[i] = fds[1];
+    child_ends_[i] = channel.job_end;
   }
 }
 
 OutputRelay::~OutputRelay() { Finish(); }
 
 void OutputRelay::TakeOverNothing() {
+  CloseChildEnds();
   for (int i = 0; i < 2; ++i) {
-    if (child_ends_[i] >= 0) close(child_ends_[i]);
-    child_ends_[i] = -1;
     if (state_->streams[i].source >= 0) close(state_->streams[i].source);
     state_->streams[i].source = -1;
     state_->streams[i].open = false;
   }
+}
+
+// Once each: stdout and stderr may share one.
+void OutputRelay::CloseChildEnds() {
+  if (child_ends_[0] >= 0) close(child_ends_[0]);
+  if (child_ends_[1] >= 0 && child_ends_[1] != child_ends_[0]) close(child_ends_[1]);
+  child_ends_[0] = child_ends_[1] = -1;
 }
 
 void OutputRelay::Start() {
@@ -681,10 +767,7 @@ void OutputRelay::Sync(std::chrono::milliseconds bound) {
 void OutputRelay::Finish(std::chrono::milliseconds bound) {
   if (finished_) return;
   finished_ = true;
-  for (int& end : child_ends_) {
-    if (end >= 0) close(end);  // only the job's processes hold the pipes now: their exit is the end of file
-    end = -1;
-  }
+  CloseChildEnds();  // only the job's processes hold the pipes now: their exit is the end of file
   // No thread yet: none is needed when the job wrote nothing and every writer is gone.
   if (!running_ && PipesAtEnd(*state_)) return;
   Start();

@@ -10,10 +10,13 @@
 // The whole lines of a large chunk are spliced from the pipe to the destination rather
 // than copied through the launcher: only where its lines end is read (output_relay.cpp).
 //
-// A stream whose destination is a terminal (an interactive `bt-launch run`: colours,
-// isatty, line buffering) or is not open is left alone: the job inherits it, as without
-// the relay, and that stream gives no progress. One that goes to a regular file is the
-// job's to write, through a description of its own (`Options::files`,
+// A stream whose destination is a terminal (`docker run -t`, an interactive `bt-launch
+// run`) goes through a pseudo-terminal of the relay's own, with the real one's settings and
+// size: the job still sees a terminal (colours, isatty, line buffering) and its output is
+// progress. When stdout and stderr go to the same place (`2>&1 | tee`, one terminal) the
+// job's fd 1 and 2 share one channel, so their lines stay in the order the job wrote them.
+// A stream that is not open is left alone: the job inherits it. One that goes to a regular file is
+// the job's to write, through a description of its own (`Options::files`,
 // watchdog/output_files.h), whose offset tells the watchdog that the job wrote.
 #pragma once
 
@@ -56,7 +59,7 @@ inline constexpr size_t kRelaySmallRead = 64 * 1024;
 inline constexpr std::chrono::milliseconds kRelayDrainBound{2000};
 
 // Whether the launcher takes over the stream that goes to `destination` (its fd 1 or 2):
-// it is open for writing and not a terminal (nor a file the job writes itself).
+// it is open for writing (and not a file the job writes itself).
 bool RelayTakesOver(int destination);
 
 struct OutputRelayOptions {
@@ -110,11 +113,12 @@ class OutputRelay {
  private:
   void CannotRelay(const char* call, int error);
   void TakeOverNothing();
+  void CloseChildEnds();
 
   std::shared_ptr<State> state_;
   pthread_t thread_{};
   bool running_ = false;  // the thread was started and not joined or given up on
-  int child_ends_[2] = {-1, -1};  // the write ends, for the child's fd 1 and 2
+  int child_ends_[2] = {-1, -1};  // the write ends, for the child's fd 1 and 2 (one for both: SameDestination)
   bool finished_ = false;
 };
 

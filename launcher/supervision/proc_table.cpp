@@ -6,7 +6,9 @@
 #include <cctype>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 namespace bt::launcher {
@@ -30,6 +32,28 @@ std::vector<ProcessEntry> AllProcesses() {
   }
   closedir(proc);
   return processes;
+}
+
+std::set<pid_t> DescendantsOf(pid_t ancestor, const std::string& except_executable) {
+  std::map<pid_t, std::vector<pid_t>> children;
+  for (const ProcessEntry& process : AllProcesses()) children[process.parent].push_back(process.pid);
+  std::set<pid_t> found;
+  std::vector<pid_t> next{ancestor};
+  while (!next.empty()) {
+    const pid_t parent = next.back();
+    next.pop_back();
+    for (const pid_t child : children[parent]) {
+      if (found.contains(child)) continue;  // pids read at different moments may loop
+      std::error_code error;
+      if (!except_executable.empty() &&
+          std::filesystem::read_symlink("/proc/" + std::to_string(child) + "/exe", error) == except_executable) {
+        continue;
+      }
+      found.insert(child);
+      next.push_back(child);
+    }
+  }
+  return found;
 }
 
 bool HandlesSignal(pid_t pid, int signal_number) {

@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,11 @@ struct ProcessEntry {
 
 // Every process now, from /proc/*/stat.
 std::vector<ProcessEntry> AllProcesses();
+
+// Every descendant of `ancestor` now, from one pass over /proc (the launcher is a
+// subreaper: a job's orphans stay below it). With `except_executable`, a process running that
+// program (the launcher's own helpers) is left out with everything below it.
+std::set<pid_t> DescendantsOf(pid_t ancestor, const std::string& except_executable = "");
 
 // Whether `pid` has a handler installed for `signal_number`: the SigCgt mask of
 // /proc/PID/status (hex, bit N-1 for signal N).

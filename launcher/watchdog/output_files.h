@@ -12,6 +12,9 @@
 
 #include <sys/types.h>
 
+#include <map>
+#include <utility>
+
 namespace bt::launcher::watchdog {
 
 // The descriptions are fixed at construction (the supervisor spawns with them); Rebase and
@@ -31,12 +34,21 @@ class OutputFiles {
   int JobDescription(int stream) const;
   // From now on, only what the job writes after this counts (a new cycle).
   void Rebase();
-  // Whether the job wrote to any of its files since the last call or Rebase.
+  // Whether the job wrote to any of its files since the last call or Rebase: through the
+  // descriptions it was given, or, when those did not move, through descriptions of the same
+  // files its processes opened themselves (`open("/dev/stdout")` by path, a logging
+  // FileHandler on it), read from /proc/PID/fdinfo of the launcher's descendants.
   bool JobWrote();
 
  private:
+  bool JobWroteThroughItsOwnOpens();
+
   int job_fds_[2] = {-1, -1};    // the same descriptor twice for one file
   off_t seen_[2] = {0, 0};       // each description's offset at the last look
+  dev_t devices_[2] = {0, 0};    // the files (0, 0: none)
+  ino_t inodes_[2] = {0, 0};
+  // The offsets of the job's own descriptions of the files, by process and descriptor.
+  std::map<std::pair<pid_t, int>, long long> opened_seen_;
 };
 
 }  // namespace bt::launcher::watchdog

@@ -9,7 +9,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string_view>
@@ -27,7 +29,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // What the hook does, in the job's interpreters. Kept short and defensive: nothing here
-// may stop the user's program, so a failure to arm is one line on stderr.
+// may stop the user's program, nor write a word on its stdout or stderr (a program's
+// captured output): a failure to arm is silent, and that process's stacks come from gdb
+// only. A fork arms nothing (no cost per DataLoader worker, no file): it inherits the
+// handler and its file, and the launcher asks it after the process it was forked from.
 constexpr const char* kSiteCustomize = R"PY(# Written by bt-launch (launcher/watchdog/python_stacks.cpp): arms faulthandler so that
 # bt-launch can read every thread's stack of this process when the job stops making
 # progress, then runs the sitecustomize this file shadows (the image's or the user's).
@@ -35,7 +40,7 @@ import os
 import sys
 
 
-def _bt_launch_arm(forked_from=None):
+def _bt_launch_arm():
     import faulthandler
     import json
     directory = os.environ.get("BT_STACK_DIR")
@@ -53,19 +58,17 @@ def _bt_launch_arm(forked_from=None):
     labels = {name: os.environ[name] for name in ("BT_NODE_RANK", "RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE")
               if name in os.environ}
     labels["PPID"] = str(os.getppid())  # a spawned worker inherits RANK: its parent tells it apart
-    if forked_from:
-        labels["forked_from"] = str(forked_from)  # a DataLoader worker: its rank's variables, not a rank
     marker = os.path.join(directory, "%d.armed" % pid)
     with open(marker + ".tmp", "w") as out:
         json.dump({"pid": pid, "start_time": start_time, "labels": labels, "command": command}, out)
     os.replace(marker + ".tmp", marker)
 
 
-def _bt_launch_arm_quietly(forked_from=None):
+def _bt_launch_arm_quietly():
     try:
-        _bt_launch_arm(forked_from)
-    except Exception as error:  # a stack we cannot take must never stop the training
-        sys.stderr.write("bt-launch: Python stacks of pid %d will not be collected: %s\n" % (os.getpid(), error))
+        _bt_launch_arm()
+    except Exception:  # a stack we cannot take must never stop the training, nor print into its output
+        pass
 
 
 def _bt_launch_run_shadowed():
@@ -84,7 +87,6 @@ def _bt_launch_run_shadowed():
 
 
 _bt_launch_arm_quietly()
-os.register_at_fork(after_in_child=lambda: _bt_launch_arm_quietly(os.getppid()))  # a forked DataLoader worker dumps to its own file
 _bt_launch_run_shadowed()
 )PY";
 
@@ -190,6 +192,9 @@ std::map<std::string, std::string> InstallPythonStackHook(const fs::path& hook_d
     fs::create_directories(dir, error);
     if (error) throw std::runtime_error("cannot create " + dir.string() + ": " + error.message());
   }
+  // A job that drops to an unprivileged user still arms: anyone may add a file, as in /tmp
+  // (sticky: no one removes another's).
+  fs::permissions(dumps_dir, fs::perms::all | fs::perms::sticky_bit, error);
   // Written once per volume: a durable write on every start would cost `run` milliseconds.
   const fs::path hook = hook_dir / "sitecustomize.py";
   if (!HoldsExactly(hook, kSiteCustomize)) storage::WriteFileAtomically(hook.string(), kSiteCustomize);
@@ -215,36 +220,105 @@ void PruneStaleMarkers(const fs::path& dumps_dir) {
   }
 }
 
-std::vector<ProcessStack> CollectPythonStacks(const fs::path& dumps_dir, std::chrono::milliseconds timeout,
-                                              size_t max_bytes, const std::function<bool()>& stop) {
-  std::vector<ArmedProcess> armed;
-  std::error_code error;
-  for (const auto& entry : fs::directory_iterator(dumps_dir, error)) {
-    if (entry.path().extension() != ".armed") continue;
-    if (auto process = ReadMarker(entry.path())) armed.push_back(std::move(*process));
-  }
+namespace {
+
+// How long a fork gets to answer before the next fork of the same file is asked: its dump
+// comes from a signal handler in milliseconds.
+constexpr std::chrono::milliseconds kForkRound{2000};
+
+// Signals every process of `round` at once (each writes its own file, or the round holds
+// one process per file) and waits until each dump settled, `deadline` passed or `stop`.
+// Each one's dump is then the bytes its file gained meanwhile.
+void AskRound(const std::vector<ArmedProcess*>& round, Clock::time_point deadline, size_t max_bytes,
+              const std::function<bool()>& stop) {
   const auto start = Clock::now();
-  for (auto& process : armed) {
-    process.last_growth = start;
-    kill(process.stack.pid, StackSignal());
+  for (ArmedProcess* process : round) {
+    process->dump_offset = process->last_size = FileSize(process->dump_path);
+    process->last_growth = start;
+    kill(process->stack.pid, StackSignal());
   }
-  const auto deadline = start + timeout;
   size_t settled = 0;
-  while (settled < armed.size() && Clock::now() < deadline && !(stop && stop())) {
+  while (settled < round.size() && Clock::now() < deadline && !(stop && stop())) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     const auto now = Clock::now();
-    for (auto& process : armed) {
-      if (process.stack.answered || !DumpSettled(process, now)) continue;
-      process.stack.answered = true;
+    for (ArmedProcess* process : round) {
+      if (process->stack.answered || !DumpSettled(*process, now)) continue;
+      process->stack.answered = true;
       ++settled;
     }
   }
-  std::vector<ProcessStack> stacks;
-  for (auto& process : armed) {
-    process.stack.dump = ReadFrom(process.dump_path, process.dump_offset, max_bytes);
-    process.stack.answered = process.stack.answered || !process.stack.dump.empty();
-    stacks.push_back(std::move(process.stack));
+  for (ArmedProcess* process : round) {
+    const off_t end = FileSize(process->dump_path);
+    const size_t length = end > process->dump_offset ? std::min(max_bytes, size_t(end - process->dump_offset)) : 0;
+    process->stack.dump = ReadFrom(process->dump_path, process->dump_offset, length);
+    process->stack.answered = process->stack.answered || !process->stack.dump.empty();
   }
+}
+
+// Forks of armed processes that armed nothing themselves (the hook does nothing at a fork):
+// they still catch the stack signal, with the handler and the dump file inherited from
+// the nearest armed ancestor, whose labels they share, marked as forked from their parent.
+std::vector<ArmedProcess> ForksOf(const std::vector<ArmedProcess>& armed, const std::set<pid_t>& ours) {
+  std::map<pid_t, const ArmedProcess*> armed_by_pid;
+  for (const ArmedProcess& process : armed) armed_by_pid[process.stack.pid] = &process;
+  std::map<pid_t, pid_t> parent_of;
+  for (const ProcessEntry& process : AllProcesses()) parent_of[process.pid] = process.parent;
+  std::vector<ArmedProcess> forks;
+  for (const pid_t pid : ours) {
+    if (armed_by_pid.contains(pid) || !parent_of.contains(pid)) continue;
+    const ArmedProcess* ancestor = nullptr;
+    size_t steps = 0;  // pids read at different moments may loop
+    for (pid_t up = parent_of[pid]; ancestor == nullptr && ours.contains(up) && ++steps <= ours.size(); up = parent_of[up]) {
+      if (auto found = armed_by_pid.find(up); found != armed_by_pid.end()) ancestor = found->second;
+    }
+    // A process that exec'd another program no longer catches the signal: never asked.
+    if (ancestor == nullptr || !HandlesSignal(pid, StackSignal())) continue;
+    ArmedProcess fork;
+    fork.stack.pid = pid;
+    fork.stack.labels = ancestor->stack.labels;
+    fork.stack.labels["PPID"] = std::to_string(parent_of[pid]);
+    fork.stack.labels["forked_from"] = std::to_string(parent_of[pid]);
+    fork.stack.command = CommandLine(pid);
+    fork.dump_path = ancestor->dump_path;
+    forks.push_back(std::move(fork));
+  }
+  return forks;
+}
+
+}  // namespace
+
+std::vector<ProcessStack> CollectPythonStacks(const fs::path& dumps_dir, std::chrono::milliseconds timeout,
+                                              size_t max_bytes, const std::function<bool()>& stop) {
+  const auto deadline = Clock::now() + timeout;
+  std::vector<ArmedProcess> armed;
+  std::error_code error;
+  // Only the launcher's descendants are the job's and may be signalled: a marker could name
+  // another launcher's process (a folder shared by mistake) or a pid reused by anything.
+  const std::set<pid_t> ours = DescendantsOf(getpid());
+  for (const auto& entry : fs::directory_iterator(dumps_dir, error)) {
+    if (entry.path().extension() != ".armed") continue;
+    auto process = ReadMarker(entry.path());
+    if (process && ours.contains(process->stack.pid)) armed.push_back(std::move(*process));
+  }
+  std::vector<ArmedProcess> forks = ForksOf(armed, ours);
+  // First every armed process, each into its own file, at once.
+  std::vector<ArmedProcess*> round;
+  for (ArmedProcess& process : armed) round.push_back(&process);
+  AskRound(round, deadline, max_bytes, stop);
+  // Then the forks, one per file at a time: two dumps into one file would interleave.
+  std::map<fs::path, std::vector<ArmedProcess*>> forks_by_file;
+  for (ArmedProcess& fork : forks) forks_by_file[fork.dump_path].push_back(&fork);
+  for (size_t index = 0; Clock::now() < deadline && !(stop && stop()); ++index) {
+    round.clear();
+    for (auto& [file, waiting] : forks_by_file) {
+      if (index < waiting.size()) round.push_back(waiting[index]);
+    }
+    if (round.empty()) break;
+    AskRound(round, std::min(deadline, Clock::now() + kForkRound), max_bytes, stop);
+  }
+  std::vector<ProcessStack> stacks;
+  for (auto& process : armed) stacks.push_back(std::move(process.stack));
+  for (auto& fork : forks) stacks.push_back(std::move(fork.stack));
   std::sort(stacks.begin(), stacks.end(), [](const ProcessStack& a, const ProcessStack& b) { return a.pid < b.pid; });
   return stacks;
 }

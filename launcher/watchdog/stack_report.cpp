@@ -110,7 +110,10 @@ std::vector<std::string> SummarizeStacks(const std::vector<ProcessStack>& stacks
     }
   }
   for (const ProcessStack& stack : stacks) {
-    if (!stack.answered) lines.push_back("no stack from " + DescribeProcess(stack) + ": it did not answer in time");
+    if (stack.answered) continue;
+    auto state = stack.labels.find("state");
+    lines.push_back("no stack from " + DescribeProcess(stack) + ": it did not answer in time" +
+                    (state == stack.labels.end() ? "" : " (" + state->second + ")"));
   }
   return lines;
 }

@@ -2,12 +2,14 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <set>
@@ -78,6 +80,18 @@ std::string ReadSmallFile(const fs::path& path, size_t max_bytes = 4096) {
   return text;
 }
 
+// "state T (stopped), waiting in do_signal_stop": why a process may give no stack.
+std::string ProcessState(pid_t pid) {
+  char state = '?';
+  for (const ProcessEntry& process : AllProcesses()) {
+    if (process.pid == pid) state = process.state;
+  }
+  const char* meaning = state == 'T' || state == 't' ? " (stopped)" : state == 'D' ? " (in the kernel, uninterruptible)" : "";
+  std::string wchan = ReadSmallFile("/proc/" + std::to_string(pid) + "/wchan", 128);
+  if (wchan.empty() || wchan == "0") wchan = "-";
+  return fmt::format("state {}{}, waiting in {}", state, meaning, wchan);
+}
+
 struct OtherProcess {
   pid_t pid = 0;
   std::string line;  // pid, state, wait channel, command line
@@ -118,9 +132,46 @@ std::vector<OtherProcess> OtherJobProcesses(const std::set<pid_t>& with_python_s
 
 // Processes with a RANK of their own (torchrun's workers, an mpirun rank), not forked from
 // one (a DataLoader worker inherits its rank's variables): the ones a collective waits on.
-// A job without RANK anywhere (one Python process a node) has its unforked processes.
+// A job without RANK anywhere (one Python process a node, or torch.multiprocessing.spawn)
+// has its unforked processes. Never multiprocessing's helpers, nor a parent that only
+// waits for its spawned ranks (MarkMultiprocessing).
 bool IsRank(const ProcessStack& stack, bool job_has_ranks) {
-  return (stack.labels.contains("RANK") || !job_has_ranks) && !stack.labels.contains("forked_from");
+  return (stack.labels.contains("RANK") || !job_has_ranks) && !stack.labels.contains("forked_from") &&
+         !stack.labels.contains("not_a_rank");
+}
+
+bool Contains(const std::string& text, const char* part) { return text.find(part) != std::string::npos; }
+
+// multiprocessing's resource tracker and forkserver serve the job's processes: never ranks.
+bool IsMultiprocessingHelper(const std::string& command) {
+  return Contains(command, "multiprocessing.resource_tracker") || Contains(command, "multiprocessing.semaphore_tracker") ||
+         Contains(command, "multiprocessing.forkserver");
+}
+
+// What multiprocessing started (spawn or forkserver: `--multiprocessing-fork` in its command
+// line): a DataLoader worker (its stack in _worker_loop) is its rank's worker; any other
+// process started so in a job without RANK is a rank (torch.multiprocessing.spawn, a Pool),
+// and its parent, which only waits for them, is not.
+void MarkMultiprocessing(std::vector<ProcessStack>& stacks) {
+  std::set<std::string> parents_of_ranks;
+  for (ProcessStack& stack : stacks) {
+    if (IsMultiprocessingHelper(stack.command)) {
+      stack.labels["not_a_rank"] = "multiprocessing's helper";
+      continue;
+    }
+    auto parent = stack.labels.find("PPID");
+    if (!Contains(stack.command, "--multiprocessing-fork") || parent == stack.labels.end()) continue;
+    if (Contains(stack.dump, "_worker_loop")) {
+      stack.labels["forked_from"] = parent->second;
+    } else if (!stack.labels.contains("RANK")) {
+      parents_of_ranks.insert(parent->second);
+    }
+  }
+  for (ProcessStack& stack : stacks) {
+    if (!stack.labels.contains("RANK") && parents_of_ranks.contains(std::to_string(stack.pid))) {
+      stack.labels["not_a_rank"] = "the parent of its spawned ranks";
+    }
+  }
 }
 
 struct NodeStacks {
@@ -197,6 +248,7 @@ NodeStacks ParseAnswer(int rank, const std::optional<std::string>& value) {
     node.stacks.push_back(std::move(stack));
   }
   MarkChildrenOfRanks(node.stacks);
+  MarkMultiprocessing(node.stacks);
   return node;
 }
 
@@ -211,6 +263,57 @@ bool JobHasRanks(const std::vector<NodeStacks>& nodes) {
 
 std::string NodeLabel(const NodeStacks& node) {
   return "node " + std::to_string(node.rank) + (node.host.empty() ? "" : " (" + node.host + ")");
+}
+
+// The ranks that gave no stack (stopped, or in the kernel with signals held): a group of
+// their own, which can be the odd one (the others wait for it in a collective).
+constexpr const char* kNoStack = "no stack";
+
+// The ranks grouped by where they are, those without a stack as one more group; largest first.
+std::vector<StackGroup> GroupsForTheHeadline(const std::vector<ProcessStack>& ranks) {
+  std::vector<StackGroup> groups = GroupByInnermostFrames(ranks);
+  StackGroup silent;
+  silent.frames = kNoStack;
+  for (const ProcessStack& rank : ranks) {
+    if (!rank.answered) silent.members.push_back(&rank);
+  }
+  if (silent.members.empty()) return groups;
+  groups.push_back(std::move(silent));
+  std::stable_sort(groups.begin(), groups.end(),
+                   [](const StackGroup& a, const StackGroup& b) { return a.members.size() > b.members.size(); });
+  return groups;
+}
+
+// "in all_reduce (...)", or for ranks without a stack what /proc said of the first.
+std::string Whereabouts(const StackGroup& group) {
+  if (group.frames != kNoStack) return "in " + (group.frames.empty() ? std::string("no Python frame") : group.frames);
+  const ProcessStack& first = *group.members.front();
+  auto state = first.labels.find("state");
+  return std::string("gave no stack") + (state == first.labels.end() ? "" : " (" + state->second + ")");
+}
+
+// "rank 0 (node 0, ...), rank 1 (node 1, ...)": where each member is.
+std::string DescribeMembers(const StackGroup& group) {
+  std::string text;
+  for (const ProcessStack* member : group.members) text += (text.empty() ? "" : ", ") + DescribeProcess(*member);
+  return text;
+}
+
+// Whether the group's innermost frames are in torch.distributed's collectives (all_reduce,
+// barrier, broadcast...): ranks that wait there wait for the others.
+bool InACollective(const StackGroup& group) {
+  return Contains(group.frames, "(distributed_c10d.py:") || Contains(group.frames, "(c10d_logger.py:");
+}
+
+// The one group not in a collective while the others are, or null.
+const StackGroup* OnlyGroupOutsideACollective(const std::vector<StackGroup>& groups) {
+  const StackGroup* outside = nullptr;
+  for (const StackGroup& group : groups) {
+    if (InACollective(group)) continue;
+    if (outside != nullptr) return nullptr;
+    outside = &group;
+  }
+  return outside != nullptr && groups.size() > 1 ? outside : nullptr;
 }
 
 // What node 0 concludes from every node's answer.
@@ -239,7 +342,8 @@ HangFindings Judge(const std::vector<NodeStacks>& nodes, int stalled_rank, const
   findings.summary = SummarizeStacks(ranks);
   if (other_processes > 0) {
     findings.summary.push_back(std::to_string(other_processes) +
-                               " other Python processes (launchers like torchrun, DataLoader workers): stacks in the report");
+                               " other Python processes (launchers like torchrun, DataLoader workers, multiprocessing's helpers): stacks in "
+                               "the report");
   }
   std::vector<std::string> missing;
   const NodeStacks* first_stopped = nullptr;
@@ -257,15 +361,32 @@ HangFindings Judge(const std::vector<NodeStacks>& nodes, int stalled_rank, const
             " before the stacks were asked for";
     if (nodes.size() > 1) findings.summary.push_back(first);
   }
-  const std::vector<StackGroup> groups = GroupByInnermostFrames(ranks);
+  const std::vector<StackGroup> groups = GroupsForTheHeadline(ranks);
   std::string odd;
-  if (groups.size() == 2 && groups.back().members.size() < groups.front().members.size()) {
+  if (groups.size() >= 2 && groups[0].members.size() == groups[1].members.size()) {
+    // No majority (1+1, 2+2): where every group is; the odd one is the only group not waiting
+    // in a collective, when there is one, else the first node to stop keeps the blame.
+    std::string listing;
+    for (const StackGroup& group : groups) {
+      listing += (listing.empty() ? "" : "; ") + std::to_string(group.members.size()) + " " + Whereabouts(group) + ": " +
+                 DescribeMembers(group);
+      findings.place += (findings.place.empty() ? "" : " | ") + group.frames;
+    }
+    if (const StackGroup* outside = OnlyGroupOutsideACollective(groups)) {
+      const ProcessStack& member = *outside->members.front();
+      findings.blamed_rank = std::atoi(member.labels.at("BT_NODE_RANK").c_str());
+      odd = "the odd one: " + DescribeProcess(member) + " " + Whereabouts(*outside) +
+            ", the only group not in a collective; no majority: " + listing;
+    } else {
+      odd = "no majority: " + listing;
+    }
+  } else if (groups.size() == 2 && groups.back().members.size() < groups.front().members.size()) {
     // One group apart from the majority: the straggler the others wait for.
     const StackGroup& smallest = groups.back();
     const ProcessStack& member = *smallest.members.front();
     findings.blamed_rank = std::atoi(member.labels.at("BT_NODE_RANK").c_str());
-    odd = "the odd one: " + DescribeProcess(member) + " in " + (smallest.frames.empty() ? "no Python frame" : smallest.frames) +
-          ", while " + std::to_string(groups.front().members.size()) + " ranks are in " + groups.front().frames;
+    odd = "the odd one: " + DescribeProcess(member) + " " + Whereabouts(smallest) + ", while " +
+          std::to_string(groups.front().members.size()) + " ranks are in " + groups.front().frames;
     findings.place = smallest.frames + " | " + groups.front().frames;
   } else if (groups.size() > 2) {
     // Several groups apart: the report lists them; the blame stays with the first node to stop.
@@ -274,9 +395,9 @@ HangFindings Judge(const std::vector<NodeStacks>& nodes, int stalled_rank, const
     findings.place = groups.front().frames;
   } else if (!groups.empty()) {
     findings.place = groups.front().frames;
-    const std::string where = groups.front().frames.empty() ? "no Python frame" : groups.front().frames;
-    odd = groups.front().members.size() == 1 ? "its one rank in " + where
-                                             : "no odd one: all " + std::to_string(groups.front().members.size()) + " in " + where;
+    odd = groups.front().members.size() == 1 ? "its one rank " + Whereabouts(groups.front())
+                                             : "no odd one: all " + std::to_string(groups.front().members.size()) + " " +
+                                                   Whereabouts(groups.front());
   }
   // How long the whole job has been silent: since the last progress of any node.
   std::optional<double> job_quiet_s;
@@ -335,24 +456,61 @@ std::string RenderReport(int64_t cycle, const std::string& headline, const HangF
 
 }  // namespace
 
+namespace {
+
+// The node folder's contents, wherever it is.
+void PlaceInNodeDir(WatchdogPaths& paths, const fs::path& node_dir) {
+  paths.node_dir = node_dir;
+  paths.heartbeat_file = node_dir / "heartbeat";
+  paths.python_hook_dir = node_dir / "python-hook";
+  paths.stack_dir = node_dir / "stacks";
+  paths.nccl_trace_dir = node_dir / "nccl-trace";
+}
+
+// How many launchers of one job and node may share report_dir at once.
+constexpr int kMaxNodeDirClaims = 64;
+
+// Claims `node_dir`, or the first of node_dir.2, .3... that no live launcher holds: an
+// exclusive flock on its `.owner`, held (the descriptor left open, close-on-exec) for as long
+// as this launcher runs, so that two launchers never share a heartbeat or stack folder. A
+// launcher that died released its claim: the next one reuses the folder.
+fs::path ClaimNodeDir(const fs::path& node_dir) {
+  std::string last_error;
+  for (int claim = 1; claim <= kMaxNodeDirClaims; ++claim) {
+    const fs::path candidate = claim == 1 ? node_dir : fs::path(node_dir.string() + "." + std::to_string(claim));
+    std::error_code error;
+    fs::create_directories(candidate, error);
+    if (error) throw std::runtime_error("cannot create " + candidate.string() + ": " + error.message());
+    const fs::path owner = candidate / ".owner";
+    const int fd = open(owner.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOCTTY, 0644);
+    if (fd < 0) throw std::runtime_error("cannot open " + owner.string() + ": " + std::strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) return candidate;  // held until this launcher exits
+    last_error = std::strerror(errno);
+    close(fd);
+  }
+  throw std::runtime_error("every node folder " + node_dir.string() + "[.2-" + std::to_string(kMaxNodeDirClaims) +
+                           "] is held by another running launcher (" + last_error + ")");
+}
+
+}  // namespace
+
 WatchdogPaths PathsFor(const env::WatchdogSettings& settings, const env::JobEnvironment& environment, int rank) {
   fs::path report_dir = settings.report_dir;
   if (report_dir.empty()) {
     auto scratch = environment.variables.find("BT_SCRATCH_DIR");
     report_dir = fs::path(scratch != environment.variables.end() ? scratch->second : "/tmp") / "bt-launch";
   }
-  const fs::path node_dir = report_dir / ("node-" + std::to_string(rank));
+  auto job_id = environment.variables.find("BT_TRAINING_JOB_ID");
+  const std::string job = job_id != environment.variables.end() && !job_id->second.empty() ? job_id->second : "job";
   WatchdogPaths paths;
   paths.report_dir = report_dir;
-  paths.heartbeat_file = node_dir / "heartbeat";
-  paths.python_hook_dir = node_dir / "python-hook";
-  paths.stack_dir = node_dir / "stacks";
-  paths.nccl_trace_dir = node_dir / "nccl-trace";
+  PlaceInNodeDir(paths, report_dir / job / ("node-" + std::to_string(rank)));
   return paths;
 }
 
 void ArmJobEnvironment(WatchdogPaths& paths, env::JobEnvironment& environment) {
-  // First: it makes the node's folder, where the heartbeat file goes, with its own.
+  PlaceInNodeDir(paths, ClaimNodeDir(paths.node_dir));
+  // Then: the flight recorder makes the node's trace folders, the heartbeat goes beside them.
   paths.flight_recorder = ArmFlightRecorder(paths.nccl_trace_dir, environment);
   Offer(environment, kHeartbeatVariable, paths.heartbeat_file.string());
   auto pythonpath = environment.variables.find("PYTHONPATH");
@@ -475,9 +633,11 @@ void Watchdog::StopThread() {
   if (thread_.joinable()) thread_.join();
 }
 
+// Only when the supervisor took the stop: a job that exited on its own before that (0 in
+// the middle of the stack collection) ended as it ended.
 bool Watchdog::StoppedAsHung() const {
   std::lock_guard lock(mutex_);
-  return hung_;
+  return hung_ && stop_taken_;
 }
 
 std::optional<std::string> Watchdog::TakeStop() {
@@ -496,20 +656,27 @@ bool Watchdog::Stopping() {
   return stopping_;
 }
 
-void Watchdog::LookForProgress() {
+// Notes what the job did since the last look. Returns whether it touched its heartbeat file
+// or saved a checkpoint: signs that it is past its startup.
+bool Watchdog::LookForProgress() {
+  bool job_says_it_runs = false;
   for (auto& [path, seen] : touched_paths_) {
     const std::optional<int64_t> mtime = ModificationTimeNs(path);
     if (mtime == seen) continue;
     seen = mtime;
-    if (mtime) progress_.Note();
+    if (!mtime) continue;
+    progress_.Note();
+    job_says_it_runs = true;
   }
   if (output_files_.JobWrote()) progress_.Note();
+  return job_says_it_runs;
 }
 
 void Watchdog::Watch(int64_t cycle, bool watching, Clock::time_point since) {
   Clock::time_point previous{};
   double longest_gap_s = 0;
   bool reported = false;
+  bool startup_over = false;
   Clock::time_point last_at_report{};
   // A thread that watches starts when the first check is due: that check comes first.
   for (bool due = watching;; due = false) {
@@ -528,7 +695,8 @@ void Watchdog::Watch(int64_t cycle, bool watching, Clock::time_point since) {
       continue;
     }
     if (!watching) continue;
-    LookForProgress();
+    const bool job_says_it_runs = LookForProgress();
+    if (!startup_over) startup_over = StartupOver(job_says_it_runs, Seconds(Clock::now() - since));
     const Clock::time_point last = progress_.last();
     if (progress_.seen() && last != previous) {
       if (previous != Clock::time_point{}) longest_gap_s = std::max(longest_gap_s, Seconds(last - previous));
@@ -546,6 +714,9 @@ void Watchdog::Watch(int64_t cycle, bool watching, Clock::time_point since) {
         spdlog::error("watchdog: cannot tell node 0 that this node's job makes progress again: {}", error.what());
       }
     }
+    // Within the startup window nothing is a hang, whatever the job printed (a banner, then a
+    // long load).
+    if (!startup_over) continue;
     const double limit_s = StallLimitSeconds(settings_, progress_.seen(), longest_gap_s);
     const double quiet_s = Seconds(Clock::now() - (progress_.seen() ? last : since));
     if (limit_s <= 0 || quiet_s < limit_s) continue;
@@ -553,6 +724,16 @@ void Watchdog::Watch(int64_t cycle, bool watching, Clock::time_point since) {
     last_at_report = last;
     OnStall(cycle, quiet_s, limit_s);
   }
+}
+
+// The startup window (model loading, compilation) ends at the job's first heartbeat or new
+// checkpoint (it is in its loop), else startup_timeout_s after the cycle's start; output
+// alone does not end it, since a banner or torchrun's OMP warning comes before a long load.
+// With startup_timeout_s 0 (no startup limit) it ends at the first progress of any kind.
+bool Watchdog::StartupOver(bool job_says_it_runs, double elapsed_s) const {
+  if (job_says_it_runs) return true;
+  if (settings_.startup_timeout_s <= 0) return progress_.seen();
+  return elapsed_s >= settings_.startup_timeout_s;
 }
 
 void Watchdog::OnStall(int64_t cycle, double quiet_s, double limit_s) {
@@ -574,6 +755,12 @@ void Watchdog::OnStall(int64_t cycle, double quiet_s, double limit_s) {
   }
   // A node alone: its own stacks make the whole report.
   const std::vector<NodeStacks> nodes{ParseAnswer(node_.rank, NodeAnswer(quiet_s))};
+  // The job ended while its stacks were taken (a final save that was slow, not stuck): its
+  // own exit is the cycle's outcome, not a hang.
+  if (Stopping()) {
+    spdlog::info("watchdog: the job ended while its stacks were being taken: not a hang");
+    return;
+  }
   const HangFindings findings = Judge(nodes, node_.rank, "limit " + FormatSeconds(limit_s));
   std::string cause = findings.cause;
   const fs::path report = paths_.report_dir / ("hang-" + UtcStamp() + "-cycle-" + std::to_string(cycle) + ".txt");
@@ -585,6 +772,7 @@ void Watchdog::OnStall(int64_t cycle, double quiet_s, double limit_s) {
   }
   for (const std::string& line : findings.summary) spdlog::error("watchdog: {}", line);
   std::lock_guard lock(mutex_);
+  if (stopping_) return;  // the job ended meanwhile: the supervisor will not take this stop
   stop_ = "the job hung: " + cause;
   hung_ = true;
   WakeSupervisorIn(Clock::duration::zero());
@@ -601,9 +789,10 @@ std::string Watchdog::NodeAnswer(double quiet_s) {
   std::set<pid_t> with_stack;
   std::vector<pid_t> pids;
   json processes = json::array();
-  for (const ProcessStack& stack : stacks) {
+  for (ProcessStack& stack : stacks) {
     with_stack.insert(stack.pid);
     pids.push_back(stack.pid);
+    if (!stack.answered) stack.labels["state"] = ProcessState(stack.pid);
     processes.push_back({{"pid", stack.pid}, {"labels", stack.labels}, {"command", stack.command},
                          {"dump", stack.dump}, {"answered", stack.answered}});
   }

@@ -25,10 +25,14 @@
 namespace bt::launcher::watchdog {
 
 // Where a node keeps what the watchdog needs: report_dir (launcher.watchdog.report_dir,
-// else <BT_SCRATCH_DIR>/bt-launch) holds node 0's hang reports, and node-<rank>/ this
-// node's heartbeat file, Python stack dumps and NCCL flight-recorder dumps.
+// else <BT_SCRATCH_DIR>/bt-launch) holds node 0's hang reports, and
+// <job id>/node-<rank>/ this launcher's heartbeat file, Python stack dumps and NCCL
+// flight-recorder dumps. Jobs and launchers may share report_dir (a shared volume, local
+// runs of one config): each launcher claims a node folder of its own (ArmJobEnvironment),
+// so no job sees another's heartbeat, stacks or processes.
 struct WatchdogPaths {
   std::filesystem::path report_dir;
+  std::filesystem::path node_dir;  // <report_dir>/<job id>/node-<rank>[.<n>], claimed by this launcher
   std::filesystem::path heartbeat_file;
   std::filesystem::path python_hook_dir;
   std::filesystem::path stack_dir;
@@ -40,14 +44,17 @@ WatchdogPaths PathsFor(const env::WatchdogSettings& settings, const env::JobEnvi
 
 // The job's side of the watch: BT_HEARTBEAT_FILE, the Python stack hook (PYTHONPATH,
 // BT_STACK_DIR, BT_STACK_SIGNAL) and PyTorch's NCCL flight recorder, each unless the user
-// set it. Creates the directories; throws std::runtime_error naming a path it cannot write.
+// set it. First it claims the node folder for this launcher (a lock held until it exits):
+// when another live launcher holds node-<rank>, the next free node-<rank>.<n> is used.
+// Creates the directories; throws std::runtime_error naming a path it cannot write.
 // `paths` then names what the job will use: a BT_HEARTBEAT_FILE or flight-recorder files
 // the user set are the ones watched, asked for and reported.
 void ArmJobEnvironment(WatchdogPaths& paths, env::JobEnvironment& environment);
 
-// The limit in force: before the cycle's first progress, startup_timeout_s; after it, the
-// configured stall_timeout_s, or with "auto" the larger of auto_min_s and 5x the longest
-// gap between progress seen so far. 0: no limit now.
+// The limit in force once the startup window is over (Watchdog::StartupOver: the first
+// heartbeat or checkpoint, else startup_timeout_s after the start): without any progress,
+// startup_timeout_s; after it, the configured stall_timeout_s, or with "auto" the larger of
+// auto_min_s and 5x the longest gap between progress seen so far. 0: no limit now.
 double StallLimitSeconds(const env::WatchdogSettings& settings, bool progress_seen, double longest_gap_s);
 
 struct WatchdogNode {
@@ -103,7 +110,8 @@ class Watchdog final : public StopRequests {
   void AnswerStackRequest(int64_t cycle, bool finished);
   void GatherAndDeclare(int64_t cycle, int stalled_rank);
   std::string NodeAnswer(double quiet_s);
-  void LookForProgress();
+  bool LookForProgress();
+  bool StartupOver(bool job_says_it_runs, double elapsed_s) const;
   bool Stopping();
 
   env::WatchdogSettings settings_;

@@ -29,6 +29,10 @@ fail() {
 export BT_RENDEZVOUS_PORT=$(free_port) MASTER_PORT=$(free_port)
 export BT_RENDEZVOUS_TOKEN=hang-test-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')
 stall_timeout_s=10
+# The startup window ends at the first new checkpoint (cycle 0: checkpoint-10), else after
+# startup_timeout_s: cycle 1 of the "every" job resumes from checkpoint-20 and hangs at step
+# 25, before its first save, so its hang is found startup_timeout_s after the cycle began.
+startup_timeout_s=60
 
 python3 examples/train/prepare.py base-model "$work/sources/base-model" >/dev/null
 peer_grace_s=5
@@ -54,7 +58,7 @@ write_config() {
     "grace_period_s": 10,
     "peer_failure_grace_s": $peer_grace_s,
     "restart": {"max_restarts": 1},
-    "watchdog": {"stall_timeout_s": $stall_timeout_s, "startup_timeout_s": 120},
+    "watchdog": {"stall_timeout_s": $stall_timeout_s, "startup_timeout_s": $startup_timeout_s},
     "cache": {"seed_commands": ["python3 examples/train/prepare.py dataset \"\$BT_PROJECT_CACHE_DIR/demo-dataset\""]},
     "checkpoint": {"destination": "file://$work/store", "drain_timeout_s": 60},
     "weights": {"timeout_s": 120},

@@ -271,7 +271,8 @@ TEST(OutputThroughTheLauncher, TheLastLineOfAStoppedJobIsKept) {
   EXPECT_EQ(result.out.substr(previous, last - previous), "line " + std::to_string(count - 1) + " " + std::string(200, 'x') + "\n");
 }
 
-TEST(OutputThroughTheLauncher, ATerminalIsNotTakenOver) {
+// A terminal is relayed through a terminal of the relay's own: the job still sees one.
+TEST(OutputThroughTheLauncher, AJobWhoseOutputIsATerminalStillSeesATerminal) {
   TempDir dir;
   PseudoTerminal pty;
   ASSERT_GE(pty.terminal, 0);

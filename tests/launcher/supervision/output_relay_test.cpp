@@ -7,7 +7,9 @@
 #include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -48,6 +50,34 @@ struct Pipe {
   int read_end() const { return fds[0]; }
   int write_end() const { return fds[1]; }
   int fds[2] = {-1, -1};
+};
+
+// A named pipe with two write descriptions of its own (`> fifo 2> fifo`): one destination
+// that is two streams, unlike one description twice (`2>&1`).
+struct TwiceOpenedFifo {
+  TwiceOpenedFifo() {
+    path = "/tmp/bt-relay-fifo-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
+    if (mkfifo(path.c_str(), 0600) != 0) std::abort();
+    read_end = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    writes[0] = open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    writes[1] = open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    fcntl(read_end, F_SETFL, O_RDONLY);
+    unlink(path.c_str());
+  }
+  ~TwiceOpenedFifo() {
+    CloseWrites();
+    if (read_end >= 0) close(read_end);
+  }
+  void CloseWrites() {
+    for (int& fd : writes) {
+      if (fd >= 0) close(fd);
+      fd = -1;
+    }
+  }
+  static inline int counter = 0;
+  std::string path;
+  int read_end = -1;
+  int writes[2] = {-1, -1};
 };
 
 // Reads what `fd` has within `wait` (until nothing came for that long, or end of file).
@@ -149,7 +179,7 @@ std::string LinesTagged(const std::string& text, char tag) {
   return lines;
 }
 
-TEST(RelayTakesOver, PipesFilesAndDevicesButNotTerminalsOrClosedDescriptors) {
+TEST(RelayTakesOver, PipesFilesDevicesAndTerminalsButNotClosedDescriptors) {
   Pipe pipe;
   EXPECT_TRUE(RelayTakesOver(pipe.write_end()));
   EXPECT_FALSE(RelayTakesOver(pipe.read_end())) << "a read-only descriptor cannot be written";
@@ -160,29 +190,36 @@ TEST(RelayTakesOver, PipesFilesAndDevicesButNotTerminalsOrClosedDescriptors) {
   EXPECT_FALSE(RelayTakesOver(-1));
   PseudoTerminal pty;
   ASSERT_GE(pty.terminal, 0);
-  const int terminal = pty.terminal;
-  EXPECT_FALSE(RelayTakesOver(terminal)) << "a terminal keeps isatty, colours and line buffering for the job";
+  EXPECT_TRUE(RelayTakesOver(pty.terminal)) << "through a terminal of the relay's own";
 }
 
-TEST(OutputRelay, ATerminalStreamIsInheritedAndTheOtherRelayed) {
+// `docker run -t`, `tty: true`: the launcher's output is a terminal. The job still writes to
+// a terminal (isatty, its size), whose output the relay forwards and notes as progress;
+// the real terminal's own output processing applies once (\n becomes \r\n there only).
+TEST(OutputRelay, ATerminalIsRelayedThroughATerminalOfItsOwnAndItsOutputIsProgress) {
   PseudoTerminal pty;
   ASSERT_GE(pty.terminal, 0);
-  const int terminal = pty.terminal;
+  winsize size{};
+  size.ws_row = 33;
+  size.ws_col = 111;
+  ASSERT_EQ(ioctl(pty.terminal, TIOCSWINSZ, &size), 0);
   Pipe err;
   watchdog::Progress progress;
-  OutputRelay relay(progress, terminal, err.write_end());
-  EXPECT_FALSE(relay.TakesOver(1));
+  OutputRelay relay(progress, pty.terminal, err.write_end());
+  EXPECT_TRUE(relay.TakesOver(1));
   EXPECT_TRUE(relay.TakesOver(2));
-  // The child's fd 1 stays this process's fd 1 (the relay adds no dup2 for it); its fd 2
-  // is the relay's pipe, which forwards to `err`. (Read in a command substitution: the
-  // shell redirects its own fd 1 while it runs a command with `>&2`.)
-  const pid_t child = SpawnShell(relay, "one=$(readlink /proc/$$/fd/1); echo \"$one\" >&2; if [ -t 2 ]; then echo tty >&2; fi");
+  const pid_t child = SpawnShell(relay, "if [ -t 1 ]; then echo tty; fi; stty size <&1; one=$(readlink /proc/$$/fd/1); echo \"$one\" >&2");
   EXPECT_EQ(WaitExit(child), 0);
   relay.Finish(2s);
   err.CloseWrite();
-  char own[256] = {};
-  ASSERT_GT(readlink("/proc/self/fd/1", own, sizeof own - 1), 0);
-  EXPECT_EQ(ReadFor(err.read_end(), 1s), std::string(own) + "\n");
+  EXPECT_TRUE(progress.seen());
+  std::string seen;
+  EXPECT_TRUE(ReadUntil(pty.master, seen, "tty\r\n33 111\r\n", 5s)) << seen;
+  const std::string job_terminal = ReadFor(err.read_end(), 1s);
+  char real[256] = {};
+  ASSERT_GT(readlink(("/proc/self/fd/" + std::to_string(pty.terminal)).c_str(), real, sizeof real - 1), 0);
+  EXPECT_EQ(job_terminal.rfind("/dev/pts/", 0), 0u) << job_terminal;
+  EXPECT_NE(job_terminal, std::string(real) + "\n") << "the job writes to the relay's terminal, not the real one";
 }
 
 TEST(OutputRelay, ForwardsBothStreamsAndNotesProgressOnlyWhenTheJobWrites) {
@@ -218,15 +255,15 @@ TEST(OutputRelay, ForwardsBothStreamsAndNotesProgressOnlyWhenTheJobWrites) {
 // Two streams into one destination (a container's log): a line written in pieces arrives
 // whole, not cut by the other stream's line that came between its pieces.
 TEST(OutputRelay, ALineWrittenInPiecesArrivesWhole) {
-  Pipe both;
+  TwiceOpenedFifo both;
   watchdog::Progress progress;
-  OutputRelay relay(progress, both.write_end(), both.write_end(), {.partial_line_delay = 1500ms});
+  OutputRelay relay(progress, both.writes[0], both.writes[1], {.partial_line_delay = 1500ms});
   const pid_t child = SpawnShell(relay, "printf 'out-a'; sleep 0.1; echo ERR >&2; sleep 0.1; echo out-b");
   EXPECT_EQ(WaitExit(child), 0);
   relay.Sync(2s);
   relay.Finish(2s);
-  both.CloseWrite();
-  EXPECT_EQ(ReadFor(both.read_end(), 500ms), "ERR\nout-aout-b\n");
+  both.CloseWrites();
+  EXPECT_EQ(ReadFor(both.read_end, 500ms), "ERR\nout-aout-b\n");
 }
 
 TEST(OutputRelay, APartialLineIsWrittenAfterTheDelayNotAtTheJobsEnd) {
@@ -288,22 +325,42 @@ TEST(OutputRelay, LargeChunksArriveWithEveryLineWhole) {
   const std::string out_lines = WriteNumberedLines(path, 'o', 100000);  // ~10 MB
   std::string err_lines;
   for (int n = 1; n <= 3000; ++n) err_lines += "e" + std::to_string(n) + "\n";
-  Pipe both;
+  TwiceOpenedFifo both;
   std::string seen;
-  std::thread reader([&] { seen = ReadToEnd(both.read_end(), 200us); });
+  std::thread reader([&] { seen = ReadToEnd(both.read_end, 200us); });
   {
     watchdog::Progress progress;
-    OutputRelay relay(progress, both.write_end(), both.write_end());
+    OutputRelay relay(progress, both.writes[0], both.writes[1]);
     const pid_t child = SpawnShell(relay, "cat " + path + " & n=1; while [ $n -le 3000 ]; do echo e$n >&2; n=$((n+1)); done; wait");
     EXPECT_EQ(WaitExit(child), 0);
     relay.Finish(2s);
   }
-  both.CloseWrite();
+  both.CloseWrites();
   reader.join();
   std::remove(path.c_str());
   EXPECT_EQ(seen.size(), out_lines.size() + err_lines.size());
   EXPECT_TRUE(LinesTagged(seen, 'o') == out_lines) << "stdout's lines were cut, reordered or lost";
   EXPECT_EQ(LinesTagged(seen, 'e'), err_lines);
+}
+
+// `2>&1 | ...`: the launcher's stdout and stderr are one pipe. The job's two streams share
+// one channel, so 800 alternating lines arrive in the order they were written.
+TEST(OutputRelay, StdoutAndStderrToOnePipeStayInTheOrderWritten) {
+  Pipe both;
+  watchdog::Progress progress;
+  OutputRelay relay(progress, both.write_end(), both.write_end());
+  ASSERT_TRUE(relay.TakesOver(1));
+  ASSERT_TRUE(relay.TakesOver(2));
+  std::string expected;
+  for (int n = 0; n < 400; ++n) expected += "o" + std::to_string(n) + "\ne" + std::to_string(n) + "\n";
+  std::string seen;
+  std::thread reader([&] { seen = ReadToEnd(both.read_end()); });
+  const pid_t child = SpawnShell(relay, "i=0; while [ $i -lt 400 ]; do echo o$i; echo e$i >&2; i=$((i+1)); done");
+  EXPECT_EQ(WaitExit(child), 0);
+  relay.Finish(2s);
+  both.CloseWrite();
+  reader.join();
+  EXPECT_TRUE(seen == expected) << "lines reordered or lost: " << seen.size() << " bytes of " << expected.size();
 }
 
 // A file with the job's own description (Options::files) is not taken over: the job's fd 1

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -224,17 +225,26 @@ TEST_F(PythonStacksTest, MarkersOfProcessesThatAreGoneArePruned) {
   EXPECT_EQ(armed, 1u);
 }
 
-// A forked child (a DataLoader worker) arms for itself: its dump is its own, not written
-// into its parent's file.
-TEST_F(PythonStacksTest, AForkedChildAnswersOnItsOwn) {
+// A forked child (a DataLoader worker) arms nothing (a fork costs no Python code and leaves
+// no file): it inherited the handler, is asked after its parent, and its dump is its own.
+TEST_F(PythonStacksTest, AForkedChildAnswersOnItsOwnAndLeavesNoFile) {
   pid_t parent = StartRank("forker", 0);
-  std::this_thread::sleep_for(300ms);  // the child armed after the fork
+  std::this_thread::sleep_for(300ms);
+  std::vector<std::string> files;
+  for (const auto& entry : fs::directory_iterator(dir_.path() + "/dumps")) files.push_back(entry.path().filename());
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(files, (std::vector<std::string>{std::to_string(parent) + ".armed", std::to_string(parent) + ".stack"}));
   const auto stacks = CollectPythonStacks(dir_.path() + "/dumps", 10s, 64 * 1024);
   ASSERT_EQ(stacks.size(), 2u);
+  std::set<std::string> innermost;
   for (const auto& stack : stacks) {
     EXPECT_TRUE(stack.answered) << stack.pid;
-    EXPECT_EQ(std::count(stack.dump.begin(), stack.dump.end(), '\n') > 0, true);
+    innermost.insert(InnermostFrames(stack.dump, 1).substr(0, InnermostFrames(stack.dump, 1).find(' ')));
+    if (stack.pid == parent) continue;
+    EXPECT_EQ(stack.labels.at("forked_from"), std::to_string(parent));
+    EXPECT_EQ(stack.labels.at("RANK"), "0");
   }
+  EXPECT_EQ(innermost, (std::set<std::string>{"all_reduce", "worker_loop"}));
   EXPECT_TRUE(stacks[0].pid == parent || stacks[1].pid == parent);
 }
 
