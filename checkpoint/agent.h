@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "env/job_config.h"
+#include "storage/commit_record.h"
 #include "storage/destination.h"
 
 namespace bt::checkpoint {
@@ -73,6 +74,9 @@ struct AgentOptions {
   bool publish_latest = true;         // without a board: whether this node writes `latest`
   // Called on the agent's thread when a checkpoint has been snapshotted and queued.
   std::function<void(const std::string& name)> on_handoff;
+  // Called on the agent's thread once `latest` names `commit` (written by this node): what
+  // node 0's restart decision resumes from, known without reading the destination.
+  std::function<void(const storage::CommitRecord& commit)> on_latest;
 };
 
 struct DrainResult {
