@@ -986,7 +986,9 @@ void StopDuringAStuckResumeDownload(int signalled) {
   EXPECT_FALSE(rclone_alive) << "the stuck download's rclone outlived the launcher";
   EXPECT_LT(node1_ended, 10s) << node1.err;
   EXPECT_NE(node1.exit_code, 0) << node1.err;
-  if (signalled == 1) EXPECT_EQ(node1.exit_code, 143) << node1.err;
+  if (signalled == 1) {
+    EXPECT_EQ(node1.exit_code, 143) << node1.err;
+  }
   EXPECT_NE(node1.err.find("the load for cycle 1 was stopped"), std::string::npos) << node1.err;
   for (const ProcessResult* result : {&node0, &node1}) {
     EXPECT_EQ(result->out.find("cycle 1 ran"), std::string::npos) << result->out << result->err;
