@@ -929,6 +929,8 @@ TEST(Restart, AReplacementLoadsTheLoadCheckpointConfigTheOthersLoaded) {
   KillNodeHard(job, *processes[1], 1);
   processes[1]->Finish();
   ASSERT_TRUE(processes[0]->WaitForLog("lost: its launcher has not joined again)", 30s));
+  // The replacement comes up on a fresh volume (a new pod): nothing of its predecessor's load.
+  fs::remove_all(job.dir().path() + "/root/node-1/tmp/loaded_checkpoints");
   processes[1] = std::make_unique<LauncherProcess>(job.Spec(1));
   auto results = Job::FinishAll(processes);
   for (int rank = 0; rank < 2; ++rank) {
