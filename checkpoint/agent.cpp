@@ -1044,6 +1044,7 @@ class CheckpointAgent::Impl {
     const bool moved_latest = version.seq > published_seq_;
     published_seq_ = std::max(published_seq_, version.seq);
     MarkCommitted(version);
+    if (moved_latest && options_.on_latest) options_.on_latest(version.commit);
     const std::string where = moved_latest ? options_.destination.uri + "/" + options_.job_id + "/latest names it"
                                            : "a newer checkpoint stays `latest`";
     spdlog::info("checkpoints: committed {}: {} (version {})", version.name, where, version.version_id);

@@ -16,6 +16,7 @@
 
 #include "checkpoint/commit_rule.h"
 #include "env/job_config.h"
+#include "storage/commit_record.h"
 #include "storage/destination.h"
 
 namespace bt::checkpoint {
@@ -83,6 +84,9 @@ struct AgentOptions {
   std::string load_dir;
   // Called on the agent's thread when a checkpoint has been snapshotted and queued.
   std::function<void(const std::string& name)> on_handoff;
+  // Called on the agent's thread once `latest` names `commit` (written by this node): what
+  // node 0's restart decision resumes from, known without reading the destination.
+  std::function<void(const storage::CommitRecord& commit)> on_latest;
 };
 
 // A follower's drain once node 0 is lost (cut off, or gone): no commit can come any more,

@@ -44,10 +44,11 @@ std::string DescribeOutcome(const JobOutcome& outcome) {
 
 // After the rendezvous, before the first command: weights and loaded checkpoints, the
 // ready barrier (its deadline is the weights deadline), then the cache seed. A launcher
-// that replaced a lost one (`rejoining`) loads nothing here: its first cycle's checkpoint
-// is loaded at that cycle's barrier.
+// that replaced a lost one (`rejoining`) loads nothing here: its first cycle's barrier
+// loads what the others run from (RunCycles).
 void PrepareNode(const PreparedJob& job, const std::optional<storage::DestinationSpec>& destination,
-                 const std::string& resume, bool rejoining, Peers* peers, SignalRouter& signals, Timeline& timeline) {
+                 const std::optional<storage::CommitRecord>& resume, bool rejoining, Peers* peers, SignalRouter& signals,
+                 Timeline& timeline) {
   const auto ready_deadline = std::chrono::steady_clock::now() +
                               std::chrono::milliseconds(int64_t(job.config.launcher.weights.timeout_s * 1000));
   NodePhase phase(peers, job.identity.rank);
@@ -57,15 +58,15 @@ void PrepareNode(const PreparedJob& job, const std::optional<storage::Destinatio
     PrepareWeights(job.config, job.environment,
                    {[&](const std::string& line) { phase.Publish(line); }, [&] { CheckStop(peers, signals); }});
   }
-  if (!resume.empty()) {
+  if (resume) {
     // The job's own checkpoint (a retried job) is where training stands: it wins over
     // load_checkpoint_config, which names another job's starting point.
     timeline.Begin("resume");
-    phase.Publish("loading checkpoint " + resume);
-    spdlog::info("resuming from checkpoint {}: this job's destination already holds it as committed (latest){}", resume,
+    phase.Publish("loading checkpoint " + resume->name);
+    spdlog::info("resuming from checkpoint {}: this job's destination already holds it as committed (latest){}",
+                 resume->name,
                  job.config.runtime.load_checkpoint_config.enabled ? "; runtime.load_checkpoint_config is not loaded" : "");
-    LoadOwnCheckpoint(job.environment, *destination, job.job_id(), job.identity.rank, resume,
-                      [&] { CheckStop(peers, signals); });
+    LoadOwnCheckpoint(job.environment, *destination, job.identity.rank, *resume, [&] { CheckStop(peers, signals); });
   } else if (job.config.runtime.load_checkpoint_config.enabled && !rejoining) {
     ClearEarlierLoads(job.environment, job.identity.rank);
     timeline.Begin("load checkpoints");
@@ -85,7 +86,8 @@ void PrepareNode(const PreparedJob& job, const std::optional<storage::Destinatio
 // Every phase between the rendezvous and the run, through PreRunPeers: a failed peer or a
 // lost leader ends any of them at once, and a store failure names the phase it hit.
 void PrepareAfterRendezvous(PreparedJob& job, std::optional<rendezvous::fabric::Inventory> inventory,
-                            const std::optional<storage::DestinationSpec>& destination, const std::string& resume,
+                            const std::optional<storage::DestinationSpec>& destination,
+                            const std::optional<storage::CommitRecord>& resume,
                             bool rejoining, Peers* peers, SignalRouter& signals, Timeline& timeline) {
   std::optional<PreRunPeers> pre_run;
   if (peers) pre_run.emplace(*peers, signals);
@@ -119,21 +121,29 @@ bool UsesCheckpoints(const env::JobConfig& config) {
   return config.runtime.checkpointing_config.enabled || config.runtime.load_checkpoint_config.enabled;
 }
 
-// The checkpoint this job resumes from at start: its own committed `latest` when it
-// checkpoints (the platform retried it, Slurm requeued it); "" when none.
-std::string ResumePoint(const PreparedJob& job, const std::optional<storage::DestinationSpec>& destination) {
-  if (!destination || !job.config.runtime.checkpointing_config.enabled) return "";
-  return LatestCommittedCheckpoint(*destination, job.job_id()).value_or("");
+// The commit this job resumes from at start: its own `latest` when it checkpoints (the
+// platform retried it, Slurm requeued it); none when nothing is committed. Throws
+// LaunchFailure(74) when `latest` cannot be read: never a silent start from scratch.
+std::optional<storage::CommitRecord> ResumePoint(const PreparedJob& job,
+                                                 const std::optional<storage::DestinationSpec>& destination, Peers* peers,
+                                                 SignalRouter& signals) {
+  if (!destination || !job.config.runtime.checkpointing_config.enabled) return std::nullopt;
+  return ReadLatestCommitted(*destination, job.job_id(), [&] { CheckStop(peers, signals); });
+}
+
+// Node 0's knowledge of what it committed, for its restart decisions; null where no
+// decision is made here, or the job does not checkpoint.
+std::shared_ptr<CommittedCheckpoints> CommittedCheckpointsOf(const PreparedJob& job,
+                                                             const std::optional<storage::DestinationSpec>& destination) {
+  if (job.identity.rank != 0 || job.config.launcher.restart.max_restarts == 0) return nullptr;
+  if (!destination || !job.config.runtime.checkpointing_config.enabled) return nullptr;
+  return std::make_shared<CommittedCheckpoints>();
 }
 
 // Node 0's answer to a failed cycle (launcher.restart); none when restarts are off.
-rendezvous::RestartPolicy RestartPolicyOf(const PreparedJob& job, const std::optional<storage::DestinationSpec>& destination) {
+rendezvous::RestartPolicy RestartPolicyOf(const PreparedJob& job, std::shared_ptr<const CommittedCheckpoints> committed) {
   if (job.identity.rank != 0 || job.config.launcher.restart.max_restarts == 0) return {};
-  std::function<std::optional<std::string>()> latest;
-  if (destination && job.config.runtime.checkpointing_config.enabled) {
-    latest = [spec = *destination, job_id = job.job_id()] { return LatestCommittedCheckpoint(spec, job_id); };
-  }
-  return MakeRestartPolicy(job.config.launcher.restart, std::move(latest));
+  return MakeRestartPolicy(job.config.launcher.restart, std::move(committed));
 }
 
 // A follower cut off from node 0 can commit nothing: its drain waits only for its own uploads,
@@ -196,9 +206,17 @@ CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, const std
     }
     return outcome;
   };
-  hooks.load_resume = [&job, destination](const std::string& name) {
+  hooks.load_resume = [&job, destination](const storage::CommitRecord& commit, const std::function<void()>& check_stop) {
     if (!destination) return;
-    LoadOwnCheckpoint(job.environment, *destination, job.job_id(), job.identity.rank, name);
+    LoadOwnCheckpoint(job.environment, *destination, job.identity.rank, commit, check_stop);
+  };
+  // A replacement's first cycle when nothing is committed: the job's load_checkpoint_config,
+  // as every other node loaded it before cycle 0.
+  hooks.load_start = [&job, destination](const std::function<void()>& check_stop) {
+    if (!destination || !job.config.runtime.load_checkpoint_config.enabled) return;
+    ClearEarlierLoads(job.environment, job.identity.rank);
+    spdlog::info("loading runtime.load_checkpoint_config, as the other nodes did before their first cycle");
+    LoadCheckpoints(job.config, job.environment, *destination, job.identity.rank, check_stop);
   };
   return hooks;
 }
@@ -213,19 +231,23 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   std::optional<storage::DestinationSpec> destination;
   if (UsesCheckpoints(job.config)) destination = ResolveCheckpointDestination(job.config, job.environment, cli.root);
 
+  const std::shared_ptr<CommittedCheckpoints> node0_commits = CommittedCheckpointsOf(job, destination);
+
   // The fabric is what nodes talk over: a single node has nothing to check or choose.
   std::optional<rendezvous::fabric::Inventory> inventory;
   std::unique_ptr<Peers> peers;
   if (job.identity.count > 1) {
     inventory = ReadFabricInventory(rendezvous::fabric::SysfsRoot(cli.sysfs_root));
     timeline.Begin("rendezvous");
-    peers = JoinPeers(job.config, job.identity, job.job_id(), signals, RestartPolicyOf(job, destination));
+    peers = JoinPeers(job.config, job.identity, job.job_id(), signals, RestartPolicyOf(job, node0_commits));
   }
   // A launcher that replaced a lost one loads what its first cycle resumes from at that
   // cycle's barrier, not the job's `latest` now.
   std::optional<rendezvous::PeerEvent> rejoin = peers ? peers->TakeRejoin() : std::nullopt;
-  const std::string resume = rejoin ? "" : ResumePoint(job, destination);
+  std::optional<storage::CommitRecord> resume;
   try {
+    if (!rejoin) resume = ResumePoint(job, destination, peers.get(), signals);
+    if (node0_commits) node0_commits->Started(resume);
     PrepareAfterRendezvous(job, std::move(inventory), destination, resume, rejoin.has_value(), peers.get(), signals,
                            timeline);
   } catch (const LaunchFailure& failure) {
@@ -240,9 +262,11 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   }
   CheckpointPhase checkpoints;
   if (destination) {
+    std::function<void(const storage::CommitRecord&)> on_latest;
+    if (node0_commits) on_latest = [node0_commits](const storage::CommitRecord& commit) { node0_commits->Committed(commit); };
     checkpoints = StartCheckpoints(job.config, job.environment, *destination, job.identity,
                                    peers ? peers->store() : nullptr, [&] { CheckStop(peers.get(), signals); },
-                                   rejoin ? rejoin->cycle : 0);
+                                   rejoin ? rejoin->cycle : 0, std::move(on_latest));
   }
   // Until the end: after its job ended, a node still answers a stack request of the others'.
   watchdog::Progress progress;
@@ -254,8 +278,7 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   JobOutcome outcome = RunCycles(job.config, peers.get(), signals,
                                  CycleHooksOf(cli, job, destination, peers.get(), watch.get(), &progress, signals,
                                               checkpoints.agent.get()),
-                                 resume,
-                                 std::move(rejoin), cycles);
+                                 resume ? resume->name : "", std::move(rejoin), cycles);
   timeline.Annotate(DescribeOutcome(outcome) + (cycles.empty() ? "" : "; restarts: " + RenderCycles(cycles)));
   if (peers) peers->Report(outcome);  // the other nodes stop now, not after this node's drain
   bool committed = true;

@@ -25,13 +25,15 @@ struct CycleFailure {
 };
 
 // The policy's answer: the fields pushed with the restart (the checkpoint to resume from,
-// the budget used), or why the job ends instead.
+// the budget used; Cycles adds "decided_in_s", how long the policy took), or why the job
+// ends instead.
 struct RestartAnswer {
   std::optional<Message> decision;
   std::string refusal;
 };
 
-// Runs on the leader's server thread, once per failure of the current cycle.
+// Runs on the leader's server thread, once per failure of the current cycle: it must not
+// block (no storage I/O), or every heartbeat waits for it and the nodes declare the leader lost.
 using RestartPolicy = std::function<RestartAnswer(const CycleFailure&)>;
 
 class Cycles {

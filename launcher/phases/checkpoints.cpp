@@ -31,8 +31,6 @@ using storage::ManifestError;
 constexpr const char* kDefaultDestinationDir = "/var/lib/bt-launch/checkpoints";
 constexpr std::chrono::seconds kLoadLogEvery{10};
 
-std::string RankDir(const std::string& job_id, int rank) { return job_id + "/rank-" + std::to_string(rank); }
-
 // Files of `manifest` under `local_dir` that differ from it: size, or XXH3-128.
 std::vector<std::string> CompareWithManifest(const Manifest& manifest, const std::string& local_dir) {
   std::vector<std::string> problems;
@@ -203,9 +201,17 @@ void LoadPart(storage::Destination& destination, const storage::DestinationSpec&
   const std::string& job_id = commit.job_id;
   storage::ValidateCheckpointName(name, where + "checkpoint name");
   const std::optional<std::string> part_root = storage::PartRoot(commit, node_rank);
-  const std::string remote_rank = part_root.value_or(RankDir(job_id, node_rank));
+  if (!part_root) {
+    // The record says this node holds no part (DDP: only rank 0 saves): it runs with an
+    // empty rank-<r>/, as the commit rule promises (docs/CHECKPOINTS.md).
+    storage::MakeDirectories(rank_dir);
+    spdlog::info("checkpoint {} of job {} has no part for node {} (its commit record lists none): {} is left empty", name,
+                 job_id, node_rank, rank_dir);
+    return;
+  }
+  const std::string remote_rank = *part_root;
   const std::string manifest_path = remote_rank + "/" + storage::ManifestName(name);
-  auto text = part_root ? destination.ReadText(manifest_path) : std::nullopt;
+  auto text = destination.ReadText(manifest_path);
   if (!text) {
     throw LaunchFailure(kExitIo, where + "checkpoint " + name + " of job " + job_id + " has no part for node " +
                                      std::to_string(node_rank) + " (no " + destination_spec.uri + "/" + manifest_path + ")");
@@ -326,34 +332,36 @@ void LoadCheckpoints(const env::JobConfig& config, const env::JobEnvironment& en
   }
 }
 
-std::optional<std::string> LatestCommittedCheckpoint(const storage::DestinationSpec& destination_spec,
-                                                     const std::string& job_id) {
+std::optional<storage::CommitRecord> ReadLatestCommitted(const storage::DestinationSpec& destination_spec,
+                                                         const std::string& job_id,
+                                                         const std::function<void()>& check_stop) {
+  const std::string where = destination_spec.uri + "/" + job_id + "/latest";
   try {
-    auto latest = RetryingTransfers("reading " + job_id + "/latest", destination_spec.uri, [&] {
+    return RetryingTransfers("reading " + job_id + "/latest", destination_spec.uri, [&] {
       return storage::ReadLatestCommit(*storage::OpenDestination(destination_spec), job_id);
-    }, [] {});
-    if (!latest) return std::nullopt;
-    return latest->name;
-  } catch (const std::runtime_error& error) {
-    spdlog::warn("cannot read {}/{}/latest: {}", destination_spec.uri, job_id, error.what());
-    return std::nullopt;
+    }, check_stop);
+  } catch (const DestinationError& error) {
+    throw LaunchFailure(kExitIo, "cannot read " + where + " after " + std::to_string(kTransferAttempts) + " attempts (" +
+                                     error.what() + "): not starting from scratch over this job's committed checkpoints; "
+                                     "the job can be run again once the destination answers");
+  } catch (const ManifestError& error) {
+    throw LaunchFailure(kExitIo, std::string(error.what()) + ": not starting from scratch over this job's committed "
+                                                            "checkpoints");
   }
 }
 
 void LoadOwnCheckpoint(const env::JobEnvironment& environment, const storage::DestinationSpec& destination_spec,
-                       const std::string& job_id, int node_rank, const std::string& name,
-                       const std::function<void()>& check_stop) {
+                       int node_rank, const storage::CommitRecord& commit, const std::function<void()>& check_stop) {
   const std::string rank_dir = LoadRankDir(environment, node_rank);
-  const std::string where = "resuming from checkpoint " + name + ": ";
+  const std::string where = "resuming from checkpoint " + commit.name + ": ";
   AsLoadFailure(where, destination_spec.uri, [&] {
     storage::RemoveTree(rank_dir);  // an earlier cycle's load must not lie beside this one
     storage::MakeDirectories(rank_dir);
     auto found = environment.variables.find("BT_CHECKPOINT_DIR");
     const std::string local_root = found == environment.variables.end() ? "" : found->second;
     auto destination = storage::OpenDestination(destination_spec);
-    // The version committed under `name` now: node 0 chose the name from `latest` a moment ago.
-    storage::CommitRecord commit = storage::ReadCommit(*destination, job_id, name)
-                                       .value_or(storage::CommitRecord::Unversioned(job_id, name));
+    // Exactly the versions the record names, never the name's commit now: a save committed
+    // since (under the same name) must not give nodes of one cycle different versions.
     LoadPart(*destination, destination_spec, commit, node_rank, rank_dir, local_root, where, check_stop);
   }, check_stop);
 }
@@ -384,7 +392,7 @@ void WaitForResumedDeclarations(rendezvous::Store& store, const std::function<vo
 CheckpointPhase StartCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment,
                                  const storage::DestinationSpec& destination, const env::NodeIdentity& identity,
                                  rendezvous::Store* store, const std::function<void()>& check_stop,
-                                 int64_t incarnation) {
+                                 int64_t incarnation, std::function<void(const storage::CommitRecord&)> on_latest) {
   CheckpointPhase phase;
   if (!config.runtime.checkpointing_config.enabled) return phase;
   checkpoint::AgentOptions options;
@@ -399,6 +407,7 @@ CheckpointPhase StartCheckpoints(const env::JobConfig& config, const env::JobEnv
   options.incarnation = incarnation;
   auto load_dir = environment.variables.find("BT_LOAD_CHECKPOINT_DIR");
   if (load_dir != environment.variables.end()) options.load_dir = load_dir->second;
+  options.on_latest = std::move(on_latest);
   if (identity.count > 1 && store != nullptr) {
     phase.board = MakeStoreCommitBoard(*store, identity.count, identity.rank, incarnation);
     options.board = phase.board.get();

@@ -16,6 +16,7 @@
 #include "launcher/cli.h"
 #include "launcher/supervision/supervisor.h"
 #include "rendezvous/store.h"
+#include "storage/commit_record.h"
 #include "storage/destination.h"
 
 namespace bt::launcher {
@@ -36,26 +37,30 @@ storage::DestinationSpec ResolveCheckpointDestination(const env::JobConfig& conf
 void ClearEarlierLoads(const env::JobEnvironment& environment, int node_rank);
 
 // Each load_checkpoint_config reference, this node's part, into
-// BT_LOAD_CHECKPOINT_DIR/rank-<r>/, verified against its manifest, with its progress logged.
-// Throws LaunchFailure(74); `check_stop` runs at least once a second during a download and
-// throws to stop it (its partial files are removed).
+// BT_LOAD_CHECKPOINT_DIR/rank-<r>/, verified against its manifest, with its progress logged;
+// a commit whose record lists no part for this node (only rank 0 saved) leaves rank-<r>/
+// empty. Throws LaunchFailure(74); `check_stop` runs at least once a second during a
+// download and throws to stop it (its partial files are removed).
 void LoadCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment,
                      const storage::DestinationSpec& destination, int node_rank,
                      const std::function<void()>& check_stop);
 
-// This job's newest committed checkpoint (its `latest` pointer), nullopt when it has none
-// or the destination cannot be read (logged).
-std::optional<std::string> LatestCommittedCheckpoint(const storage::DestinationSpec& destination,
-                                                     const std::string& job_id);
+// This job's newest commit (the record its `latest` pointer names), nullopt when it has none.
+// A read the destination fails is tried again twice (`check_stop` called while it waits);
+// then LaunchFailure(74): a job that checkpoints never starts from scratch because its
+// destination could not be read for a moment (it would train again what it had committed).
+std::optional<storage::CommitRecord> ReadLatestCommitted(const storage::DestinationSpec& destination,
+                                                         const std::string& job_id,
+                                                         const std::function<void()>& check_stop);
 
-// This job's own committed checkpoint `name` (a restart, a retried job), this node's part,
-// into BT_LOAD_CHECKPOINT_DIR/rank-<r>/, emptied first so that nothing of an earlier load
-// lies beside it. Files this node still holds unchanged under BT_CHECKPOINT_DIR are
+// This job's own commit `commit` (a restart, a retried job), this node's part, exactly the
+// version the record names, into BT_LOAD_CHECKPOINT_DIR/rank-<r>/, emptied first so that
+// nothing of an earlier load lies beside it (and left empty when the record lists no part
+// for this node). Files this node still holds unchanged under BT_CHECKPOINT_DIR are
 // hard-linked, not downloaded. A transfer the destination failed is tried again twice, with
 // `check_stop` called while it waits. Throws LaunchFailure(74).
-void LoadOwnCheckpoint(const env::JobEnvironment& environment, const storage::DestinationSpec& destination,
-                       const std::string& job_id, int node_rank, const std::string& name,
-                       const std::function<void()>& check_stop = [] {});
+void LoadOwnCheckpoint(const env::JobEnvironment& environment, const storage::DestinationSpec& destination, int node_rank,
+                       const storage::CommitRecord& commit, const std::function<void()>& check_stop = [] {});
 
 // The agent and the cross-node commit it uses; empty when checkpointing is off.
 struct CheckpointPhase {
@@ -66,11 +71,13 @@ struct CheckpointPhase {
 // `store` is the rendezvous store (null for one node, or for the mpi backend); a follower
 // waits on it for node 0's resumed saves (up to 20 s), calling `check_stop`, which throws.
 // `incarnation`: the cycle this launcher joined the job in (a replacement's rejoin cycle, else
-// 0; AgentOptions::incarnation).
+// 0; AgentOptions::incarnation). `on_latest` (node 0 with restarts on): each commit `latest`
+// was moved to, on the agent's thread.
 CheckpointPhase StartCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment,
                                  const storage::DestinationSpec& destination, const env::NodeIdentity& identity,
                                  rendezvous::Store* store, const std::function<void()>& check_stop,
-                                 int64_t incarnation = 0);
+                                 int64_t incarnation = 0,
+                                 std::function<void(const storage::CommitRecord&)> on_latest = nullptr);
 
 // Commits what is complete within launcher.checkpoint.drain_timeout_s (on a follower that
 // `leader_loss` says is cut off from node 0: only its own uploads, within its bound). Returns

@@ -22,39 +22,59 @@ std::string FormatSeconds(double seconds) {
   return FormatDuration(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)));
 }
 
+// The decision's "commit": the record's own text, and whether it predates versions (a
+// record's text has no field saying so).
+constexpr const char* kCommitField = "commit";
+constexpr const char* kUnversionedField = "commit_unversioned";
+
 // Node 0's account of the job's restarts. The budget is the job's, not a node's: every
 // failure the leader accepts counts once, whichever node it came from.
 class RestartBudget {
  public:
-  RestartBudget(const env::RestartSettings& settings, std::function<std::optional<std::string>()> latest_committed)
-      : settings_(settings), latest_committed_(std::move(latest_committed)) {
-    if (latest_committed_) started_from_ = latest_committed_();
-  }
+  RestartBudget(const env::RestartSettings& settings, std::shared_ptr<const CommittedCheckpoints> committed)
+      : settings_(settings), committed_(std::move(committed)) {}
 
   rendezvous::RestartAnswer Decide(const rendezvous::CycleFailure& failure) {
     if (used_ >= settings_.max_restarts) {
       return {std::nullopt, "no restart left (" + Used() + " used, launcher.restart.max_restarts)"};
     }
-    std::optional<std::string> latest = latest_committed_ ? latest_committed_() : std::nullopt;
+    // From memory: node 0's agent is the only writer of `latest` (no read on this thread).
+    std::optional<storage::CommitRecord> latest = committed_ ? committed_->Latest() : std::nullopt;
     if (auto refusal = NoProgress(latest)) return {std::nullopt, *refusal};
     started_from_ = latest;
     ++used_;
     spdlog::warn("restart {}: cycle {} failed ({}); every node runs cycle {}{}", Used(), failure.cycle, failure.cause,
-                 failure.cycle + 1, latest ? " from checkpoint " + *latest : "");
-    return {rendezvous::Message{{"resume", latest.value_or("")},
-                                {"restarts_used", used_},
-                                {"max_restarts", settings_.max_restarts}},
-            ""};
+                 failure.cycle + 1, Resuming(latest));
+    rendezvous::Message decision{{"resume", latest ? latest->name : ""},
+                                 {"restarts_used", used_},
+                                 {"max_restarts", settings_.max_restarts}};
+    if (latest) {
+      decision[kCommitField] = latest->ToText();
+      decision[kUnversionedField] = latest->unversioned;
+    }
+    return {decision, ""};
   }
 
  private:
   std::string Used() const { return std::to_string(used_) + "/" + std::to_string(settings_.max_restarts); }
 
+  // Loud when a job that checkpoints has nothing committed: every node starts from scratch.
+  std::string Resuming(const std::optional<storage::CommitRecord>& latest) const {
+    if (latest) return " from checkpoint " + latest->name + " (its commit record, on every node)";
+    if (committed_) return ", from scratch: nothing of this job is committed yet";
+    return "";
+  }
+
   // A cycle that committed nothing new made no progress; several in a row mean the job
-  // fails the same way each time, and restarting it only burns the allocation.
-  std::optional<std::string> NoProgress(const std::optional<std::string>& latest) {
-    if (!latest_committed_) return std::nullopt;
-    without_progress_ = latest != started_from_ ? 0 : without_progress_ + 1;
+  // fails the same way each time, and restarting it only burns the allocation. Commits are
+  // compared, not names: a name saved again is progress.
+  std::optional<std::string> NoProgress(const std::optional<storage::CommitRecord>& latest) {
+    if (!committed_) return std::nullopt;
+    if (!started_from_known_) {
+      started_from_ = committed_->AtStart();
+      started_from_known_ = true;
+    }
+    without_progress_ = SameCommit(latest, started_from_) ? without_progress_ + 1 : 0;
     if (without_progress_ < settings_.max_cycles_without_progress) return std::nullopt;
     return "not restarting: " + std::to_string(without_progress_) +
            " cycles in a row ended without a new committed checkpoint (launcher.restart.max_cycles_without_progress; " +
@@ -62,10 +82,18 @@ class RestartBudget {
   }
 
   env::RestartSettings settings_;
-  std::function<std::optional<std::string>()> latest_committed_;
-  std::optional<std::string> started_from_;
+  std::shared_ptr<const CommittedCheckpoints> committed_;
+  std::optional<storage::CommitRecord> started_from_;  // the commit the current cycle started from
+  bool started_from_known_ = false;
   int used_ = 0;
   int without_progress_ = 0;
+};
+
+// Thrown by a load between cycles when it must end at once: a shutdown signal
+// (`signal_number`), or a newer restart or the job's verdict from the leader (0). Not a
+// std::exception, so that no load's error handling takes it for a failed transfer.
+struct LoadInterrupted {
+  int signal_number = 0;
 };
 
 bool RestartsEnabled(const env::JobConfig& config, Peers* peers) {
@@ -94,19 +122,40 @@ CycleRecord RecordOf(const PeerEvent& restart) {
   CycleRecord record;
   record.cycle = restart.cycle;
   record.cause = restart.message;
-  record.resume = restart.decision.value("resume", "");
+  record.resume_commit = ResumeCommitOf(restart.decision);
+  record.resume = record.resume_commit ? record.resume_commit->name : "";
+  record.decided_in_s = restart.decision.value("decided_in_s", -1.0);
   record.restarts_used = restart.decision.value("restarts_used", 0);
   record.max_restarts = restart.decision.value("max_restarts", 0);
   record.stopped = Clock::now();
   return record;
 }
 
+// What ends a load between cycles: a shutdown signal, or news from the leader (a newer
+// restart, the job's verdict) that makes this cycle's load pointless. Each is thrown as
+// LoadInterrupted; MeetAtBarrier then acts on it as on the same news at the barrier.
+std::function<void()> LoadStopCheck(Peers& peers, SignalRouter& signals) {
+  return [&peers, &signals] {
+    while (auto signal_number = signals.Take()) {
+      if (StartsShutdown(*signal_number)) throw LoadInterrupted{*signal_number};
+    }
+    if (peers.TakeStop()) throw LoadInterrupted{0};
+  };
+}
+
 // The node's failure to prepare the next cycle is the job's: the others are waiting at
-// the barrier, so they are told before the launcher fails.
-void LoadForCycle(Peers& peers, const CycleHooks& hooks, const std::string& resume) {
-  if (resume.empty()) return;
+// the barrier, so they are told before the launcher fails. Loads exactly the commit the
+// decision names; with none, a launcher that has not run a cycle yet (`first_cycle_here`:
+// it replaced a lost one) loads what the job's first cycle loaded.
+void LoadForCycle(Peers& peers, SignalRouter& signals, const CycleHooks& hooks, const CycleRecord& record,
+                  bool first_cycle_here) {
+  const std::function<void()> check_stop = LoadStopCheck(peers, signals);
   try {
-    hooks.load_resume(resume);
+    if (record.resume_commit) {
+      hooks.load_resume(*record.resume_commit, check_stop);
+    } else if (first_cycle_here && hooks.load_start) {
+      hooks.load_start(check_stop);
+    }
   } catch (const LaunchFailure& failure) {
     JobOutcome outcome;
     outcome.exit_code = failure.code();
@@ -120,8 +169,8 @@ void LoadForCycle(Peers& peers, const CycleHooks& hooks, const std::string& resu
 // or failed again) starts the wait over for that cycle; a verdict or a signal ends the job.
 // Returns the restart whose barrier passed, or nullopt with `outcome` saying why not.
 std::optional<PeerEvent> MeetAtBarrier(const env::JobConfig& config, Peers& peers, SignalRouter& signals,
-                                       const CycleHooks& hooks, PeerEvent restart, JobOutcome& outcome,
-                                       std::vector<CycleRecord>& cycles) {
+                                       const CycleHooks& hooks, PeerEvent restart, bool first_cycle_here,
+                                       JobOutcome& outcome, std::vector<CycleRecord>& cycles) {
   // The leader ends a barrier that waits past rejoin_timeout_s, naming the ranks it waited
   // for; the slack only covers a leader that died without a word.
   const auto wait = std::chrono::milliseconds(int64_t(config.launcher.restart.rejoin_timeout_s * 1000)) + kLeaderSlack;
@@ -129,13 +178,20 @@ std::optional<PeerEvent> MeetAtBarrier(const env::JobConfig& config, Peers& peer
     peers.BeginCycle(restart.cycle);
     cycles.push_back(RecordOf(restart));
     spdlog::info("this node's job is stopped; waiting for every node to be ready for cycle {}", restart.cycle);
-    LoadForCycle(peers, hooks, cycles.back().resume);
     int signal_number = 0;
+    bool interrupted = false;
+    try {
+      LoadForCycle(peers, signals, hooks, cycles.back(), first_cycle_here);
+    } catch (const LoadInterrupted& stop) {
+      spdlog::info("the load for cycle {} was stopped", restart.cycle);
+      signal_number = stop.signal_number;
+      interrupted = true;
+    }
     // 0 for a launcher that rejoined (no job to stop); a node whose own job failed had
     // stopped before the push came: 0 too.
     const double stopped_s =
         restart.received == Clock::time_point{} ? 0 : std::max(0.0, Seconds(cycles.back().stopped - restart.received));
-    if (peers.AwaitCycleStart(restart.cycle, stopped_s, Clock::now() + wait, signals, signal_number)) {
+    if (!interrupted && peers.AwaitCycleStart(restart.cycle, stopped_s, Clock::now() + wait, signals, signal_number)) {
       CycleRecord& record = cycles.back();
       record.all_ready = Clock::now();
       const rendezvous::Message go = peers.CycleGo();
@@ -165,10 +221,49 @@ std::optional<PeerEvent> MeetAtBarrier(const env::JobConfig& config, Peers& peer
 
 }  // namespace
 
+void CommittedCheckpoints::Started(std::optional<storage::CommitRecord> record) {
+  std::lock_guard lock(mutex_);
+  at_start_ = record;
+  latest_ = std::move(record);
+}
+
+void CommittedCheckpoints::Committed(const storage::CommitRecord& record) {
+  std::lock_guard lock(mutex_);
+  latest_ = record;
+}
+
+std::optional<storage::CommitRecord> CommittedCheckpoints::AtStart() const {
+  std::lock_guard lock(mutex_);
+  return at_start_;
+}
+
+std::optional<storage::CommitRecord> CommittedCheckpoints::Latest() const {
+  std::lock_guard lock(mutex_);
+  return latest_;
+}
+
+bool SameCommit(const std::optional<storage::CommitRecord>& a, const std::optional<storage::CommitRecord>& b) {
+  if (!a || !b) return !a && !b;
+  return a->unversioned == b->unversioned && a->ToText() == b->ToText();
+}
+
 rendezvous::RestartPolicy MakeRestartPolicy(const env::RestartSettings& settings,
-                                            std::function<std::optional<std::string>()> latest_committed) {
-  auto budget = std::make_shared<RestartBudget>(settings, std::move(latest_committed));
+                                            std::shared_ptr<const CommittedCheckpoints> committed) {
+  auto budget = std::make_shared<RestartBudget>(settings, std::move(committed));
   return [budget](const rendezvous::CycleFailure& failure) { return budget->Decide(failure); };
+}
+
+std::optional<storage::CommitRecord> ResumeCommitOf(const rendezvous::Message& decision) {
+  auto field = decision.find(kCommitField);
+  if (field == decision.end() || field->is_null()) return std::nullopt;
+  const std::string origin = "the leader's restart decision";
+  try {
+    storage::CommitRecord record = storage::CommitRecord::FromText(field->get<std::string>(), origin);
+    record.unversioned = decision.value(kUnversionedField, false);
+    return record;
+  } catch (const std::exception& error) {  // ManifestError, or a field that is not a string
+    throw LaunchFailure(kExitInternal, origin + ": `" + kCommitField + "` is not a commit record: " + error.what());
+  }
 }
 
 std::string RenderCycles(const std::vector<CycleRecord>& cycles) {
@@ -177,7 +272,9 @@ std::string RenderCycles(const std::vector<CycleRecord>& cycles) {
     if (!text.empty()) text += "; ";
     text += "cycle " + std::to_string(record.cycle) + " (" + record.cause + "): ";
     if (record.every_node_restarted_s >= 0) {
-      text += "fault → every job stopped " + FormatSeconds(record.every_job_stopped_s);
+      text += "fault → ";
+      if (record.decided_in_s >= 0) text += "decided " + FormatSeconds(record.decided_in_s) + " → ";
+      text += "every job stopped " + FormatSeconds(record.every_job_stopped_s);
       if (!record.lost_ranks.empty()) text += " (but lost node " + record.lost_ranks + "'s, whose stop is not known)";
       text += " → every node restarted " + FormatSeconds(record.every_node_restarted_s) +
               " (this node: stopped → all ready " + FormatDuration(record.all_ready - record.stopped) + ")";
@@ -213,6 +310,7 @@ JobOutcome RunCycles(const env::JobConfig& config, Peers* peers, SignalRouter& s
   int64_t cycle = 0;
   std::string resume = first_resume;
   std::optional<PeerEvent> restart = std::move(rejoin);
+  bool first_cycle_here = restart.has_value();  // a replacement has loaded nothing yet
   if (restart) {
     spdlog::warn("this launcher replaces a lost one: it meets the other nodes in cycle {}", restart->cycle);
     restart->received = {};  // it had no job for the push to stop (not the time its preparation took)
@@ -225,8 +323,9 @@ JobOutcome RunCycles(const env::JobConfig& config, Peers* peers, SignalRouter& s
       restart = NextRestart(*peers, signals, outcome);
       if (!restart) return outcome;
     }
-    restart = MeetAtBarrier(config, *peers, signals, hooks, *restart, outcome, cycles);
+    restart = MeetAtBarrier(config, *peers, signals, hooks, *restart, first_cycle_here, outcome, cycles);
     if (!restart) return outcome;
+    first_cycle_here = false;
     cycle = restart->cycle;
     resume = cycles.back().resume;
     restart.reset();

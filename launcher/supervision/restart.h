@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,20 +19,53 @@
 #include "launcher/supervision/signals.h"
 #include "launcher/supervision/supervisor.h"
 #include "rendezvous/cycles.h"
+#include "storage/commit_record.h"
 
 namespace bt::launcher {
 
-// What node 0 answers a failure with. `latest_committed` reads the job's `latest` pointer
-// (nullopt when checkpointing is off: then no cycle is judged by its progress). Runs on
-// the leader's server thread.
+// Node 0's knowledge of the job's newest commit: the record `latest` named when the job
+// started, then each commit its own agent wrote and pointed `latest` at. Node 0 is the only
+// writer of `latest`, so this is what the destination says, known without reading it: the
+// restart decision runs on the rendezvous server's thread, where a slow or failing read
+// would stop every heartbeat (and a failed one used to restart every node from scratch).
+// Written by the launcher's and the agent's threads, read by the server's.
+class CommittedCheckpoints {
+ public:
+  // What the job started from (nullopt: nothing committed yet).
+  void Started(std::optional<storage::CommitRecord> record);
+  // The agent made `record` the job's `latest`.
+  void Committed(const storage::CommitRecord& record);
+  std::optional<storage::CommitRecord> AtStart() const;
+  std::optional<storage::CommitRecord> Latest() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::optional<storage::CommitRecord> at_start_;
+  std::optional<storage::CommitRecord> latest_;
+};
+
+// One commit, whatever its name: two saves under one name (a job that writes `state.pt`
+// every cycle) are two commits, told apart by their parts' versions.
+bool SameCommit(const std::optional<storage::CommitRecord>& a, const std::optional<storage::CommitRecord>& b);
+
+// What node 0 answers a failure with. `committed` is null when checkpointing is off: then no
+// cycle resumes from a checkpoint or is judged by its progress. Runs on the leader's server
+// thread: no storage I/O.
 rendezvous::RestartPolicy MakeRestartPolicy(const env::RestartSettings& settings,
-                                            std::function<std::optional<std::string>()> latest_committed);
+                                            std::shared_ptr<const CommittedCheckpoints> committed);
+
+// The commit record a restart's decision names (its "commit" field): what every node loads
+// for the cycle, exactly, whatever commits after the decision. nullopt when it names none
+// (nothing committed yet). Throws LaunchFailure(70) when the field is not a record.
+std::optional<storage::CommitRecord> ResumeCommitOf(const rendezvous::Message& decision);
 
 // One restart as this node lived it, for the end-of-job timeline.
 struct CycleRecord {
   int64_t cycle = 0;
   std::string cause;  // the leader's line naming the failed node, its host and how it failed
   std::string resume;  // the checkpoint the cycle starts from ("" for none)
+  std::optional<storage::CommitRecord> resume_commit;  // exactly which versions of it
+  double decided_in_s = -1;  // how long the leader took to decide (negative: not said)
   int restarts_used = 0;
   int max_restarts = 0;
   std::chrono::steady_clock::time_point stopped;    // this node's job of the failed cycle was gone
@@ -42,9 +77,9 @@ struct CycleRecord {
   std::string lost_ranks;  // ranks whose launcher was lost: not in every_job_stopped_s
 };
 
-// "cycle 1 (node 2 (host, addr) failed: exit code 1): fault → every job stopped 40.1 ms →
-// every node restarted 52.0 ms (this node: stopped → all ready 12.0 ms), resumed from ckpt-4,
-// restarts 1/3" for each restart, "" when none.
+// "cycle 1 (node 2 (host, addr) failed: exit code 1): fault → decided 0.1 ms → every job
+// stopped 40.1 ms → every node restarted 52.0 ms (this node: stopped → all ready 12.0 ms),
+// resumed from ckpt-4, restarts 1/3" for each restart, "" when none.
 std::string RenderCycles(const std::vector<CycleRecord>& cycles);
 
 // How many ports after launcher.master_port the cycles' MASTER_PORT walks through.
@@ -59,8 +94,13 @@ std::vector<std::string> CycleEnviron(const env::JobEnvironment& environment, co
 struct CycleHooks {
   // Runs one cycle's start commands (a fresh supervisor each time).
   std::function<JobOutcome(int64_t cycle, const std::string& resume)> run;
-  // Loads `name` (this job's committed checkpoint) for the next cycle; throws LaunchFailure.
-  std::function<void(const std::string& name)> load_resume;
+  // Loads `commit` (this job's, as the leader's decision names it) for the next cycle;
+  // throws LaunchFailure. `check_stop` runs at least once a second and throws to end it.
+  std::function<void(const storage::CommitRecord& commit, const std::function<void()>& check_stop)> load_resume;
+  // What the job's first cycle loaded when nothing of its own was committed yet
+  // (runtime.load_checkpoint_config): a launcher that replaced a lost one loads it before
+  // its first cycle, as the others did before theirs. Throws LaunchFailure.
+  std::function<void(const std::function<void()>& check_stop)> load_start;
 };
 
 // Runs cycle after cycle until one ends the job, and returns that cycle's outcome (already

@@ -527,6 +527,19 @@ TEST_F(CheckpointJob, ALaterJobLoadsTheLatestCheckpointByteIdentical) {
       << missing.err;
 }
 
+// The job's own `latest` cannot be read at its start (here a directory where the file should
+// be). The launcher ends, naming it, instead of training from scratch over what the job had
+// committed (it warned and started from scratch).
+TEST_F(CheckpointJob, ALatestThatCannotBeReadAtTheStartEndsTheLaunchInsteadOfStartingFromScratch) {
+  fs::create_directories(Remote() + "/" + kJob + "/latest");
+  ProcessResult result = RunLauncher(Run(Config({"echo trained"})));
+  EXPECT_EQ(result.exit_code, 74) << result.err;
+  EXPECT_NE(result.err.find(std::string(kJob) + "/latest"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("not starting from scratch over this job's committed checkpoints"), std::string::npos)
+      << result.err;
+  EXPECT_EQ(result.out.find("trained"), std::string::npos) << "the training started from scratch";
+}
+
 // A load whose transfer never ends (rclone stuck on a dead network) stops at SIGTERM at once:
 // rclone killed, the partial download removed, 143. The stuck rclone is a script first in
 // PATH that serves `copyto` (latest, the manifest) from a local tree and hangs on `copy`.

@@ -492,7 +492,8 @@ TEST(Restart, FailureOnNode2RestartsEveryNodeWithTheSameCountFromTheCommittedSte
     EXPECT_NE(results[rank].err.find("restarts: cycle 1 (node 2 ("), std::string::npos) << results[rank].err;
     EXPECT_NE(results[rank].err.find("resumed from checkpoint-4, restarts 1/2"), std::string::npos) << results[rank].err;
     // The leader's figures of the restart, from its decision, the same on every node.
-    EXPECT_NE(results[rank].err.find("): fault → every job stopped "), std::string::npos) << results[rank].err;
+    EXPECT_NE(results[rank].err.find("): fault → decided "), std::string::npos) << results[rank].err;
+    EXPECT_NE(results[rank].err.find(" → every job stopped "), std::string::npos) << results[rank].err;
     EXPECT_NE(results[rank].err.find(" → every node restarted "), std::string::npos) << results[rank].err;
     // The node wrote checkpoint-4 itself: linked from its own disk, not downloaded.
     EXPECT_NE(results[rank].err.find("linked from this node's own copy"), std::string::npos) << results[rank].err;
@@ -866,6 +867,207 @@ TEST(Restart, AnRcloneDestinationsEarlyChildDoesNotInterruptTheRendezvous) {
   nlohmann::json settings = RestartSettings(scratch, 1);
   settings["checkpoint"]["destination"] = "s3://ckpts/prefix";
   Job job(2, R"(["echo ran"])", "", true, settings, FreePort());
+
+// DDP's usual pattern: only rank 0 saves. Node 1 answers "no part", the commit record lists
+// node 0's part only, and at the restart node 1 runs with an empty rank-1/ (it failed the
+// job with 74, "has no part for node 1").
+TEST(Restart, OnlyNodeZeroSavesAndNodeOneRestartsWithAnEmptyFolder) {
+  TempDir scratch;
+  const std::string latest = scratch.path() + "/remote/" + kJobId + "/latest";
+  const std::string cycle0 = "if [ $BT_NODE_RANK = 0 ]; then " + Save(4) + "; fi; " + WaitFor(latest) +
+                             "; if [ $BT_NODE_RANK = 1 ]; then exit 1; fi; exec sleep 60";
+  const std::string later = "echo \"cycle $BT_RESTART_COUNT resume $BT_RESUME_CHECKPOINT node $BT_NODE_RANK has "
+                            "[$(ls -A $BT_LOAD_CHECKPOINT_DIR/rank-$BT_NODE_RANK | tr '\\n' ' ')]\"";
+  Job job(2, Commands(cycle0, later), "", true, RestartSettings(scratch, 1), FreePort());
+  auto processes = job.StartAll();
+  auto results = Job::FinishAll(processes);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(results[rank].exit_code, 0) << "node " << rank << ":\n" << results[rank].err;
+  }
+  EXPECT_NE(results[0].out.find("cycle 1 resume checkpoint-4 node 0 has [checkpoint-4 ]"), std::string::npos)
+      << results[0].out << results[0].err;
+  EXPECT_NE(results[1].out.find("cycle 1 resume checkpoint-4 node 1 has []"), std::string::npos)
+      << results[1].out << results[1].err;
+  EXPECT_NE(results[1].err.find("checkpoint checkpoint-4 of job restart-job has no part for node 1 (its commit record "
+                                "lists none)"),
+            std::string::npos) << results[1].err;
+}
+
+// Saves checkpoint-1 in place (trainer_state.json removed first, written last), its state
+// saying `marker`.
+std::string SaveCheckpointOneAs(const std::string& marker) {
+  const std::string dir = "$BT_CHECKPOINT_DIR/checkpoint-1";
+  return "mkdir -p " + dir + " && rm -f " + dir + "/trainer_state.json && head -c 100000 /dev/urandom > " + dir +
+         "/model.bin && echo '{}' > " + dir + "/config.json && echo '{\"save\": \"" + marker + "\"}' > " + dir +
+         "/trainer_state.json";
+}
+
+// Node 0 decides to restart from checkpoint-1 as first saved; the second save of
+// checkpoint-1 commits during the restart, before node 1 (whose job ignores SIGTERM, so it
+// stops at the peer grace) loads. Every node still starts
+// cycle 1 from the commit the decision named: node 1 loaded the second save before.
+// Disabled until the commit rule settles what becomes of a save declared across a restart
+// (issue 29, defects 2 and 30): here the second save is never committed and every drain
+// ends 74, and the window (a commit between the decision and a node's load) is not hit
+// reliably. The decision's record is checked by RestartPolicy.TheDecisionNamesTheCommitRecord*.
+TEST(Restart, DISABLED_EveryNodeLoadsTheCommitTheDecisionNamedThoughItsNameIsCommittedAgain) {
+  TempDir scratch;
+  const std::string latest = scratch.path() + "/remote/" + kJobId + "/latest";
+  // Node 1 saves the second time 3 s late: node 2 has failed by then, so node 0 decides
+  // before the second save can commit, and node 1 (stopping for 8 s) loads after it did.
+  const std::string cycle0 = SaveCheckpointOneAs("first") + " && " + WaitFor(latest) +
+                             " && if [ $BT_NODE_RANK = 1 ]; then trap '' TERM; sleep 3; fi; " +
+                             SaveCheckpointOneAs("second") + " && if [ $BT_NODE_RANK = 2 ]; then exit 1; fi; exec sleep 60";
+  const std::string later = "echo \"cycle $BT_RESTART_COUNT node $BT_NODE_RANK loaded "
+                            "$(cat $BT_LOAD_CHECKPOINT_DIR/rank-$BT_NODE_RANK/checkpoint-1/trainer_state.json)\"";
+  Job job(3, Commands(cycle0, later), "", true, RestartSettings(scratch, 1, 8), FreePort());
+  auto processes = job.StartAll();
+  auto results = Job::FinishAll(processes);
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_EQ(results[rank].exit_code, 0) << "node " << rank << ":\n" << results[rank].err;
+    EXPECT_NE(results[rank].out.find("cycle 1 node " + std::to_string(rank) + " loaded {\"save\": \"first\"}"),
+              std::string::npos) << "node " << rank << ":\n" << results[rank].out << results[rank].err;
+  }
+  // The test's premise: the second save was committed before node 1's job had stopped.
+  const std::string& log = results[0].err;
+  const size_t second_commit = log.find("committed checkpoint-1", log.find("committed checkpoint-1") + 1);
+  EXPECT_LT(second_commit, log.find("every node is ready: running cycle 1")) << log;
+}
+
+// `latest` cannot be read when node 0 decides (here a directory: any read fails). Node 0
+// knows what it committed; every node resumes from it instead of silently from scratch.
+TEST(Restart, ALatestUnreadableAtTheDecisionStillResumesFromTheCommitNodeZeroMade) {
+  TempDir scratch;
+  const std::string latest = scratch.path() + "/remote/" + kJobId + "/latest";
+  const std::string cycle0 = Save(3) + " && " + WaitFor(latest) + " && if [ $BT_NODE_RANK = 1 ]; then rm " + latest +
+                             " && mkdir " + latest + " && exit 1; fi; exec sleep 60";
+  const std::string later = "if [ $BT_NODE_RANK = 0 ]; then rmdir " + latest + " && echo checkpoint-3 > " + latest +
+                            "; fi; " + kReportResume;
+  Job job(2, Commands(cycle0, later), "", true, RestartSettings(scratch, 1), FreePort());
+  auto processes = job.StartAll();
+  auto results = Job::FinishAll(processes);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(results[rank].exit_code, 0) << "node " << rank << ":\n" << results[rank].err;
+    EXPECT_NE(results[rank].out.find("cycle 1 torchelastic 1 resume checkpoint-3 {\"global_step\": 3} checkpoint-3 \n"),
+              std::string::npos) << "node " << rank << ":\n" << results[rank].out << results[rank].err;
+    EXPECT_NE(results[rank].err.find("resumed from checkpoint-3, restarts 1/1"), std::string::npos) << results[rank].err;
+  }
+}
+
+// Reading `latest` blocks (a FIFO stands for a destination that stopped answering) while
+// node 0 decides. The decision reads nothing, so the leader's heartbeats go on and the
+// job restarts; it ended 69 ("leader lost") on every follower.
+TEST(Restart, ADestinationThatBlocksDuringTheDecisionDoesNotStopTheLeader) {
+  TempDir scratch;
+  const std::string remote = scratch.path() + "/remote/" + kJobId;
+  const std::string cycle0 = "if [ $BT_NODE_RANK = 1 ]; then mkdir -p " + remote + " && mkfifo " + remote +
+                             "/latest && exit 1; fi; exec sleep 60";
+  const std::string later = "if [ $BT_NODE_RANK = 0 ]; then rm -f " + remote + "/latest; fi; echo \"cycle $BT_RESTART_COUNT "
+                            "from [$BT_RESUME_CHECKPOINT]\"";
+  Job job(2, Commands(cycle0, later), "", true, RestartSettings(scratch, 1), FreePort());
+  auto processes = job.StartAll();
+  auto results = Job::FinishAll(processes);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(results[rank].exit_code, 0) << "node " << rank << ":\n" << results[rank].err;
+    EXPECT_NE(results[rank].out.find("cycle 1 from []"), std::string::npos) << results[rank].out << results[rank].err;
+  }
+  EXPECT_NE(results[0].err.find("every node runs cycle 1, from scratch: nothing of this job is committed yet"),
+            std::string::npos) << results[0].err;
+}
+
+// A job that saves `state.pt` every cycle (one name, a new commit each time) makes progress
+// every cycle; with max_cycles_without_progress 1 it was stopped at its second failure.
+TEST(Restart, ANameSavedAgainEveryCycleIsProgress) {
+  TempDir scratch;
+  const std::string commits = scratch.path() + "/remote/" + kJobId + "/.bt-commits";
+  const std::string records = "$(cat " + commits + "/*.json 2>/dev/null | md5sum)";
+  const std::string cycle = "before=\"" + records + "\"; head -c 1000 /dev/urandom > $BT_CHECKPOINT_DIR/state.pt; " +
+                            "for i in $(seq 300); do [ \"" + records + "\" != \"$before\" ] && break; sleep 0.1; done; " +
+                            "if [ $BT_NODE_RANK = 1 ]; then exit 1; fi; exec sleep 60";
+  const std::string commands = nlohmann::json::array(
+      {"case $BT_RESTART_COUNT in 0|1) " + cycle + ";; *) echo \"cycle $BT_RESTART_COUNT ran\";; esac"}).dump();
+  nlohmann::json settings = RestartSettings(scratch, 3);
+  settings["restart"]["max_cycles_without_progress"] = 1;
+  Job job(2, commands, "", true, settings, FreePort());
+  auto processes = job.StartAll();
+  auto results = Job::FinishAll(processes);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(results[rank].exit_code, 0) << "node " << rank << ":\n" << results[rank].err;
+    EXPECT_NE(results[rank].out.find("cycle 2 ran"), std::string::npos) << results[rank].out << results[rank].err;
+  }
+  EXPECT_EQ(results[0].err.find("not restarting"), std::string::npos) << results[0].err;
+}
+
+// Node 1's launcher is lost; its replacement joins in cycle 1. Nothing of this job is
+// committed, so the others still hold what runtime.load_checkpoint_config loaded before
+// cycle 0: the replacement loads it too (it ran with an empty BT_LOAD_CHECKPOINT_DIR).
+TEST(Restart, AReplacementLoadsTheLoadCheckpointConfigTheOthersLoaded) {
+  TempDir scratch;
+  // An earlier job, "first-job", committed checkpoint-5 with a part for each of 2 nodes.
+  nlohmann::json first_settings = RestartSettings(scratch, 0);
+  first_settings["job_id"] = "first-job";
+  Job first(2, nlohmann::json::array({Save(5)}).dump(), "", true, first_settings, FreePort());
+  auto first_processes = first.StartAll();
+  for (auto& result : Job::FinishAll(first_processes)) ASSERT_EQ(result.exit_code, 0) << result.err;
+
+  const std::string commands = nlohmann::json::array(
+      {"echo $$ > $BT_SCRATCH_DIR/../../training.pid; echo \"cycle $BT_RESTART_COUNT node $BT_NODE_RANK loaded "
+       "[$(ls -A $BT_LOAD_CHECKPOINT_DIR/rank-$BT_NODE_RANK | tr '\\n' ' ')]\"; "
+       "if [ \"$BT_RESTART_COUNT\" = 0 ]; then exec sleep 60; fi"}).dump();
+  nlohmann::json settings = RestartSettings(scratch, 1, 3);
+  settings["restart"]["rejoin_timeout_s"] = 40;
+  Job job(2, commands, "", false, settings, FreePort());
+  job.Amend({{"runtime",
+                    {{"load_checkpoint_config",
+                      {{"enabled", true},
+                       {"checkpoints", {{{"typ", "baseten_latest_checkpoint"}, {"job_id", "first-job"}}}}}}}}});
+  auto processes = job.StartAll();
+  ASSERT_TRUE(processes[1]->WaitForOutput("cycle 0 node 1 loaded [checkpoint-5 ]", 30s)) << processes[1]->Finish().err;
+  KillNodeHard(job, *processes[1], 1);
+  processes[1]->Finish();
+  ASSERT_TRUE(processes[0]->WaitForLog("lost: its launcher has not joined again)", 30s));
+  // The replacement comes up on a fresh volume (a new pod): nothing of its predecessor's load.
+  fs::remove_all(job.dir().path() + "/root/node-1/tmp/loaded_checkpoints");
+  processes[1] = std::make_unique<LauncherProcess>(job.Spec(1));
+  auto results = Job::FinishAll(processes);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(results[rank].exit_code, 0) << "node " << rank << ":\n" << results[rank].err;
+    EXPECT_NE(results[rank].out.find("cycle 1 node " + std::to_string(rank) + " loaded [checkpoint-5 ]"),
+              std::string::npos) << "node " << rank << ":\n" << results[rank].out << results[rank].err;
+  }
+}
+
+// Node 1's resume download at a restart never ends (rclone stuck on a dead network: a script
+// first in PATH serves an s3 destination from a local tree, and hangs on downloads once the
+// job has failed). SIGTERM to `signalled` (node 1 itself, or node 0, whose stop aborts the
+// job) ends node 1 at once, rclone killed; it waited for the download.
+void StopDuringAStuckResumeDownload(int signalled) {
+  TempDir scratch;
+  const std::string bucket = scratch.path() + "/s3";
+  const std::string hang = scratch.path() + "/hang";
+  const std::string started = scratch.path() + "/download-started";
+  fs::create_directories(scratch.path() + "/bin");
+  scratch.Write("bin/rclone", "#!/bin/sh\n"  // bt-launch puts the subcommand and its arguments first
+                              "at() { case \"$1\" in btdest:*) echo \"" + bucket + "/${1#btdest:}\" ;; *) echo \"$1\" ;; esac; }\n"
+                              "case \"$1\" in\n"
+                              "  copy) from=$(at \"$5\"); to=$(at \"$6\")\n"
+                              "    case \"$5\" in btdest:*) if [ -e " + hang + " ]; then echo $$ > " + started +
+                              "; exec sleep 300; fi ;; esac\n"
+                              "    while IFS= read -r f; do mkdir -p \"$to/$(dirname \"$f\")\" && cp \"$from/$f\" \"$to/$f\" || exit 3; "
+                              "done < \"$3\" ;;\n"
+                              "  copyto) from=$(at \"$2\"); to=$(at \"$3\"); [ -e \"$from\" ] || exit 3\n"
+                              "    mkdir -p \"$(dirname \"$to\")\" && cp \"$from\" \"$to.tmp\" && mv \"$to.tmp\" \"$to\" ;;\n"
+                              "  *) exit 1 ;;\n"
+                              "esac\n");
+  fs::permissions(scratch.path() + "/bin/rclone", fs::perms::owner_all);
+  const std::string latest = bucket + "/ckpts/prefix/" + kJobId + "/latest";
+  // Node 1 drops its own copy, so that the restart downloads its part instead of linking it.
+  const std::string cycle0 = Save(1) + " && " + WaitFor(latest) +
+                             " && if [ $BT_NODE_RANK = 1 ]; then rm -rf $BT_CHECKPOINT_DIR/checkpoint-1 && touch " + hang +
+                             " && exit 1; fi; exec sleep 60";
+  nlohmann::json settings = RestartSettings(scratch, 1, 3);
+  settings["checkpoint"]["destination"] = "s3://ckpts/prefix";
+  Job job(2, Commands(cycle0, "echo \"cycle $BT_RESTART_COUNT ran\""), "", true, settings, FreePort());
   const std::map<std::string, std::string> env = {{"PATH", scratch.path() + "/bin:" + std::getenv("PATH")},
                                                   {"AWS_ACCESS_KEY_ID", "test-key-id"},
                                                   {"AWS_SECRET_ACCESS_KEY", "test-secret-key-value"},
@@ -910,6 +1112,36 @@ TEST(Restart, AFollowerCutOffFromNodeZeroDrainsOnlyItsOwnUploadsAndExitsPromptly
   const std::string journal = job.dir().path() + "/root/node-1/mnt/ckpts/.bt-checkpoint/journal.jsonl";
   EXPECT_NE(ReadFile(journal).find("checkpoint-1"), std::string::npos) << "the journal lost node 1's part";
 }
+
+  for (int waited = 0; waited < 600 && !fs::exists(started); ++waited) std::this_thread::sleep_for(50ms);
+  if (!fs::exists(started)) {
+    for (auto& process : processes) process->Signal(SIGKILL);
+    FAIL() << "the resume download never started: " << processes[1]->Finish().err;
+  }
+  std::this_thread::sleep_for(200ms);  // the pid is written
+  const pid_t rclone = std::atoi(ReadFile(started).c_str());
+  const auto signalled_at = std::chrono::steady_clock::now();
+  processes[size_t(signalled)]->Signal(SIGTERM);
+  const ProcessResult node1 = processes[1]->Finish();
+  const auto node1_ended = std::chrono::steady_clock::now() - signalled_at;
+  const ProcessResult node0 = processes[0]->Finish();
+  const bool rclone_alive = rclone > 0 && kill(rclone, 0) == 0;
+  if (rclone_alive) kill(rclone, SIGKILL);  // the test's own cleanup
+  EXPECT_FALSE(rclone_alive) << "the stuck download's rclone outlived the launcher";
+  EXPECT_LT(node1_ended, 10s) << node1.err;
+  EXPECT_NE(node1.exit_code, 0) << node1.err;
+  if (signalled == 1) {
+    EXPECT_EQ(node1.exit_code, 143) << node1.err;
+  }
+  EXPECT_NE(node1.err.find("the load for cycle 1 was stopped"), std::string::npos) << node1.err;
+  for (const ProcessResult* result : {&node0, &node1}) {
+    EXPECT_EQ(result->out.find("cycle 1 ran"), std::string::npos) << result->out << result->err;
+  }
+}
+
+TEST(Restart, SigtermDuringAStuckResumeDownloadEndsTheNodeAtOnce) { StopDuringAStuckResumeDownload(1); }
+
+TEST(Restart, AnotherNodesStopDuringAStuckResumeDownloadEndsTheNodeAtOnce) { StopDuringAStuckResumeDownload(0); }
 
 }  // namespace restart
 

@@ -1,6 +1,9 @@
 // The leader's cycle number, its restart frame and the barrier before each cycle.
 #include "rendezvous/cycles.h"
 
+#include <chrono>
+#include <thread>
+
 #include <gtest/gtest.h>
 
 namespace bt::rendezvous {
@@ -46,6 +49,19 @@ TEST(Cycles, ANewRestartStartsTheBarrierOver) {
   ASSERT_TRUE(cycles.Decide({1, 1, "h", "c", 1}, refusal));  // a second failure during the restart
   EXPECT_FALSE(cycles.Arrive(1));  // node 0's arrival was for cycle 1, not 2
   EXPECT_TRUE(cycles.Arrive(0));
+}
+
+// The restart's figures count from the decision; the decision's own time is said beside them.
+TEST(Cycles, TheRestartSaysHowLongTheDecisionTook) {
+  Cycles cycles(2, [](const CycleFailure&) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return RestartAnswer{Message{{"resume", ""}}, ""};
+  });
+  std::string refusal;
+  auto restart = cycles.Decide({0, 1, "h", "c", 1}, refusal);
+  ASSERT_TRUE(restart);
+  ASSERT_TRUE((*restart)["decision"].contains("decided_in_s")) << restart->dump();
+  EXPECT_GE((*restart)["decision"]["decided_in_s"].get<double>(), 0.02);
 }
 
 TEST(Cycles, ARefusalIsPassedOnAndTheCycleStays) {

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include "launcher/exit_codes.h"
+
 namespace bt::launcher {
 namespace {
 
@@ -23,31 +25,116 @@ TEST(RestartPolicy, TheBudgetIsTheJobsWhicheverNodeFails) {
   EXPECT_EQ(third.refusal, "no restart left (2/2 used, launcher.restart.max_restarts)");
 }
 
-TEST(RestartPolicy, ResumesFromTheLatestCommittedCheckpointAtTheDecision) {
+storage::CommitRecord Commit(const std::string& name, std::map<int, std::string> parts) {
+  storage::CommitRecord record;
+  record.job_id = "job";
+  record.name = name;
+  record.parts = std::move(parts);
+  return record;
+}
+
+// The decision carries the commit record itself, versions and all: a node that loads after
+// a save committed under the same name still loads what the decision named.
+TEST(RestartPolicy, TheDecisionNamesTheCommitRecordNodeZeroKnowsWithoutReadingTheDestination) {
   env::RestartSettings settings;
   settings.max_restarts = 5;
-  std::optional<std::string> latest;
-  auto policy = MakeRestartPolicy(settings, [&] { return latest; });
-  latest = "checkpoint-10";
+  auto committed = std::make_shared<CommittedCheckpoints>();
+  committed->Started(std::nullopt);
+  auto policy = MakeRestartPolicy(settings, committed);
+  committed->Committed(Commit("checkpoint-10", {{0, "v0"}, {2, "v2"}}));
   auto answer = policy(FailureOf(0, 1));
   ASSERT_TRUE(answer.decision);
   EXPECT_EQ((*answer.decision)["resume"], "checkpoint-10");
+  auto commit = ResumeCommitOf(*answer.decision);
+  ASSERT_TRUE(commit);
+  EXPECT_EQ(commit->name, "checkpoint-10");
+  EXPECT_EQ(commit->parts, (std::map<int, std::string>{{0, "v0"}, {2, "v2"}}));  // rank 1: no part
+  EXPECT_FALSE(commit->unversioned);
+}
+
+TEST(RestartPolicy, ACommitFromBeforeVersionsStaysUnversionedInTheDecision) {
+  env::RestartSettings settings;
+  settings.max_restarts = 5;
+  auto committed = std::make_shared<CommittedCheckpoints>();
+  committed->Started(storage::CommitRecord::Unversioned("job", "global_step7"));
+  auto answer = MakeRestartPolicy(settings, committed)(FailureOf(0, 1));
+  ASSERT_TRUE(answer.decision);
+  auto commit = ResumeCommitOf(*answer.decision);
+  ASSERT_TRUE(commit);
+  EXPECT_EQ(commit->name, "global_step7");
+  EXPECT_TRUE(commit->unversioned);
+}
+
+TEST(RestartPolicy, NothingCommittedResumesFromNothing) {
+  env::RestartSettings settings;
+  settings.max_restarts = 5;
+  auto committed = std::make_shared<CommittedCheckpoints>();
+  committed->Started(std::nullopt);
+  auto answer = MakeRestartPolicy(settings, committed)(FailureOf(0, 1));
+  ASSERT_TRUE(answer.decision);
+  EXPECT_EQ((*answer.decision)["resume"], "");
+  EXPECT_FALSE(ResumeCommitOf(*answer.decision));
+}
+
+TEST(RestartPolicy, ADecisionWhoseCommitIsNotARecordIsAnInternalError) {
+  rendezvous::Message decision{{"resume", "x"}, {"commit", "{\"format\": \"something else\"}"}};
+  try {
+    ResumeCommitOf(decision);
+    FAIL() << "no error";
+  } catch (const LaunchFailure& failure) {
+    EXPECT_EQ(failure.code(), kExitInternal);
+    EXPECT_NE(std::string(failure.what()).find("the leader's restart decision"), std::string::npos) << failure.what();
+  }
 }
 
 TEST(RestartPolicy, StopsAfterCyclesInARowWithoutANewCommittedCheckpoint) {
   env::RestartSettings settings;
   settings.max_restarts = 10;
   settings.max_cycles_without_progress = 2;
-  std::optional<std::string> latest = "checkpoint-1";
-  auto policy = MakeRestartPolicy(settings, [&] { return latest; });
+  auto committed = std::make_shared<CommittedCheckpoints>();
+  committed->Started(Commit("checkpoint-1", {{0, "a"}}));
+  auto policy = MakeRestartPolicy(settings, committed);
   EXPECT_TRUE(policy(FailureOf(0, 1)).decision);  // cycle 0 committed nothing new: 1 in a row
-  latest = "checkpoint-2";
+  committed->Committed(Commit("checkpoint-2", {{0, "b"}}));
   EXPECT_TRUE(policy(FailureOf(1, 1)).decision);  // progress: the count starts over
   EXPECT_TRUE(policy(FailureOf(2, 1)).decision);  // 1 in a row
   auto answer = policy(FailureOf(3, 1));          // 2 in a row
   EXPECT_FALSE(answer.decision);
   EXPECT_NE(answer.refusal.find("2 cycles in a row ended without a new committed checkpoint"), std::string::npos)
       << answer.refusal;
+}
+
+// A job that saves `state.pt` every cycle makes progress every cycle: each save is a new
+// commit (new versions) under the same name.
+TEST(RestartPolicy, ANameSavedAgainEachCycleIsProgress) {
+  env::RestartSettings settings;
+  settings.max_restarts = 10;
+  settings.max_cycles_without_progress = 1;
+  auto committed = std::make_shared<CommittedCheckpoints>();
+  committed->Started(Commit("state.pt", {{0, "v1"}, {1, "w1"}}));
+  auto policy = MakeRestartPolicy(settings, committed);
+  for (int cycle = 0; cycle < 4; ++cycle) {
+    committed->Committed(Commit("state.pt", {{0, "v" + std::to_string(cycle + 2)}, {1, "w" + std::to_string(cycle + 2)}}));
+    auto answer = policy(FailureOf(cycle, 1));
+    EXPECT_TRUE(answer.decision) << "cycle " << cycle << ": " << answer.refusal;
+  }
+  auto answer = policy(FailureOf(4, 1));  // nothing committed in cycle 4
+  EXPECT_FALSE(answer.decision);
+}
+
+TEST(RenderCycles, TheDecisionsTimeIsInTheTimeline) {
+  CycleRecord record;
+  record.cycle = 1;
+  record.cause = "node 1 failed";
+  record.resume = "checkpoint-4";
+  record.decided_in_s = 0.0123;
+  record.every_job_stopped_s = 0.04;
+  record.every_node_restarted_s = 0.05;
+  record.restarts_used = 1;
+  record.max_restarts = 3;
+  const std::string text = RenderCycles({record});
+  EXPECT_NE(text.find("fault → decided 12.3 ms → every job stopped 40.0 ms → every node restarted 50.0 ms"),
+            std::string::npos) << text;
 }
 
 TEST(CycleEnviron, EveryCycleCarriesItsCountAndItsOwnMasterPort) {
