@@ -867,6 +867,50 @@ TEST(Restart, AnRcloneDestinationsEarlyChildDoesNotInterruptTheRendezvous) {
   nlohmann::json settings = RestartSettings(scratch, 1);
   settings["checkpoint"]["destination"] = "s3://ckpts/prefix";
   Job job(2, R"(["echo ran"])", "", true, settings, FreePort());
+  const std::map<std::string, std::string> env = {{"PATH", scratch.path() + "/bin:" + std::getenv("PATH")},
+                                                  {"AWS_ACCESS_KEY_ID", "test-key-id"},
+                                                  {"AWS_SECRET_ACCESS_KEY", "test-secret-key-value"},
+                                                  {"AWS_REGION", "us-east-1"}};
+  std::vector<std::unique_ptr<LauncherProcess>> processes;
+  for (int rank = 0; rank < 2; ++rank) processes.push_back(std::make_unique<LauncherProcess>(job.Spec(rank, {}, env)));
+  auto results = Job::FinishAll(processes);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(results[rank].exit_code, 0) << "node " << rank << ":\n" << results[rank].err;
+    EXPECT_NE(results[rank].out.find("ran"), std::string::npos) << results[rank].out;
+    EXPECT_EQ(results[rank].err.find("interrupted"), std::string::npos) << results[rank].err;
+  }
+}
+
+// Node 0's launcher freezes (SIGSTOP: to node 1, as a partition) after node 1 uploaded its
+// part of checkpoint-1, which node 0 never declared. Node 1 hears the leader is lost, stops
+// its job, and its drain stops waiting for a commit that cannot come: it exits 69 within
+// seconds (it waited out drain_timeout_s, 60 s here, and exited 74), its part in its journal.
+TEST(Restart, AFollowerCutOffFromNodeZeroDrainsOnlyItsOwnUploadsAndExitsPromptly) {
+  TempDir scratch;
+  nlohmann::json settings = RestartSettings(scratch, 0);
+  settings["checkpoint"]["drain_timeout_s"] = 60;
+  const std::string commands = nlohmann::json::array(
+      {"echo $$ > $BT_SCRATCH_DIR/../../training.pid; if [ $BT_NODE_RANK = 1 ]; then " + Save(1) +
+       "; fi; echo started; exec sleep 120"}).dump();
+  Job job(2, commands, "", true, settings, FreePort());
+  auto processes = job.StartAll();
+  ASSERT_TRUE(processes[1]->WaitForLog("checkpoints: uploaded checkpoint-1", 30s)) << processes[1]->Finish().err;
+  processes[0]->Signal(SIGSTOP);
+  const auto frozen = std::chrono::steady_clock::now();
+  const ProcessResult follower = processes[1]->Finish();
+  const auto took = std::chrono::steady_clock::now() - frozen;
+  KillNodeHard(job, *processes[0], 0);
+  processes[0]->Finish();
+  EXPECT_EQ(follower.exit_code, 69) << follower.err;
+  // heartbeat_timeout_s 3, the job's stop, the drain's check: well inside drain_timeout_s.
+  EXPECT_LT(took, 20s) << follower.err;
+  EXPECT_NE(follower.err.find("leader (node 0) lost"), std::string::npos) << follower.err;
+  EXPECT_NE(follower.err.find("checkpoints: node 0 is lost, so nothing can be committed"), std::string::npos)
+      << follower.err;
+  EXPECT_NE(follower.err.find("checkpoint-1 was not committed: node 0 was lost"), std::string::npos) << follower.err;
+  const std::string journal = job.dir().path() + "/root/node-1/mnt/ckpts/.bt-checkpoint/journal.jsonl";
+  EXPECT_NE(ReadFile(journal).find("checkpoint-1"), std::string::npos) << "the journal lost node 1's part";
+}
 
 // DDP's usual pattern: only rank 0 saves. Node 1 answers "no part", the commit record lists
 // node 0's part only, and at the restart node 1 runs with an empty rank-1/ (it failed the
@@ -1074,45 +1118,6 @@ void StopDuringAStuckResumeDownload(int signalled) {
                                                   {"AWS_REGION", "us-east-1"}};
   std::vector<std::unique_ptr<LauncherProcess>> processes;
   for (int rank = 0; rank < 2; ++rank) processes.push_back(std::make_unique<LauncherProcess>(job.Spec(rank, {}, env)));
-  auto results = Job::FinishAll(processes);
-  for (int rank = 0; rank < 2; ++rank) {
-    EXPECT_EQ(results[rank].exit_code, 0) << "node " << rank << ":\n" << results[rank].err;
-    EXPECT_NE(results[rank].out.find("ran"), std::string::npos) << results[rank].out;
-    EXPECT_EQ(results[rank].err.find("interrupted"), std::string::npos) << results[rank].err;
-  }
-}
-
-// Node 0's launcher freezes (SIGSTOP: to node 1, as a partition) after node 1 uploaded its
-// part of checkpoint-1, which node 0 never declared. Node 1 hears the leader is lost, stops
-// its job, and its drain stops waiting for a commit that cannot come: it exits 69 within
-// seconds (it waited out drain_timeout_s, 60 s here, and exited 74), its part in its journal.
-TEST(Restart, AFollowerCutOffFromNodeZeroDrainsOnlyItsOwnUploadsAndExitsPromptly) {
-  TempDir scratch;
-  nlohmann::json settings = RestartSettings(scratch, 0);
-  settings["checkpoint"]["drain_timeout_s"] = 60;
-  const std::string commands = nlohmann::json::array(
-      {"echo $$ > $BT_SCRATCH_DIR/../../training.pid; if [ $BT_NODE_RANK = 1 ]; then " + Save(1) +
-       "; fi; echo started; exec sleep 120"}).dump();
-  Job job(2, commands, "", true, settings, FreePort());
-  auto processes = job.StartAll();
-  ASSERT_TRUE(processes[1]->WaitForLog("checkpoints: uploaded checkpoint-1", 30s)) << processes[1]->Finish().err;
-  processes[0]->Signal(SIGSTOP);
-  const auto frozen = std::chrono::steady_clock::now();
-  const ProcessResult follower = processes[1]->Finish();
-  const auto took = std::chrono::steady_clock::now() - frozen;
-  KillNodeHard(job, *processes[0], 0);
-  processes[0]->Finish();
-  EXPECT_EQ(follower.exit_code, 69) << follower.err;
-  // heartbeat_timeout_s 3, the job's stop, the drain's check: well inside drain_timeout_s.
-  EXPECT_LT(took, 20s) << follower.err;
-  EXPECT_NE(follower.err.find("leader (node 0) lost"), std::string::npos) << follower.err;
-  EXPECT_NE(follower.err.find("checkpoints: node 0 is lost, so nothing can be committed"), std::string::npos)
-      << follower.err;
-  EXPECT_NE(follower.err.find("checkpoint-1 was not committed: node 0 was lost"), std::string::npos) << follower.err;
-  const std::string journal = job.dir().path() + "/root/node-1/mnt/ckpts/.bt-checkpoint/journal.jsonl";
-  EXPECT_NE(ReadFile(journal).find("checkpoint-1"), std::string::npos) << "the journal lost node 1's part";
-}
-
   for (int waited = 0; waited < 600 && !fs::exists(started); ++waited) std::this_thread::sleep_for(50ms);
   if (!fs::exists(started)) {
     for (auto& process : processes) process->Signal(SIGKILL);
