@@ -127,11 +127,19 @@ std::string ResumePoint(const PreparedJob& job, const std::optional<storage::Des
 }
 
 // Node 0's answer to a failed cycle (launcher.restart); none when restarts are off.
-rendezvous::RestartPolicy RestartPolicyOf(const PreparedJob& job, const std::optional<storage::DestinationSpec>& destination) {
+// The failed cycle is sealed first (`commits`): no save of it commits after `latest` is read.
+rendezvous::RestartPolicy RestartPolicyOf(const PreparedJob& job, const std::optional<storage::DestinationSpec>& destination,
+                                          std::shared_ptr<checkpoint::CommitGate> commits) {
   if (job.identity.rank != 0 || job.config.launcher.restart.max_restarts == 0) return {};
   std::function<std::optional<std::string>()> latest;
   if (destination && job.config.runtime.checkpointing_config.enabled) {
-    latest = [spec = *destination, job_id = job.job_id()] { return LatestCommittedCheckpoint(spec, job_id); };
+    latest = [spec = *destination, job_id = job.job_id(), commits] {
+      if (!commits->Seal(std::chrono::seconds(2))) {
+        spdlog::warn("checkpoints: a commit begun before the restart's decision is not written yet; the decision reads "
+                     "`latest` without it");
+      }
+      return LatestCommittedCheckpoint(spec, job_id);
+    };
   }
   return MakeRestartPolicy(job.config.launcher.restart, std::move(latest));
 }
@@ -216,10 +224,11 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   // The fabric is what nodes talk over: a single node has nothing to check or choose.
   std::optional<rendezvous::fabric::Inventory> inventory;
   std::unique_ptr<Peers> peers;
+  auto commit_gate = std::make_shared<checkpoint::CommitGate>();  // node 0's restart decision and its commits
   if (job.identity.count > 1) {
     inventory = ReadFabricInventory(rendezvous::fabric::SysfsRoot(cli.sysfs_root));
     timeline.Begin("rendezvous");
-    peers = JoinPeers(job.config, job.identity, job.job_id(), signals, RestartPolicyOf(job, destination));
+    peers = JoinPeers(job.config, job.identity, job.job_id(), signals, RestartPolicyOf(job, destination, commit_gate));
   }
   // A launcher that replaced a lost one loads what its first cycle resumes from at that
   // cycle's barrier, not the job's `latest` now.
@@ -242,7 +251,7 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   if (destination) {
     checkpoints = StartCheckpoints(job.config, job.environment, *destination, job.identity,
                                    peers ? peers->store() : nullptr, [&] { CheckStop(peers.get(), signals); },
-                                   rejoin ? rejoin->cycle : 0);
+                                   rejoin ? rejoin->cycle : 0, commit_gate);
   }
   // Until the end: after its job ended, a node still answers a stack request of the others'.
   watchdog::Progress progress;

@@ -70,7 +70,7 @@ struct CheckpointPhase {
 CheckpointPhase StartCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment,
                                  const storage::DestinationSpec& destination, const env::NodeIdentity& identity,
                                  rendezvous::Store* store, const std::function<void()>& check_stop,
-                                 int64_t incarnation = 0);
+                                 int64_t incarnation = 0, std::shared_ptr<checkpoint::CommitGate> commit_gate = nullptr);
 
 // Commits what is complete within launcher.checkpoint.drain_timeout_s (on a follower that
 // `leader_loss` says is cut off from node 0: only its own uploads, within its bound). Returns
