@@ -88,6 +88,7 @@ class CheckpointAgent::Impl {
     journal_.SetScope(options_.job_id, options_.destination.uri);
     current_cycle_ = options_.incarnation;
     applied_cycle_ = current_cycle_;
+    if (options_.commit_gate) options_.commit_gate->EnterCycle(current_cycle_);
     load_exclusion_ = LoadExclusion();
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wake_fd_ < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
@@ -218,6 +219,7 @@ class CheckpointAgent::Impl {
       resumed.emplace(entry.seq, std::move(snapshot));
     }
     RemoveStaleStaging(keep);
+    if (options_.board && is_leader() && options_.resume_point_read) return AbandonResumed();
     if (options_.board && is_leader()) DropReplacedResumed(resumed);
     for (const auto& [seq, version] : versions_) {
       if (version.stage != Stage::kQueued) continue;
@@ -269,6 +271,23 @@ class CheckpointAgent::Impl {
       }
       options_.board->FinishResumedDeclarations();
     });
+  }
+
+  // Node 0, when the launcher read the job's resume point (`latest`) before this agent
+  // started (AgentOptions::resume_point_read): what the last run left uncommitted is
+  // abandoned, never committed. Every node's training starts from that resume point; a save
+  // of the last run committed now would make `latest` newer than what the training resumes
+  // from, and the training's own saves would then move `latest` back (soak finding F4).
+  // Nothing declares these saves, so the followers keep their parts as their own.
+  void AbandonResumed() {
+    for (const auto& [seq, version] : versions_) {
+      const std::string why = "the job resumes from the `latest` committed before this launcher started";
+      spdlog::info("checkpoints: not committing the save of {} resumed from the journal: {}", version.name, why);
+      journal_.Record(seq, version.name, HandoffState::kAbandoned, why);
+      RemoveStaging(version);
+    }
+    versions_.clear();
+    BoardCall([&] { options_.board->FinishResumedDeclarations(); });
   }
 
   // A follower, before its training starts: node 0's resumed declarations are answered with
@@ -395,6 +414,7 @@ class CheckpointAgent::Impl {
   void OnNewCycle(int64_t cycle) {
     if (cycle > current_cycle_) {
       Evaluate(false);
+      if (options_.commit_gate) options_.commit_gate->EnterCycle(cycle);
       if (options_.board && is_leader()) BoardCall([&] { options_.board->Restart(cycle); });
       if (options_.board && !is_leader()) {
         SyncBoard();
@@ -1041,6 +1061,7 @@ class CheckpointAgent::Impl {
 
   void OnCommitWritten(Version& version) {
     if (!publishing_.erase(version.seq)) return;
+    if (options_.commit_gate) options_.commit_gate->Finished(version.seq);
     const bool moved_latest = version.seq > published_seq_;
     published_seq_ = std::max(published_seq_, version.seq);
     MarkCommitted(version);
@@ -1101,6 +1122,11 @@ class CheckpointAgent::Impl {
       }
       const std::optional<SaveState> save = options_.board->Decide(declaration);
       if (!save || save->decision == Decision::kPending) continue;
+      if (save->decision == Decision::kCommit && !BeginCommit(version)) {
+        AbandonSave(seq, "node 0 decided a restart after cycle " + std::to_string(version.cycle) +
+                             " before this save was committed (the next cycle resumes from the commit before it)");
+        return;  // versions_ changed under the loop; the next pass goes on
+      }
       if (save->decision == Decision::kCommit) {
         Commit(version, *save);
         continue;
@@ -1108,6 +1134,12 @@ class CheckpointAgent::Impl {
       AbandonSave(seq, save->why);
       return;  // versions_ changed under the loop; the next pass goes on
     }
+  }
+
+  // Node 0: a save of a cycle that a restart's decision sealed never starts committing; one
+  // begun before the decision is waited for by it (CommitGate).
+  bool BeginCommit(const Version& version) {
+    return !options_.commit_gate || options_.commit_gate->TryBegin(version.seq, version.cycle);
   }
 
   void AbandonSave(uint64_t seq, const std::string& why) {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/commit_gate.h"
 #include "checkpoint/commit_rule.h"
 #include "env/job_config.h"
 #include "storage/commit_record.h"
@@ -82,6 +83,14 @@ struct AgentOptions {
   // BT_LOAD_CHECKPOINT_DIR: when it lies inside checkpoint_dir, what the launcher loads there
   // is never taken for a checkpoint of this run.
   std::string load_dir;
+  // The launcher read the job's resume point (`latest`) before this agent started, and every
+  // node's training starts from it: node 0 abandons the saves the last run left open (see
+  // AbandonResumed) instead of declaring them again, which would commit them after the
+  // resume point was chosen (soak finding F4).
+  bool resume_point_read = false;
+  // Node 0 with restarts on: shared with the restart decision, which seals the failed cycle
+  // (no save of it commits after the decision reads `latest`). Null: no restarts.
+  std::shared_ptr<CommitGate> commit_gate;
   // Called on the agent's thread when a checkpoint has been snapshotted and queued.
   std::function<void(const std::string& name)> on_handoff;
   // Called on the agent's thread once `latest` names `commit` (written by this node): what

@@ -33,6 +33,7 @@ void CommitRule::Declare(const SaveDeclaration& declaration) {
   cycle_ = std::max(cycle_, declaration.cycle);
   SaveState& save = saves_[declaration.number];
   save.declaration = declaration;
+  if (declaration.cycle < cycle_) return EndedByRestart(save);
   // A rank replaced since the save's cycle (a replacement joined before node 0 declared a
   // save its predecessor wrote) cannot answer it any more.
   Settle(save);
@@ -84,7 +85,20 @@ void CommitRule::Replace(int rank, int64_t incarnation) {
   }
 }
 
-void CommitRule::Restart(int64_t cycle) { cycle_ = std::max(cycle_, cycle); }
+void CommitRule::Restart(int64_t cycle) {
+  if (cycle <= cycle_) return;
+  cycle_ = cycle;
+  for (auto& [number, save] : saves_) {
+    if (save.decision == Decision::kPending && save.declaration.cycle < cycle_) EndedByRestart(save);
+  }
+}
+
+// The restart's decision named the newest commit before it; nothing of its cycle commits after.
+void CommitRule::EndedByRestart(SaveState& save) {
+  Decide(save, Decision::kAbandon,
+         "cycle " + std::to_string(save.declaration.cycle) + " ended (the job restarted in cycle " +
+             std::to_string(cycle_) + ") before every rank answered");
+}
 
 const SaveState* CommitRule::Find(uint64_t number) const {
   auto found = saves_.find(number);

@@ -12,7 +12,8 @@
 // open saves lost for that rank. The save commits when every rank (counted by rank, never by
 // answers) answered with a version or "no part"; one "lost" abandons it. A save committed
 // makes every older open save of the same name abandoned (committing it after would move the
-// name back to an older save).
+// name back to an older save). A restart abandons every save of the cycles before it that
+// is still open.
 #pragma once
 
 #include <cstdint>
@@ -74,8 +75,11 @@ class CommitRule {
   // declared before that cycle which the rank has not answered is lost for it, and answers
   // of earlier launchers of that rank are no longer taken.
   void Replace(int rank, int64_t incarnation);
-  // The job entered `cycle`. Open saves of earlier cycles stay open, completed only by
-  // answers that tell of their own cycle.
+  // The job entered `cycle`: node 0 decided the restart naming the newest commit there was,
+  // so every open save of an earlier cycle is abandoned (committed after the decision, it
+  // would make `latest` newer than what the new cycle resumes from, and the new cycle's
+  // saves would then move `latest` back). A save of an earlier cycle declared later is
+  // abandoned at once.
   void Restart(int64_t cycle);
 
   const SaveState* Find(uint64_t number) const;
@@ -90,6 +94,7 @@ class CommitRule {
   // The launcher of `rank` that ran it when a save of `cycle` was declared.
   int64_t IncarnationAt(int rank, int64_t cycle) const;
   void Settle(SaveState& save);
+  void EndedByRestart(SaveState& save);
   void Decide(SaveState& save, Decision decision, std::string why);
 
   int rank_count_;

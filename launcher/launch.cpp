@@ -141,8 +141,19 @@ std::shared_ptr<CommittedCheckpoints> CommittedCheckpointsOf(const PreparedJob& 
 }
 
 // Node 0's answer to a failed cycle (launcher.restart); none when restarts are off.
-rendezvous::RestartPolicy RestartPolicyOf(const PreparedJob& job, std::shared_ptr<const CommittedCheckpoints> committed) {
+// The failed cycle is sealed first (`commit_gate`): no save of it commits after the decision
+// reads what node 0 committed last.
+rendezvous::RestartPolicy RestartPolicyOf(const PreparedJob& job, std::shared_ptr<CommittedCheckpoints> committed,
+                                          std::shared_ptr<checkpoint::CommitGate> commit_gate) {
   if (job.identity.rank != 0 || job.config.launcher.restart.max_restarts == 0) return {};
+  if (committed) {
+    committed->SealBeforeDecision([commit_gate] {
+      if (!commit_gate->Seal(std::chrono::seconds(2))) {
+        spdlog::warn("checkpoints: a commit begun before the restart's decision is not written yet; the decision "
+                     "names the commit before it");
+      }
+    });
+  }
   return MakeRestartPolicy(job.config.launcher.restart, std::move(committed));
 }
 
@@ -236,10 +247,11 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   // The fabric is what nodes talk over: a single node has nothing to check or choose.
   std::optional<rendezvous::fabric::Inventory> inventory;
   std::unique_ptr<Peers> peers;
+  auto commit_gate = std::make_shared<checkpoint::CommitGate>();  // node 0's restart decision and its commits
   if (job.identity.count > 1) {
     inventory = ReadFabricInventory(rendezvous::fabric::SysfsRoot(cli.sysfs_root));
     timeline.Begin("rendezvous");
-    peers = JoinPeers(job.config, job.identity, job.job_id(), signals, RestartPolicyOf(job, node0_commits));
+    peers = JoinPeers(job.config, job.identity, job.job_id(), signals, RestartPolicyOf(job, node0_commits, commit_gate));
   }
   // A launcher that replaced a lost one loads what its first cycle resumes from at that
   // cycle's barrier, not the job's `latest` now.
@@ -266,7 +278,7 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
     if (node0_commits) on_latest = [node0_commits](const storage::CommitRecord& commit) { node0_commits->Committed(commit); };
     checkpoints = StartCheckpoints(job.config, job.environment, *destination, job.identity,
                                    peers ? peers->store() : nullptr, [&] { CheckStop(peers.get(), signals); },
-                                   rejoin ? rejoin->cycle : 0, std::move(on_latest));
+                                   rejoin ? rejoin->cycle : 0, std::move(on_latest), commit_gate);
   }
   // Until the end: after its job ended, a node still answers a stack request of the others'.
   watchdog::Progress progress;

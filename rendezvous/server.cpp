@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
@@ -241,7 +242,9 @@ class StoreServer::Loop {
     while (!stop_requested_) {
       int timeout = int(std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(
                                                    NextDeadline() - Clock::now()).count()) + 1);
+      const Clock::time_point waited_from = Clock::now();
       int ready = epoll_wait(epoll_fd_, events, kEpollBatch, timeout);
+      NoticeOwnStall(Clock::now() - waited_from - std::chrono::milliseconds(timeout));
       for (int i = 0; i < ready; ++i) HandleEvent(events[i]);
       OnTimers();
       FlushQueued();
@@ -280,6 +283,12 @@ class StoreServer::Loop {
   void WaitUntilDrained() {
     std::unique_lock lock(mutex_);
     drained_changed_.wait(lock, [&] { return drained_ || stop_requested_; });
+  }
+
+  // Whether the job ended because node 0 itself stalled past the heartbeat timeout.
+  bool StalledItself() const {
+    std::lock_guard lock(mutex_);
+    return verdict_stalled_itself_;
   }
 
   ServerVerdict verdict() const {
@@ -995,6 +1004,22 @@ class StoreServer::Loop {
     return cause + "... (" + std::to_string(cut) + " more bytes in that node's log)";
   }
 
+  // Node 0's launcher did not run (SIGSTOP, a starved host) for longer than the heartbeat
+  // timeout: every follower has taken node 0 as lost and is ending its job (69). The silence
+  // the server would see next is its own, not the followers': counted as their loss, each
+  // became a failed cycle (a restart spent per node, node 0's own included, and a cycle that
+  // waited rejoin_timeout_s for node 0 itself). The job ends at once, node 0 lost, 69 on
+  // every node (soak finding F2). `overslept`: how much longer the wait took than asked.
+  void NoticeOwnStall(Clock::duration overslept) {
+    if (verdict_.kind != ServerVerdict::Kind::kPending || overslept <= options_.heartbeat_timeout) return;
+    const auto seconds = std::chrono::duration_cast<std::chrono::milliseconds>(overslept).count() / 1000.0;
+    char text[32];
+    std::snprintf(text, sizeof text, "%.1f", seconds);
+    stalled_itself_ = true;
+    Abort(0, std::string("node 0 lost: its launcher did not run for ") + text +
+                 " s (stopped or starved), longer than the heartbeat timeout, so the other nodes have taken it as lost");
+  }
+
   // `exit_code`: what the failed node reported, passed on so that every node can exit with
   // it; 0 for a node lost without a report.
   void Abort(int rank, const std::string& message, int exit_code = 0) {
@@ -1028,6 +1053,7 @@ class StoreServer::Loop {
 
   void SetVerdict(ServerVerdict::Kind kind, int rank, const std::string& message, int exit_code = 0) {
     std::lock_guard lock(mutex_);
+    verdict_stalled_itself_ = stalled_itself_;
     verdict_ = {kind, rank, message, exit_code};
     verdict_time_ = Clock::now();
   }
@@ -1292,6 +1318,8 @@ class StoreServer::Loop {
   int reported_count_ = 0;
   Clock::time_point join_deadline_;
   Clock::time_point next_tick_;
+  bool stalled_itself_ = false;         // the server's thread's own
+  bool verdict_stalled_itself_ = false;  // mutex_: read by node 0's launcher
   Clock::time_point verdict_time_;
   ServerVerdict verdict_;
   Cycles cycles_{options_.node_count, options_.restart_policy};
@@ -1332,6 +1360,7 @@ void StoreServer::Stop() {
 
 void StoreServer::WaitUntilDrained() { loop_->WaitUntilDrained(); }
 ServerVerdict StoreServer::verdict() const { return loop_->verdict(); }
+bool StoreServer::StalledItself() const { return loop_->StalledItself(); }
 std::vector<int> StoreServer::unreported() const { return loop_->unreported(); }
 std::vector<NodeInfo> StoreServer::roster() const { return loop_->roster(); }
 std::vector<NodeInfo> StoreServer::brief_roster() const { return loop_->roster(false); }

@@ -73,6 +73,9 @@ class StoreServer {
   // Blocks until the verdict is out and every node said goodbye (or the linger passed).
   void WaitUntilDrained();
   ServerVerdict verdict() const;
+  // The job was aborted because node 0's own launcher did not run for longer than the
+  // heartbeat timeout (stopped, starved): to node 0 that is the leader lost.
+  bool StalledItself() const;
   std::vector<NodeInfo> roster() const;  // joined nodes, by rank
   // The same without each node's addresses (rank, host, seen_from, pid): what node 0's own
   // phases need, at a fraction of the copy (2 KiB a node, 32 MB at 16,384 nodes, for roster()).

@@ -392,7 +392,8 @@ void WaitForResumedDeclarations(rendezvous::Store& store, const std::function<vo
 CheckpointPhase StartCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment,
                                  const storage::DestinationSpec& destination, const env::NodeIdentity& identity,
                                  rendezvous::Store* store, const std::function<void()>& check_stop,
-                                 int64_t incarnation, std::function<void(const storage::CommitRecord&)> on_latest) {
+                                 int64_t incarnation, std::function<void(const storage::CommitRecord&)> on_latest,
+                                 std::shared_ptr<checkpoint::CommitGate> commit_gate) {
   CheckpointPhase phase;
   if (!config.runtime.checkpointing_config.enabled) return phase;
   checkpoint::AgentOptions options;
@@ -405,6 +406,8 @@ CheckpointPhase StartCheckpoints(const env::JobConfig& config, const env::JobEnv
   options.uploader_environ = destination.rclone_environ;
   options.uploader_binary = storage::CurrentExecutable();
   options.incarnation = incarnation;
+  if (identity.rank == 0) options.commit_gate = std::move(commit_gate);
+  options.resume_point_read = true;  // RunPhases reads it before this phase (ResumePoint)
   auto load_dir = environment.variables.find("BT_LOAD_CHECKPOINT_DIR");
   if (load_dir != environment.variables.end()) options.load_dir = load_dir->second;
   options.on_latest = std::move(on_latest);

@@ -137,7 +137,8 @@ class TcpPeers final : public Peers {
   bool AwaitCycleStart(int64_t cycle, double stopped_s, std::chrono::steady_clock::time_point deadline, SignalRouter& signals,
                        int& signal_number) override;
   std::optional<std::string> Verdict() override;
-  bool LeaderLost() override { return client_->LeaderLost(); }
+  // Node 0 too: its own launcher stalled past the heartbeat timeout and the others left.
+  bool LeaderLost() override { return client_->LeaderLost() || (server_ && server_->StalledItself()); }
   bool SharesHangs() const override { return true; }
   void ReportStall(int64_t cycle, const std::string& quiet, bool stalled) override;
   void DeclareHang(int64_t cycle, int rank, const std::string& cause, int exit_code) override;

@@ -39,7 +39,7 @@ class RestartBudget {
       return {std::nullopt, "no restart left (" + Used() + " used, launcher.restart.max_restarts)"};
     }
     // From memory: node 0's agent is the only writer of `latest` (no read on this thread).
-    std::optional<storage::CommitRecord> latest = committed_ ? committed_->Latest() : std::nullopt;
+    std::optional<storage::CommitRecord> latest = committed_ ? committed_->LatestForDecision() : std::nullopt;
     if (auto refusal = NoProgress(latest)) return {std::nullopt, *refusal};
     started_from_ = latest;
     ++used_;

@@ -37,11 +37,19 @@ class CommittedCheckpoints {
   void Committed(const storage::CommitRecord& record);
   std::optional<storage::CommitRecord> AtStart() const;
   std::optional<storage::CommitRecord> Latest() const;
+  // Run before each decision reads Latest(): node 0 stops the failed cycle's saves from
+  // committing (checkpoint::CommitGate), so nothing older commits after the decision.
+  void SealBeforeDecision(std::function<void()> seal) { seal_ = std::move(seal); }
+  std::optional<storage::CommitRecord> LatestForDecision() const {
+    if (seal_) seal_();
+    return Latest();
+  }
 
  private:
   mutable std::mutex mutex_;
   std::optional<storage::CommitRecord> at_start_;
   std::optional<storage::CommitRecord> latest_;
+  std::function<void()> seal_;
 };
 
 // One commit, whatever its name: two saves under one name (a job that writes `state.pt`

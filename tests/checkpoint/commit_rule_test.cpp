@@ -3,7 +3,10 @@
 // one name, answers truthful or not: from a stale launcher, telling of the wrong cycle), with
 // the invariants of DESIGN.md §3 checked after every step; and every order of a
 // restart with a replaced rank around two saves.
+#include <atomic>
+#include <chrono>
 #include <functional>
+#include <thread>
 #include <map>
 #include <optional>
 #include <set>
@@ -12,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include "checkpoint/commit_gate.h"
 #include "checkpoint/commit_rule.h"
 
 namespace bt::checkpoint {
@@ -84,18 +88,35 @@ TEST(CommitRule, APartOfALaterCycleNeverCompletesAnEarlierSave) {
   CommitRule rule(2);
   rule.Declare(Save(0, 0));
   EXPECT_TRUE(rule.Answer(Version(0, 0, 0)));
-  rule.Restart(1);
-  EXPECT_TRUE(rule.Answer(Version(1, 0, 1)));
+  EXPECT_TRUE(rule.Answer(Version(1, 0, 1)));  // seen in cycle 1, before node 0's rule heard of it
   EXPECT_EQ(rule.DecisionOf(0), Decision::kAbandon);
 }
 
-TEST(CommitRule, AnOpenSaveCompletesAfterARestartWithAPartOfItsOwnCycle) {
+// Soak finding F5: node 0's restart decision named the newest commit (step 8); a save of the
+// failed cycle (step 12) committed after it, and the new cycle's re-save of step 9 moved
+// `latest` back from 12 to 9. A restart abandons every open save of the cycles before it,
+// even one whose part of its own cycle arrives late.
+TEST(CommitRule, ARestartAbandonsTheOpenSavesOfEarlierCycles) {
   CommitRule rule(2);
   rule.Declare(Save(0, 0));
   EXPECT_TRUE(rule.Answer(Version(0, 0, 0)));
   rule.Restart(1);
-  EXPECT_TRUE(rule.Answer(Version(1, 0, 0)));  // uploaded late, written in cycle 0
-  EXPECT_EQ(rule.DecisionOf(0), Decision::kCommit);
+  EXPECT_EQ(rule.DecisionOf(0), Decision::kAbandon);
+  EXPECT_FALSE(rule.Answer(Version(1, 0, 0)));  // uploaded late, written in cycle 0
+  EXPECT_EQ(rule.DecisionOf(0), Decision::kAbandon);
+}
+
+// Node 0's own part of the failed cycle, uploaded only after the restart, is declared then:
+// it never commits either.
+TEST(CommitRule, ASaveOfAnEarlierCycleDeclaredAfterTheRestartIsAbandoned) {
+  CommitRule rule(2);
+  rule.Restart(1);
+  rule.Declare(Save(0, 0));
+  EXPECT_EQ(rule.DecisionOf(0), Decision::kAbandon);
+  rule.Declare(Save(1, 1));
+  EXPECT_TRUE(rule.Answer(Version(0, 1, 1)));
+  EXPECT_TRUE(rule.Answer(Version(1, 1, 1)));
+  EXPECT_EQ(rule.DecisionOf(1), Decision::kCommit);
 }
 
 // A stale launcher (replaced, still running behind a partition) is never heard again.
@@ -123,6 +144,37 @@ TEST(CommitRule, ALaterSaveOfTheNameCommittedAbandonsTheEarlierOne) {
   EXPECT_EQ(rule.DecisionOf(1), Decision::kCommit);
   EXPECT_EQ(rule.DecisionOf(0), Decision::kAbandon);
   EXPECT_FALSE(rule.Answer(Version(1, 0, 0)));
+}
+
+// ---- Node 0's restart decision against its commits (CommitGate) ------------------------
+
+// Soak finding F5, the race: a save of the failed cycle began committing while node 0 decided
+// the restart. The decision waits for it before it reads `latest`, and a save of the failed
+// cycle that had not begun never commits after the decision.
+TEST(CommitGate, TheDecisionWaitsForACommitBegunAndNoSaveOfTheSealedCycleBeginsAfter) {
+  CommitGate gate;
+  gate.EnterCycle(0);
+  ASSERT_TRUE(gate.TryBegin(1, 0));
+  std::atomic<bool> sealed = false;
+  std::thread decision([&] {
+    EXPECT_TRUE(gate.Seal(std::chrono::seconds(10)));
+    sealed = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(sealed) << "the decision read `latest` while a commit was on its way";
+  gate.Finished(1);
+  decision.join();
+  EXPECT_FALSE(gate.TryBegin(2, 0)) << "a save of the failed cycle began committing after the decision";
+  gate.EnterCycle(1);
+  EXPECT_TRUE(gate.TryBegin(3, 1));
+}
+
+TEST(CommitGate, BeforeTheAgentRunsACycleNothingIsSealed) {
+  CommitGate gate;
+  EXPECT_TRUE(gate.Seal(std::chrono::milliseconds(0)));
+  gate.EnterCycle(0);
+  EXPECT_TRUE(gate.TryBegin(1, 0));
+  EXPECT_FALSE(gate.Seal(std::chrono::milliseconds(10))) << "a commit still on its way";
 }
 
 // ---- The small model, every sequence -------------------------------------------------
@@ -164,6 +216,7 @@ struct Model {
   std::map<int, std::vector<int64_t>> launchers;        // rank → joined cycles, increasing
   std::map<std::pair<uint64_t, int>, PartAnswer> counted;  // (save, rank) → the answer counted
   std::map<uint64_t, Decision> decided;
+  std::set<uint64_t> committed_before_restart_;  // saves committed before the last restart
 
   Model() {
     for (int rank = 0; rank < kRanks; ++rank) launchers[rank] = {0};
@@ -187,6 +240,9 @@ struct Model {
         break;
       case Event::kRestart:
         if (cycle == 2) return false;
+        for (const auto& [number, save] : rule.saves()) {
+          if (save.decision == Decision::kCommit) committed_before_restart_.insert(number);
+        }
         rule.Restart(++cycle);
         break;
       case Event::kReplace:
@@ -241,8 +297,14 @@ struct Model {
       }
       if (any_lost && save.decision == Decision::kCommit) return "a save committed with a lost part";
       if (any_lost && save.decision == Decision::kPending) return "a save with a lost part left open";
-      // Progress: every rank answered well → committed, unless a later save of the name was.
-      if (all_answered && !any_lost && save.decision != Decision::kCommit) {
+      // A restart ends its cycle: nothing of it commits after node 0's decision.
+      if (declared < cycle && save.decision == Decision::kPending) return "a save of an ended cycle left open";
+      if (declared < cycle && save.decision == Decision::kCommit && !committed_before_restart_.contains(number)) {
+        return "a save of an ended cycle committed after the restart";
+      }
+      // Progress: every rank answered well → committed, unless a later save of the name was,
+      // or its cycle ended before the last answer.
+      if (all_answered && !any_lost && save.decision != Decision::kCommit && declared == cycle) {
         bool superseded = false;
         for (const auto& [later, other] : rule.saves()) superseded |= later > number && other.decision == Decision::kCommit;
         if (!superseded) return "a save every rank answered is not committed";

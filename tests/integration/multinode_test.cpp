@@ -1148,6 +1148,29 @@ TEST(Restart, SigtermDuringAStuckResumeDownloadEndsTheNodeAtOnce) { StopDuringAS
 
 TEST(Restart, AnotherNodesStopDuringAStuckResumeDownloadEndsTheNodeAtOnce) { StopDuringAStuckResumeDownload(0); }
 
+// Soak finding F2: node 0's launcher frozen (SIGSTOP) longer than the heartbeat timeout. Its
+// follower takes the leader as lost and exits 69. Node 0, running again, counted its own
+// silence as the others' (and its own client's) loss: a restart per node, a cycle waiting
+// rejoin_timeout_s (60 s here) for node 0 itself, then the drain, and 74. Now node 0 sees it
+// did not run itself and ends the job at once: 69 on both nodes, within seconds.
+TEST(Restart, NodeZeroFrozenPastTheHeartbeatTimeoutEndsTheJobAtOnceWithTheFollowersCode) {
+  TempDir scratch;
+  Job job(2, "[\"echo started; exec sleep 120\"]", "", true, RestartSettings(scratch, 2), FreePort());
+  auto processes = job.StartAll();
+  ASSERT_TRUE(processes[0]->WaitForLog("started", 30s)) << processes[0]->Finish().err;
+  processes[0]->Signal(SIGSTOP);
+  std::this_thread::sleep_for(6s);  // heartbeat_timeout_s is 3
+  processes[0]->Signal(SIGCONT);
+  const auto resumed = std::chrono::steady_clock::now();
+  const ProcessResult leader = processes[0]->Finish();
+  const auto took = std::chrono::steady_clock::now() - resumed;
+  const ProcessResult follower = processes[1]->Finish();
+  EXPECT_EQ(follower.exit_code, 69) << follower.err;
+  EXPECT_EQ(leader.exit_code, 69) << leader.err;
+  EXPECT_LT(took, 20s) << leader.err;
+  EXPECT_EQ(leader.err.find("restart 1/2"), std::string::npos) << "node 0 spent a restart on its own freeze: " << leader.err;
+}
+
 }  // namespace restart
 
 }  // namespace

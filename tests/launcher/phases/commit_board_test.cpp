@@ -95,7 +95,8 @@ class CommitAcrossRestart : public ::testing::Test {
     boards_.clear();
   }
 
-  std::unique_ptr<checkpoint::CheckpointAgent> Start(int rank, int64_t incarnation = 0, const std::string& load_dir = "") {
+  std::unique_ptr<checkpoint::CheckpointAgent> Start(int rank, int64_t incarnation = 0, const std::string& load_dir = "",
+                                                      bool resume_point_read = false) {
     boards_.push_back(MakeStoreCommitBoard(*store_, 2, rank, incarnation));
     checkpoint::AgentOptions options;
     options.checkpoint_dir = Disk(rank);
@@ -108,6 +109,7 @@ class CommitAcrossRestart : public ::testing::Test {
     options.board = boards_.back().get();
     options.incarnation = incarnation;
     options.load_dir = load_dir;
+    options.resume_point_read = resume_point_read;
     return std::make_unique<checkpoint::CheckpointAgent>(options);
   }
 
@@ -252,6 +254,27 @@ TEST_F(CommitAcrossRestart, AFollowerPartUntouchedSinceTheResumedSaveIsCommitted
   ASSERT_TRUE(commit.has_value()) << leader.message;
   EXPECT_EQ(CommittedSize(*commit, 0, "weights.bin"), 1000u);
   EXPECT_EQ(CommittedSize(*commit, 1, "shard-1.bin"), 1500u);
+}
+
+// Soak finding F4: the launchers read the job's resume point (`latest`) before their agents
+// start, and the training starts from it. Node 0 then committed the saves the last run left
+// open (here the one every node completed), after the trainers had started from an older
+// `latest`, and the training's own saves moved `latest` back. With the resume point read
+// first, node 0 commits none of them; `latest` stays what the training resumes from.
+TEST_F(CommitAcrossRestart, ASaveLeftOpenIsNotCommittedOnceTheResumePointWasRead) {
+  SaveOnNodeOne("ckpt", 1500);
+  SaveOnNodeZero("ckpt", 1000);
+  UploadAloneThenKill(0, 1);
+
+  NewStore();
+  auto node0 = Start(0, 0, "", /*resume_point_read=*/true);
+  auto node1 = Start(1, 0, "", /*resume_point_read=*/true);
+  const auto started = Clock::now();
+  auto [leader, follower] = DrainBoth(*node0, *node1);
+  EXPECT_LT(Clock::now() - started, 10s) << "a drain waited for a save that is not committed";
+  EXPECT_FALSE(Committed("ckpt").has_value()) << "a save of the last run was committed after the resume point was read";
+  const std::string journal = testing::ReadFile(Disk(0) + "/.bt-checkpoint/journal.jsonl");
+  EXPECT_NE(journal.find("the job resumes from the `latest` committed before"), std::string::npos) << journal;
 }
 
 // Node 0's training wrote the checkpoint again before the restart (a save cut short): the

@@ -1,0 +1,41 @@
+// Node 0's restart decision and its checkpoint agent's commits, kept apart (soak finding F5).
+// The decision names the newest commit there is (`latest` read at the destination, on the
+// rendezvous server's thread); a save of the failed cycle that committed after that read
+// would make `latest` newer than what the next cycle resumes from, and the next cycle's
+// saves would move it back. So the decision first seals the failed cycle: no save of it (or
+// of an earlier one) starts committing any more, and the commits already on their way are
+// waited for (a bounded time); only then is `latest` read.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <set>
+
+namespace bt::checkpoint {
+
+class CommitGate {
+ public:
+  // The agent: its job runs `cycle` now (its first cycle at start, then each BeginCycle).
+  void EnterCycle(int64_t cycle);
+  // The restart decision: seals every cycle up to the one running, then waits until the
+  // commits begun before are written, at most `wait`. Returns false when some still are not.
+  // Before the agent entered a cycle there is nothing to seal.
+  bool Seal(std::chrono::milliseconds wait);
+  // The agent, before it asks for the commit of save `seq` written in `cycle`: false when a
+  // restart sealed that cycle (the save is not committed); otherwise it is on its way.
+  bool TryBegin(uint64_t seq, int64_t cycle);
+  // The commit of `seq` is written (or will never be).
+  void Finished(uint64_t seq);
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable finished_;
+  bool entered_ = false;
+  int64_t cycle_ = 0;
+  int64_t sealed_through_ = -1;  // saves of this cycle and before never start committing
+  std::set<uint64_t> in_flight_;
+};
+
+}  // namespace bt::checkpoint
