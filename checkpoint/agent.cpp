@@ -1255,14 +1255,31 @@ class CheckpointAgent::Impl {
                  std::chrono::duration_cast<std::chrono::seconds>(drain_deadline_ - Clock::now()).count());
   }
 
+  // A follower's drain judges node 0's newest declaration, except one of an earlier cycle
+  // that node 0 abandoned at the restart (the new cycle resumed from an older commit and may
+  // have removed its part): that save is over for every node, and not this node's failure.
+  const CommitBoard::Declaration* NewestDeclarationOfThisCycle() {
+    for (auto it = declared_order_.rbegin(); it != declared_order_.rend(); ++it) {
+      if (it->cycle >= current_cycle_) return &*it;
+      try {
+        if (options_.board->GetOutcome(it->number) != CommitBoard::Outcome::kAbandoned) return &*it;
+      } catch (const std::exception&) {
+        return &*it;  // the store is gone: judged as before
+      }
+    }
+    return nullptr;
+  }
+
   // Whether the newest complete checkpoint reached the destination and `latest`: on a
   // follower, node 0's newest declaration; else this node's newest handoff.
   DrainResult Summarize() {
     std::string target;
     std::optional<uint64_t> target_declaration;
     if (options_.board && !is_leader() && !declared_order_.empty()) {
-      target = declared_order_.back().name;
-      target_declaration = declared_order_.back().number;
+      if (const CommitBoard::Declaration* newest = NewestDeclarationOfThisCycle()) {
+        target = newest->name;
+        target_declaration = newest->number;
+      }
     } else if (!versions_.empty()) {
       target = versions_.rbegin()->second.name;
     }
