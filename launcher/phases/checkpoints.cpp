@@ -335,6 +335,12 @@ void LoadCheckpoints(const env::JobConfig& config, const env::JobEnvironment& en
 std::optional<storage::CommitRecord> ReadLatestCommitted(const storage::DestinationSpec& destination_spec,
                                                          const std::string& job_id,
                                                          const std::function<void()>& check_stop) {
+  // A spool is written for a sidecar, never read back: this job has nothing here to resume
+  // from, which is not a destination that failed to answer.
+  if (destination_spec.scheme == "spool") {
+    spdlog::info("checkpoints: {} is a spool (the sidecar owns what was uploaded): not resuming from it", destination_spec.uri);
+    return std::nullopt;
+  }
   const std::string where = destination_spec.uri + "/" + job_id + "/latest";
   try {
     return RetryingTransfers("reading " + job_id + "/latest", destination_spec.uri, [&] {
