@@ -257,17 +257,21 @@ void LoadPart(storage::Destination& destination, const storage::DestinationSpec&
 // pause, twice: a job restarting after a crash must not end, or start from scratch, on one
 // lost transfer. `what` and `uri` name it in the log; the last failure is thrown.
 constexpr int kTransferAttempts = 3;
+// Reading `latest` at the start decides between resuming and starting from scratch, and a
+// failure ends the launch (74): a destination down for a while (a restarting object store)
+// gets about half a minute of pauses (1 + 2 + ... + 7 s) before that.
+constexpr int kLatestAtStartAttempts = 8;
 
 template <typename Read>
 auto RetryingTransfers(const std::string& what, const std::string& uri, Read read,
-                       const std::function<void()>& check_stop) {
+                       const std::function<void()>& check_stop, int attempts = kTransferAttempts) {
   for (int attempt = 1;; ++attempt) {
     try {
       return read();
     } catch (const DestinationError& error) {
-      if (attempt == kTransferAttempts) throw;
+      if (attempt == attempts) throw;
       spdlog::warn("{} from {} failed (attempt {} of {}): {}; trying again in {} s", what, uri, attempt,
-                   kTransferAttempts, error.what(), attempt);
+                   attempts, error.what(), attempt);
       const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(attempt);
       while (std::chrono::steady_clock::now() < until) {
         check_stop();
@@ -345,9 +349,9 @@ std::optional<storage::CommitRecord> ReadLatestCommitted(const storage::Destinat
   try {
     return RetryingTransfers("reading " + job_id + "/latest", destination_spec.uri, [&] {
       return storage::ReadLatestCommit(*storage::OpenDestination(destination_spec), job_id);
-    }, check_stop);
+    }, check_stop, kLatestAtStartAttempts);
   } catch (const DestinationError& error) {
-    throw LaunchFailure(kExitIo, "cannot read " + where + " after " + std::to_string(kTransferAttempts) + " attempts (" +
+    throw LaunchFailure(kExitIo, "cannot read " + where + " after " + std::to_string(kLatestAtStartAttempts) + " attempts (" +
                                      error.what() + "): not starting from scratch over this job's committed checkpoints; "
                                      "the job can be run again once the destination answers");
   } catch (const ManifestError& error) {

@@ -108,7 +108,11 @@ launcher=$!
 sleep 15  # longer than rclone's own low-level retries: bt-launch's retry loop must report it
 start_server
 wait "$launcher" || fail "job with the server down exited $?"
-grep -q "cannot upload checkpoint-5 to s3://ckpt/runs (attempt 1)" "$work/out" || fail "the outage was not reported"
+# The launcher meets the outage first where it reads `latest` (it retries for about half a
+# minute before deciding between resuming and starting from scratch), or, when the server
+# comes back in between, at the upload.
+grep -q -e "reading s3-job-3/latest from s3://ckpt/runs failed (attempt 1 of 8)" \
+        -e "cannot upload checkpoint-5 to s3://ckpt/runs (attempt 1)" "$work/out" || fail "the outage was not reported"
 grep -q "committed checkpoint-5" "$work/out" || fail "not committed after the server came back"
 
 echo "== weights staged from s3:// through rclone, with allow_patterns"
