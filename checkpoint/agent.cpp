@@ -742,11 +742,7 @@ class CheckpointAgent::Impl {
     incomplete_noted_.erase(candidate.name);
     if (options_.on_handoff) options_.on_handoff(candidate.name);
     const auto queued_in = Clock::now() - started;
-    try {
-      journal_.Sync();
-    } catch (const std::runtime_error& error) {
-      WarnJournal(error.what());
-    }
+    KeepInJournal([&] { journal_.Sync(); });
     spdlog::info("checkpoints: {} is complete ({}, {}): {} files, {}; snapshotted as {} and queued in {:.1f} ms",
                  candidate.name, LayoutName(candidate.layout), verdict.reason, snapshot.files.size(),
                  storage::FormatBytes(snapshot.total_bytes), MethodSummary(snapshot),
@@ -784,16 +780,14 @@ class CheckpointAgent::Impl {
   // (uploaded again, or committed again).
   template <typename... Args>
   void JournalRecord(Args&&... args) {
-    try {
-      journal_.Record(std::forward<Args>(args)...);
-    } catch (const std::runtime_error& error) {
-      WarnJournal(error.what());
-    }
+    KeepInJournal([&] { journal_.Record(std::forward<Args>(args)...); });
   }
 
-  void JournalAnswers(uint64_t seq, const std::string& save) {
+  // `write` to the journal; a failure (the disk full) is warned about, never thrown.
+  template <typename Write>
+  void KeepInJournal(Write write) {
     try {
-      journal_.RecordAnswers(seq, save);
+      write();
     } catch (const std::runtime_error& error) {
       WarnJournal(error.what());
     }
@@ -952,7 +946,7 @@ class CheckpointAgent::Impl {
     version.declaration = declaration.number;
     if (version.answers.empty()) {
       version.answers = declaration.save;
-      JournalAnswers(version.seq, declaration.save);
+      KeepInJournal([&] { journal_.RecordAnswers(version.seq, declaration.save); });
     }
     DropSuperseded(declaration.name, last_paired_seq_[declaration.name], version.seq);
     last_paired_seq_[declaration.name] = std::max(last_paired_seq_[declaration.name], version.seq);

@@ -1,10 +1,10 @@
 // Node 0's restart decision and its checkpoint agent's commits, kept apart (soak finding F5).
-// The decision names the newest commit there is (`latest` read at the destination, on the
-// rendezvous server's thread); a save of the failed cycle that committed after that read
-// would make `latest` newer than what the next cycle resumes from, and the next cycle's
-// saves would move it back. So the decision first seals the failed cycle: no save of it (or
-// of an earlier one) starts committing any more, and the commits already on their way are
-// waited for (a bounded time); only then is `latest` read.
+// The decision names the newest commit node 0 made (launcher/supervision/restart.h,
+// CommittedCheckpoints, on the rendezvous server's thread); a save of the failed cycle that
+// committed after that would make `latest` newer than what the next cycle resumes from, and
+// the next cycle's saves would move it back. So the decision first seals the failed cycle: no
+// save of it (or of an earlier one) starts committing any more, and the commits already on
+// their way are waited for (a bounded time); only then is the newest commit taken.
 #pragma once
 
 #include <chrono>

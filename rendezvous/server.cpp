@@ -11,7 +11,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
@@ -1013,10 +1012,8 @@ class StoreServer::Loop {
   void NoticeOwnStall(Clock::duration overslept) {
     if (verdict_.kind != ServerVerdict::Kind::kPending || overslept <= options_.heartbeat_timeout) return;
     const auto seconds = std::chrono::duration_cast<std::chrono::milliseconds>(overslept).count() / 1000.0;
-    char text[32];
-    std::snprintf(text, sizeof text, "%.1f", seconds);
     stalled_itself_ = true;
-    Abort(0, std::string("node 0 lost: its launcher did not run for ") + text +
+    Abort(0, "node 0 lost: its launcher did not run for " + fmt::format("{:.1f}", seconds) +
                  " s (stopped or starved), longer than the heartbeat timeout, so the other nodes have taken it as lost");
   }
 

@@ -66,7 +66,6 @@ std::string IsoTime(int64_t unix_seconds) {
   return text;
 }
 
-constexpr const char* kResumedKey = "bt/ckpt/resumed";  // commit_board.cpp: node 0 declared its resumed saves
 
 // The committed version `reference` names: the job's latest, or the named checkpoint's
 // newest commit. A name committed before versions existed is read where it was then
@@ -386,7 +385,7 @@ void WaitForResumedDeclarations(rendezvous::Store& store, const std::function<vo
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (std::chrono::steady_clock::now() < deadline) {
     try {
-      store.Get(kResumedKey, std::chrono::milliseconds(250));
+      store.Get(kResumedDeclarationsKey, std::chrono::milliseconds(250));
       return;
     } catch (const rendezvous::StoreTimeout&) {
       check_stop();

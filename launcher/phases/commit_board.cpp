@@ -16,7 +16,6 @@ using checkpoint::PartKind;
 
 constexpr std::chrono::seconds kStoreGetTimeout{10};
 constexpr const char* kDeclaredKey = "bt/ckpt/declared";
-constexpr const char* kResumedKey = "bt/ckpt/resumed";
 constexpr const char* kClosedKey = "bt/ckpt/closed";
 
 // Keyed by the declaration's number, not the checkpoint's name: a name saved again is a new
@@ -68,8 +67,8 @@ class StoreCommitBoard final : public CommitBoard {
     return declarations;
   }
 
-  void FinishResumedDeclarations() override { store_.Set(kResumedKey, "1"); }
-  bool ResumedDeclared() override { return store_.Peek({kResumedKey}).front().has_value(); }
+  void FinishResumedDeclarations() override { store_.Set(kResumedDeclarationsKey, "1"); }
+  bool ResumedDeclared() override { return store_.Peek({kResumedDeclarationsKey}).front().has_value(); }
 
   void ReportPart(uint64_t declaration, PartKind kind, const std::string& version, int64_t cycle) override {
     nlohmann::json value = {{"kind", checkpoint::PartKindName(kind)}, {"cycle", cycle}};

@@ -12,6 +12,10 @@
 
 namespace bt::launcher {
 
+// Set by node 0 once it declared again what the last run left open (FinishResumedDeclarations):
+// a follower waits for it before answering (WaitForResumedDeclarations).
+inline constexpr const char* kResumedDeclarationsKey = "bt/ckpt/resumed";
+
 // `incarnation`: the cycle this launcher joined the job in (0 from the start; a replacement's
 // rejoin cycle). A replacement registers itself, so that node 0's rule takes its
 // predecessor's open saves as lost and never hears the predecessor again.

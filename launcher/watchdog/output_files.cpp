@@ -106,11 +106,14 @@ bool OutputFiles::JobWrote() {
 // job's descriptors a tick.
 bool OutputFiles::JobWroteThroughItsOwnOpens() {
   if (job_fds_[0] < 0 && job_fds_[1] < 0) return false;
+  if (launcher_executable_.empty()) {
+    std::error_code unreadable;
+    launcher_executable_ = std::filesystem::read_symlink("/proc/self/exe", unreadable).string();
+  }
   std::error_code error;
-  const std::string launcher = std::filesystem::read_symlink("/proc/self/exe", error).string();
   std::map<std::pair<pid_t, int>, long long> now;
   bool wrote = false;
-  for (const pid_t pid : DescendantsOf(getpid(), launcher)) {
+  for (const pid_t pid : DescendantsOf(getpid(), launcher_executable_)) {
     const std::string fds = "/proc/" + std::to_string(pid) + "/fd";
     for (const auto& entry : std::filesystem::directory_iterator(fds, error)) {
       struct stat info {};

@@ -13,6 +13,7 @@
 #include <sys/types.h>
 
 #include <map>
+#include <string>
 #include <utility>
 
 namespace bt::launcher::watchdog {
@@ -49,6 +50,7 @@ class OutputFiles {
   ino_t inodes_[2] = {0, 0};
   // The offsets of the job's own descriptions of the files, by process and descriptor.
   std::map<std::pair<pid_t, int>, long long> opened_seen_;
+  std::string launcher_executable_;  // /proc/self/exe, read once: its processes are not the job
 };
 
 }  // namespace bt::launcher::watchdog

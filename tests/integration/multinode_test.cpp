@@ -474,6 +474,13 @@ constexpr const char* kReportResume =
     "$(cat $BT_LOAD_CHECKPOINT_DIR/rank-$BT_NODE_RANK/$BT_RESUME_CHECKPOINT/trainer_state.json) "
     "$(ls $BT_LOAD_CHECKPOINT_DIR/rank-$BT_NODE_RANK | tr '\\n' ' ')\"";
 
+// The line kReportResume prints for a node of `cycle` resumed from checkpoint-<step>.
+std::string ResumeReport(int cycle, int step) {
+  const std::string checkpoint = "checkpoint-" + std::to_string(step);
+  return "cycle " + std::to_string(cycle) + " torchelastic " + std::to_string(cycle) + " resume " + checkpoint +
+         " {\"global_step\": " + std::to_string(step) + "} " + checkpoint + " \n";
+}
+
 std::string Commands(const std::string& cycle0, const std::string& later) {
   return nlohmann::json::array({"if [ \"$BT_RESTART_COUNT\" = 0 ]; then " + cycle0 + "; else " + later + "; fi"}).dump();
 }
@@ -487,7 +494,7 @@ TEST(Restart, FailureOnNode2RestartsEveryNodeWithTheSameCountFromTheCommittedSte
   auto results = Job::FinishAll(processes);
   for (int rank = 0; rank < 3; ++rank) {
     EXPECT_EQ(results[rank].exit_code, 0) << "node " << rank << ":\n" << results[rank].err;
-    EXPECT_NE(results[rank].out.find("cycle 1 torchelastic 1 resume checkpoint-4 {\"global_step\": 4} checkpoint-4 \n"),
+    EXPECT_NE(results[rank].out.find(ResumeReport(1, 4)),
               std::string::npos) << "node " << rank << ":\n" << results[rank].out << results[rank].err;
     EXPECT_NE(results[rank].err.find("restarts: cycle 1 (node 2 ("), std::string::npos) << results[rank].err;
     EXPECT_NE(results[rank].err.find("resumed from checkpoint-4, restarts 1/2"), std::string::npos) << results[rank].err;
@@ -540,7 +547,7 @@ TEST(Restart, FaultWhileACheckpointIsIncompleteResumesFromThePreviousCommittedOn
   auto results = Job::FinishAll(processes);
   for (int rank = 0; rank < 3; ++rank) {
     EXPECT_EQ(results[rank].exit_code, 0) << "node " << rank << ":\n" << results[rank].err;
-    EXPECT_NE(results[rank].out.find("cycle 1 torchelastic 1 resume checkpoint-1 {\"global_step\": 1} checkpoint-1 \n"),
+    EXPECT_NE(results[rank].out.find(ResumeReport(1, 1)),
               std::string::npos) << "node " << rank << ":\n" << results[rank].out << results[rank].err;
   }
 }
@@ -741,7 +748,7 @@ TEST(Restart, AJobKilledByASignalRestartsAndEachCycleLoadsOnlyItsCheckpoint) {
   auto results = Job::FinishAll(processes);
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_EQ(results[rank].exit_code, 0) << "node " << rank << ":\n" << results[rank].err;
-    EXPECT_NE(results[rank].out.find("cycle 2 torchelastic 2 resume checkpoint-2 {\"global_step\": 2} checkpoint-2 \n"),
+    EXPECT_NE(results[rank].out.find(ResumeReport(2, 2)),
               std::string::npos) << "node " << rank << ":\n" << results[rank].out << results[rank].err;
     EXPECT_NE(results[rank].err.find("failed: killed by signal KILL"), std::string::npos) << results[rank].err;
   }
@@ -992,7 +999,7 @@ TEST(Restart, ALatestUnreadableAtTheDecisionStillResumesFromTheCommitNodeZeroMad
   auto results = Job::FinishAll(processes);
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_EQ(results[rank].exit_code, 0) << "node " << rank << ":\n" << results[rank].err;
-    EXPECT_NE(results[rank].out.find("cycle 1 torchelastic 1 resume checkpoint-3 {\"global_step\": 3} checkpoint-3 \n"),
+    EXPECT_NE(results[rank].out.find(ResumeReport(1, 3)),
               std::string::npos) << "node " << rank << ":\n" << results[rank].out << results[rank].err;
     EXPECT_NE(results[rank].err.find("resumed from checkpoint-3, restarts 1/1"), std::string::npos) << results[rank].err;
   }
