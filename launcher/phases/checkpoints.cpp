@@ -199,6 +199,14 @@ void LoadPart(storage::Destination& destination, const storage::DestinationSpec&
   const std::string& name = commit.name;
   const std::string& job_id = commit.job_id;
   storage::ValidateCheckpointName(name, where + "checkpoint name");
+  // What `checkpoints --verify` refuses (parts of two cycles, a rank named in neither its
+  // parts nor its "no part") is no one save: never loaded, and never taken for "no part".
+  if (const std::vector<std::string> problems = storage::CommitRecordProblems(commit); !problems.empty()) {
+    std::string all;
+    for (const std::string& problem : problems) all += (all.empty() ? "" : "; ") + problem;
+    throw LaunchFailure(kExitIo, where + "the commit record of checkpoint " + name + " of job " + job_id +
+                                     " is not one save (" + all + "): not loaded");
+  }
   const std::optional<std::string> part_root = storage::PartRoot(commit, node_rank);
   if (!part_root) {
     // The record says this node holds no part (DDP: only rank 0 saves): it runs with an

@@ -215,6 +215,14 @@ TEST_F(CheckpointJob, VerifyFailsARecordMixingCyclesOrLackingARank) {
   verified = Checkpoints(true);
   EXPECT_EQ(verified.exit_code, 74) << verified.out << verified.err;
   EXPECT_NE(verified.out.find("rank 1 has neither a part nor"), std::string::npos) << verified.out;
+  // A later job never loads it (rank 1 would have taken its absence for "no part").
+  nlohmann::json load = {{"load_checkpoint_config",
+                          {{"enabled", true}, {"checkpoints", {{{"typ", "baseten_latest_checkpoint"}, {"job_id", kJob}}}}}}};
+  nlohmann::json later = nlohmann::json::parse(ReadFile(Config({"echo ran"}, "", 30, load.dump())));
+  later["launcher"]["job_id"] = "later-job";
+  ProcessResult loaded = RunLauncher(Run(dir_.Write("later.json", later.dump())));
+  EXPECT_EQ(loaded.exit_code, 74) << loaded.err;
+  EXPECT_NE(loaded.err.find("is not one save (rank 1 has neither a part nor"), std::string::npos) << loaded.err;
 
   storage::CommitRecord old_format = record;
   old_format.rank_count = 0;
