@@ -113,6 +113,7 @@ class Worker {
     // The launcher started this process with exactly rclone's environment.
     for (char** entry = environ; *entry != nullptr; ++entry) spec.rclone_environ.emplace_back(*entry);
     destination_ = storage::OpenDestination(spec);
+    reads_back_ = spec.scheme != "spool";  // the sidecar owns what a spool was given
   }
 
   void Handle(const nlohmann::json& request) {
@@ -133,6 +134,7 @@ class Worker {
       if (auto changed = ChangedFile(snapshot)) return Modified(snapshot, *changed);
       auto last_progress = Clock::now();
       const std::string root = storage::VersionRoot(config_.job_id, config_.node_rank, snapshot.VersionId());
+      if (AlreadyUploaded(root, snapshot.name)) return Emit({UploaderEvent::Kind::kUploaded, snapshot.seq, snapshot.name, ""});
       destination_->Upload(snapshot.Staged(), ManifestHeader(snapshot, config_), root, [&](uint64_t done, uint64_t total) {
         if (Clock::now() - last_progress < kProgressEvery && done < total) return;
         last_progress = Clock::now();
@@ -143,6 +145,20 @@ class Worker {
       if (auto changed = ChangedFile(snapshot)) return Modified(snapshot, *changed);
       Emit({UploaderEvent::Kind::kUploaded, snapshot.seq, snapshot.name, ""});
     });
+  }
+
+  // A version's manifest is written last, once every file is there: a version that has one
+  // is whole, and may already be named by a commit, which must never see it change. Its id
+  // is its files' fingerprint, so another uploader of the same files (this one's
+  // predecessor before a crash, or a launcher frozen while a replacement took its slot on
+  // the same volume: review finding F1) finds it here and writes nothing again.
+  bool AlreadyUploaded(const std::string& root, const std::string& name) {
+    if (!reads_back_) return false;
+    const std::string path = root + "/" + storage::ManifestName(name);
+    const std::optional<std::string> text = destination_->ReadText(path);
+    if (!text) return false;
+    storage::Manifest::FromJson(*text, path);  // unreadable: an error, retried, never overwritten
+    return true;
   }
 
   void Modified(const Snapshot& snapshot, const std::string& path) {
@@ -177,6 +193,7 @@ class Worker {
 
   UploaderConfig config_;
   std::unique_ptr<storage::Destination> destination_;
+  bool reads_back_ = true;
 };
 
 }  // namespace

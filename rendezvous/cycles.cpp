@@ -37,6 +37,12 @@ std::optional<Message> Cycles::Arrive(int rank, double stopped_s) {
   return Message{{"op", "cycle_go"}, {"cycle", current_}, {"stopped_s", slowest_stop_s_}, {"restarted_s", restarted_s}};
 }
 
+void Cycles::Leave(int rank) {
+  if (rank < 0 || size_t(rank) >= arrived_.size() || !arrived_[size_t(rank)]) return;
+  arrived_[size_t(rank)] = false;
+  --arrived_count_;
+}
+
 std::vector<int> Cycles::Awaited() const {
   std::vector<int> ranks;
   for (size_t rank = 0; rank < arrived_.size(); ++rank) {

@@ -53,6 +53,9 @@ class Cycles {
   // cycle, with the restart's figures: the decision to every job stopped (`stopped_s`) and
   // to every node ready (`restarted_s`).
   std::optional<Message> Arrive(int rank, double stopped_s = 0);
+  // `rank` is no longer at the current cycle's barrier (its launcher was lost while the
+  // barrier waited): it is awaited again, and the cycle stays the same.
+  void Leave(int rank);
   // The ranks not yet at the current cycle's barrier.
   std::vector<int> Awaited() const;
 

@@ -1170,7 +1170,21 @@ class StoreServer::Loop {
   // without a launcher is awaited at BeginCycle); otherwise the job ends, as without restarts.
   void LoseNode(int rank, const std::string& message) {
     if (!values_.count(kRunStartedKey)) return Abort(rank, message);
+    if (last_restart_ && verdict_.kind == ServerVerdict::Kind::kPending) return AwaitAgain(rank, message);
     FailCycle(rank, message, 0, true);
+  }
+
+  // A launcher lost while a restart's barrier waits: no cycle runs, so no work failed that
+  // the pending decision does not already resume from. Its rank is awaited again in the
+  // same cycle (its arrival undone) within the same rejoin_timeout_s, and no restart is
+  // spent on a cycle that would never run (review finding F5: a second loss during a
+  // restart cost a second restart).
+  void AwaitAgain(int rank, const std::string& message) {
+    cycles_.Leave(rank);
+    awaiting_rejoin_[size_t(rank)] = true;
+    rejoined_.erase(std::remove(rejoined_.begin(), rejoined_.end(), rank), rejoined_.end());
+    spdlog::warn("rendezvous: {} while cycle {} waits to start: its rank is awaited again (no restart spent)", message,
+                 cycles_.current());
   }
 
   // Queued, and sent with whatever else the connection gets in this turn of the loop

@@ -61,7 +61,7 @@ class AtomicFileBatch {
 
   FileDigest Add(const std::string& from, const std::string& to, const std::function<void(uint64_t)>& on_bytes) {
     const std::string directory = ParentOf(to);
-    Pending pending{directory + "/.bt-upload-" + std::to_string(getpid()) + "-" + BaseName(to), to, -1};
+    Pending pending{TemporaryNameBeside(to), to, -1};
     CopiedFile copied;
     try {
       MakeDirectories(directory);
@@ -165,7 +165,14 @@ class FileDestination final : public Destination {
       done += digest.size;
     }
     batch.Finish();
-    WriteDurably(Root(rank_dir) + "/" + ManifestName(manifest.name), manifest.ToJson().dump(2) + "\n");
+    // A version's manifest is never replaced: another uploader of the same version that got
+    // there first wrote the same files, and its manifest may already be committed.
+    const std::string manifest_path = Root(rank_dir) + "/" + ManifestName(manifest.name);
+    try {
+      WriteFileOnce(manifest_path, manifest.ToJson().dump(2) + "\n");
+    } catch (const std::runtime_error& error) {
+      throw DestinationError(error.what());
+    }
     return manifest;
   }
 

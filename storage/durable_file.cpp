@@ -7,6 +7,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "storage/hash.h"
 #include "storage/paths.h"
 
 namespace bt::storage {
@@ -45,11 +46,15 @@ void WriteAll(int fd, std::string_view data, const std::string& path) {
   }
 }
 
+std::string TemporaryNameBeside(const std::string& path) {
+  const std::string name = BaseName(path);
+  return JoinPath(ParentOf(path), ".bt-upload-" + std::to_string(getpid()) + "-" + HashBytes(name.data(), name.size()));
+}
+
 void WriteFileAtomically(const std::string& path, std::string_view text) {
   const std::string directory = ParentOf(path);
   MakeDirectories(directory);
-  // The pid keeps two writers (a restarted uploader beside a dying one) off one temporary.
-  const std::string temporary = JoinPath(directory, ".bt-upload-" + std::to_string(getpid()) + "-" + BaseName(path));
+  const std::string temporary = TemporaryNameBeside(path);
   FileDescriptor file(open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (!file.valid()) ThrowErrno("cannot create " + temporary);
   try {
@@ -61,6 +66,28 @@ void WriteFileAtomically(const std::string& path, std::string_view text) {
     throw;
   }
   SyncDirectory(directory.empty() ? "." : directory);
+}
+
+bool WriteFileOnce(const std::string& path, std::string_view text) {
+  const std::string directory = ParentOf(path);
+  MakeDirectories(directory);
+  const std::string temporary = TemporaryNameBeside(path);
+  FileDescriptor file(open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (!file.valid()) ThrowErrno("cannot create " + temporary);
+  bool created = false;
+  try {
+    WriteAll(file.get(), text, temporary);
+    if (fsync(file.get()) != 0 || file.Close() != 0) ThrowErrno("cannot write " + temporary);
+    // link(2), unlike rename(2), fails when the name exists: of two writers, one wins.
+    created = link(temporary.c_str(), path.c_str()) == 0;
+    if (!created && errno != EEXIST) ThrowErrno("cannot link " + temporary + " to " + path);
+  } catch (...) {
+    unlink(temporary.c_str());
+    throw;
+  }
+  unlink(temporary.c_str());
+  if (created) SyncDirectory(directory.empty() ? "." : directory);
+  return created;
 }
 
 void SyncDirectory(const std::string& path) {

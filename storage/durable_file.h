@@ -34,10 +34,20 @@ class FileDescriptor {
 // Writes all of `data` to `fd`. Throws std::runtime_error "cannot write <path>: <error>".
 void WriteAll(int fd, std::string_view data, const std::string& path);
 
+// The temporary name `path` is written under before its rename: in the same directory,
+// unique to this process (a restarted uploader beside a dying one never shares it) and to
+// the name, and short: a 255-byte name, legal itself, must not make its temporary longer
+// than NAME_MAX.
+std::string TemporaryNameBeside(const std::string& path);
+
 // Creates `path`'s directory if needed, writes `text` to a temporary name beside it,
 // fsyncs it, renames it over `path` and fsyncs the directory. Throws std::runtime_error
 // naming the path; the temporary file is then gone.
 void WriteFileAtomically(const std::string& path, std::string_view text);
+
+// As WriteFileAtomically, but never replaces: when `path` already exists (another writer
+// got there first) it is left as it is and the answer is false.
+bool WriteFileOnce(const std::string& path, std::string_view text);
 
 // fsync of a directory, so that a rename or a new name in it is durable. Best effort: a
 // directory that cannot be opened (already removed) is not an error.

@@ -51,6 +51,23 @@ TEST(Cycles, ANewRestartStartsTheBarrierOver) {
   EXPECT_TRUE(cycles.Arrive(0));
 }
 
+// A launcher lost at the barrier: its arrival is undone and the cycle stays the same, so
+// the barrier opens only once a launcher in its rank has arrived again.
+TEST(Cycles, ANodeThatLeavesTheBarrierIsAwaitedAgainInTheSameCycle) {
+  Cycles cycles(2, Always());
+  std::string refusal;
+  ASSERT_TRUE(cycles.Decide({0, 1, "h", "c", 1}, refusal));
+  EXPECT_FALSE(cycles.Arrive(1));
+  cycles.Leave(1);
+  cycles.Leave(1);  // twice is once
+  EXPECT_EQ(cycles.Awaited(), (std::vector<int>{0, 1}));
+  EXPECT_FALSE(cycles.Arrive(0));
+  auto go = cycles.Arrive(1);
+  ASSERT_TRUE(go);
+  EXPECT_EQ((*go)["cycle"], 1);
+  EXPECT_EQ(cycles.current(), 1);
+}
+
 // The restart's figures count from the decision; the decision's own time is said beside them.
 TEST(Cycles, TheRestartSaysHowLongTheDecisionTook) {
   Cycles cycles(2, [](const CycleFailure&) {

@@ -1026,6 +1026,35 @@ TEST(Server, AReplacementThatLeavesWhileTheJobMovesOnLeavesItsRankFillable) {
   EXPECT_EQ(go->cycle, rejoin->cycle);
 }
 
+// Node 2 lost: cycle 1 waits for its replacement. Node 1 arrives, then is lost too before
+// the cycle starts: no work ran in cycle 1, so no second restart is spent; rank 1 is awaited
+// again in cycle 1, and both replacements meet the others there (review finding F5).
+TEST(Server, ALauncherLostWhileARestartWaitsIsAwaitedAgainWithoutANewCycle) {
+  StoreServer server(RestartingOptions(3));
+  auto nodes = JoinAllAndStartTheRun(server, 3);
+  nodes[2].reset();
+  ASSERT_TRUE(NextEvent(*nodes[0], PeerEvent::Kind::kRestart));
+  nodes[0]->ArriveAtCycle(1);
+  nodes[1]->ArriveAtCycle(1);
+  nodes[1].reset();
+  EXPECT_FALSE(NextEvent(*nodes[0], PeerEvent::Kind::kRestart, 500ms)) << "a loss at the barrier spent a restart";
+  EXPECT_EQ(server.verdict().kind, ServerVerdict::Kind::kPending);
+  std::vector<std::unique_ptr<StoreClient>> replacements;
+  for (int rank : {1, 2}) {
+    replacements.push_back(Connect(server));
+    ASSERT_NO_THROW(replacements.back()->Join(Node(rank, "new-host" + std::to_string(rank)), 3));
+    auto rejoin = NextEvent(*replacements.back(), PeerEvent::Kind::kRejoin);
+    ASSERT_TRUE(rejoin);
+    EXPECT_EQ(rejoin->cycle, 1);
+  }
+  replacements[0]->ArriveAtCycle(1);
+  EXPECT_FALSE(NextEvent(*nodes[0], PeerEvent::Kind::kCycleGo, 300ms)) << "the barrier opened without rank 2";
+  replacements[1]->ArriveAtCycle(1);
+  auto go = NextEvent(*nodes[0], PeerEvent::Kind::kCycleGo);
+  ASSERT_TRUE(go);
+  EXPECT_EQ(go->cycle, 1);
+}
+
 // The policy reads `latest` at the destination, which can fail: the failure was taken for a
 // bad frame of the reporting node, whose connection was dropped, and since that node had
 // reported, no verdict came at all: the other nodes waited for their exit barrier.

@@ -80,6 +80,18 @@ TEST(FileDestination, WritesTheRemoteLayoutAndReadsItBack) {
   }
 }
 
+// A file of a checkpoint may have a name of NAME_MAX bytes (review finding F2: its upload's
+// temporary name was longer, so it could never be uploaded and the drain failed 74).
+TEST(FileDestination, UploadsAFileWhoseNameHas255Bytes) {
+  TempDir dir;
+  const std::string name(255, 'w');
+  WriteFile(dir.path() + "/staging/4/" + name, "long");
+  StagedFiles staged{dir.path() + "/staging/4", {name}, 4, 4};
+  auto destination = OpenDestination(ParseDestination("file://" + dir.path() + "/remote/", "test"));
+  destination->Upload(staged, HeaderOf(staged), "job/rank-1", [](uint64_t, uint64_t) {});
+  EXPECT_EQ(ReadFile(dir.path() + "/remote/job/rank-1/checkpoint-4/" + name), "long");
+}
+
 // One descriptor per file until the batch ended: with the usual soft limit of 1024, a
 // 1,500-file checkpoint failed with EMFILE on every retry. Here the limit leaves room for
 // 100 more descriptors and the checkpoint has 600 files.

@@ -29,6 +29,8 @@ std::vector<std::string> NamesIn(const std::string& directory) {
   return names;
 }
 
+size_t BaseNameLength(const std::string& path) { return std::filesystem::path(path).filename().string().size(); }
+
 TEST(DurableFile, WriteFileAtomicallyCreatesTheDirectoryAndReplacesTheOldContentLeavingNoTemporary) {
   TempDir dir;
   const std::string path = dir.path() + "/a/b/latest";
@@ -52,6 +54,28 @@ TEST(DurableFile, AFailedWriteNamesThePathAndLeavesTheOldFileAndNoTemporary) {
   std::filesystem::create_directories(dir.path() + "/target/inside");
   EXPECT_THROW(WriteFileAtomically(dir.path() + "/target", "x"), std::runtime_error);
   for (const auto& name : NamesIn(dir.path())) EXPECT_EQ(name.find(".bt-upload"), std::string::npos) << name;
+}
+
+// A name of NAME_MAX bytes is legal; its temporary must be too (review finding F2: a
+// `.bt-upload-<pid>-<name>` temporary was over 255 bytes, so every attempt failed).
+TEST(DurableFile, ANameOf255BytesIsWrittenThroughAShortTemporary) {
+  TempDir dir;
+  const std::string path = dir.path() + "/" + std::string(255, 'n');
+  WriteFileAtomically(path, "x");
+  EXPECT_EQ(ReadFile(path), "x");
+  EXPECT_LE(BaseNameLength(TemporaryNameBeside(path)), 64u);
+  EXPECT_NE(TemporaryNameBeside(path), TemporaryNameBeside(dir.path() + "/" + std::string(254, 'n')));
+}
+
+// Of two writers of one name, the first wins and the second changes nothing: a version's
+// manifest, once written, may be named by a commit.
+TEST(DurableFile, WriteFileOnceNeverReplaces) {
+  TempDir dir;
+  const std::string path = dir.path() + "/v/manifest.json";
+  EXPECT_TRUE(WriteFileOnce(path, "first"));
+  EXPECT_FALSE(WriteFileOnce(path, "second"));
+  EXPECT_EQ(ReadFile(path), "first");
+  EXPECT_EQ(NamesIn(dir.path() + "/v"), std::vector<std::string>{"manifest.json"});
 }
 
 // A blocking write to a pipe returns short only when a signal interrupts it after some of
