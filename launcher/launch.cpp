@@ -305,9 +305,10 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
     exit_code = peers->Finish(outcome, signals);
     timeline.Annotate("job exit " + std::to_string(exit_code));
   }
-  // Cut off from node 0, the job failed at the rendezvous (69): the uncommitted part is no I/O failure.
-  const bool leader_lost = peers && exit_code == kExitUnavailable && peers->LeaderLost();
-  if (!committed && !leader_lost) exit_code = kExitIo;
+  // The job failed because a peer or the rendezvous did (69: node 0 lost, nodes lost past
+  // rejoin_timeout_s): the part left uncommitted is that failure's doing, not an I/O one,
+  // and every node exits with the one code (soak seed 6: node 0 exited 74, the others 69).
+  if (!committed && exit_code != kExitUnavailable) exit_code = kExitIo;
   LogTimeline(timeline);
   return exit_code;
 }
