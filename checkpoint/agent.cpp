@@ -1015,11 +1015,11 @@ class CheckpointAgent::Impl {
       record.rank_count = 1;
       record.part_cycles[options_.node_rank] = version.cycle;
     }
-    SendRecord(version, std::move(record));
+    SendRecord(version, RecordNaming(version, std::move(record)));
   }
 
   // Node 0 with a board: the record of the save the rule committed, every rank's answer in it.
-  void Commit(Version& version, const SaveState& save) {
+  storage::CommitRecord RecordOfAnswers(const Version& version, const SaveState& save) const {
     storage::CommitRecord record;
     record.rank_count = options_.node_count;
     for (const auto& [rank, part] : save.answers) {
@@ -1032,14 +1032,19 @@ class CheckpointAgent::Impl {
     }
     record.parts[options_.node_rank] = version.version_id;
     record.part_cycles[options_.node_rank] = version.cycle;
-    SendRecord(version, std::move(record));
+    return RecordNaming(version, std::move(record));
   }
 
-  void SendRecord(Version& version, storage::CommitRecord record) {
+  // `record` (its parts) as the commit of `version`'s save: the job, the name, the save.
+  storage::CommitRecord RecordNaming(const Version& version, storage::CommitRecord record) const {
     record.job_id = options_.job_id;
     record.name = version.name;
     record.save = version.version_id;
     record.cycle = version.cycle;
+    return record;
+  }
+
+  void SendRecord(Version& version, storage::CommitRecord record) {
     version.commit = std::move(record);
     publishing_.insert(version.seq);
     SendCommit(version);
@@ -1116,13 +1121,14 @@ class CheckpointAgent::Impl {
       }
       const std::optional<SaveState> save = options_.board->Decide(declaration);
       if (!save || save->decision == Decision::kPending) continue;
-      if (save->decision == Decision::kCommit && !BeginCommit(version)) {
-        AbandonSave(seq, "node 0 decided a restart after cycle " + std::to_string(version.cycle) +
-                             " before this save was committed (the next cycle resumes from the commit before it)");
-        return;  // versions_ changed under the loop; the next pass goes on
-      }
       if (save->decision == Decision::kCommit) {
-        Commit(version, *save);
+        storage::CommitRecord record = RecordOfAnswers(version, *save);
+        if (!BeginCommit(version, record)) {
+          AbandonSave(seq, "node 0 decided a restart after cycle " + std::to_string(version.cycle) +
+                               " before this save was committed (the next cycle resumes from the commit before it)");
+          return;  // versions_ changed under the loop; the next pass goes on
+        }
+        SendRecord(version, std::move(record));
         continue;
       }
       AbandonSave(seq, save->why);
@@ -1131,9 +1137,9 @@ class CheckpointAgent::Impl {
   }
 
   // Node 0: a save of a cycle that a restart's decision sealed never starts committing; one
-  // begun before the decision is waited for by it (CommitGate).
-  bool BeginCommit(const Version& version) {
-    return !options_.commit_gate || options_.commit_gate->TryBegin(version.seq, version.cycle);
+  // begun before the decision is waited for by it, or named by it (CommitGate).
+  bool BeginCommit(const Version& version, const storage::CommitRecord& record) {
+    return !options_.commit_gate || options_.commit_gate->TryBegin(version.seq, version.cycle, record);
   }
 
   void AbandonSave(uint64_t seq, const std::string& why) {

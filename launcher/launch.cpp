@@ -140,6 +140,10 @@ std::shared_ptr<CommittedCheckpoints> CommittedCheckpointsOf(const PreparedJob& 
   return std::make_shared<CommittedCheckpoints>();
 }
 
+// How long node 0's restart decision waits, on the rendezvous server's thread, for a commit
+// already on its way to be written before it names that commit as it is.
+constexpr auto kCommitOnItsWayWait = std::chrono::milliseconds(500);
+
 // Node 0's answer to a failed cycle (launcher.restart); none when restarts are off.
 // The failed cycle is sealed first (`commit_gate`): no save of it commits after the decision
 // reads what node 0 committed last.
@@ -148,10 +152,13 @@ rendezvous::RestartPolicy RestartPolicyOf(const PreparedJob& job, std::shared_pt
   if (job.identity.rank != 0 || job.config.launcher.restart.max_restarts == 0) return {};
   if (committed) {
     committed->SealBeforeDecision([commit_gate] {
-      if (!commit_gate->Seal(std::chrono::seconds(2))) {
-        spdlog::warn("checkpoints: a commit begun before the restart's decision is not written yet; the decision "
-                     "names the commit before it");
+      std::optional<storage::CommitRecord> on_its_way = commit_gate->Seal(kCommitOnItsWayWait);
+      if (on_its_way) {
+        spdlog::warn("checkpoints: the commit of {} was begun before the restart's decision and is not written yet: "
+                     "the decision names it, as `latest` will",
+                     on_its_way->name);
       }
+      return on_its_way;
     });
   }
   return MakeRestartPolicy(job.config.launcher.restart, std::move(committed));

@@ -38,18 +38,19 @@ class CommittedCheckpoints {
   std::optional<storage::CommitRecord> AtStart() const;
   std::optional<storage::CommitRecord> Latest() const;
   // Run before each decision reads Latest(): node 0 stops the failed cycle's saves from
-  // committing (checkpoint::CommitGate), so nothing older commits after the decision.
-  void SealBeforeDecision(std::function<void()> seal) { seal_ = std::move(seal); }
+  // committing (checkpoint::CommitGate), so nothing older commits after the decision; it
+  // returns the commit still on its way, which `latest` is about to name (nullopt: none).
+  void SealBeforeDecision(std::function<std::optional<storage::CommitRecord>()> seal) { seal_ = std::move(seal); }
   std::optional<storage::CommitRecord> LatestForDecision() const {
-    if (seal_) seal_();
-    return Latest();
+    std::optional<storage::CommitRecord> on_its_way = seal_ ? seal_() : std::nullopt;
+    return on_its_way ? on_its_way : Latest();
   }
 
  private:
   mutable std::mutex mutex_;
   std::optional<storage::CommitRecord> at_start_;
   std::optional<storage::CommitRecord> latest_;
-  std::function<void()> seal_;
+  std::function<std::optional<storage::CommitRecord>()> seal_;
 };
 
 // One commit, whatever its name: two saves under one name (a job that writes `state.pt`

@@ -148,33 +148,64 @@ TEST(CommitRule, ALaterSaveOfTheNameCommittedAbandonsTheEarlierOne) {
 
 // ---- Node 0's restart decision against its commits (CommitGate) ------------------------
 
+storage::CommitRecord Record(const std::string& name) {
+  storage::CommitRecord record;
+  record.job_id = "job";
+  record.name = name;
+  return record;
+}
+
 // Soak finding F5, the race: a save of the failed cycle began committing while node 0 decided
 // the restart. The decision waits for it before it reads `latest`, and a save of the failed
 // cycle that had not begun never commits after the decision.
 TEST(CommitGate, TheDecisionWaitsForACommitBegunAndNoSaveOfTheSealedCycleBeginsAfter) {
   CommitGate gate;
   gate.EnterCycle(0);
-  ASSERT_TRUE(gate.TryBegin(1, 0));
+  ASSERT_TRUE(gate.TryBegin(1, 0, Record("checkpoint-1")));
   std::atomic<bool> sealed = false;
   std::thread decision([&] {
-    EXPECT_TRUE(gate.Seal(std::chrono::seconds(10)));
+    EXPECT_EQ(gate.Seal(std::chrono::seconds(10)), std::nullopt);
     sealed = true;
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_FALSE(sealed) << "the decision read `latest` while a commit was on its way";
   gate.Finished(1);
   decision.join();
-  EXPECT_FALSE(gate.TryBegin(2, 0)) << "a save of the failed cycle began committing after the decision";
+  EXPECT_FALSE(gate.TryBegin(2, 0, Record("checkpoint-2"))) << "a save of the failed cycle began committing after the decision";
   gate.EnterCycle(1);
-  EXPECT_TRUE(gate.TryBegin(3, 1));
+  EXPECT_TRUE(gate.TryBegin(3, 1, Record("checkpoint-3")));
 }
 
 TEST(CommitGate, BeforeTheAgentRunsACycleNothingIsSealed) {
   CommitGate gate;
-  EXPECT_TRUE(gate.Seal(std::chrono::milliseconds(0)));
+  EXPECT_EQ(gate.Seal(std::chrono::milliseconds(0)), std::nullopt);
   gate.EnterCycle(0);
-  EXPECT_TRUE(gate.TryBegin(1, 0));
-  EXPECT_FALSE(gate.Seal(std::chrono::milliseconds(10))) << "a commit still on its way";
+  EXPECT_TRUE(gate.TryBegin(1, 0, Record("checkpoint-1")));
+  EXPECT_NE(gate.Seal(std::chrono::milliseconds(10)), std::nullopt) << "a commit still on its way";
+}
+
+// Soak seed 301 (s3): two commits were on their way past the wait; the decision named the
+// one before them, they were written after it, and the next cycle's re-saves moved `latest`
+// back (7 to 6). Now the decision names the newest one on its way, as `latest` will.
+TEST(CommitGate, ACommitStillOnItsWayAfterTheWaitIsTheOneTheDecisionNames) {
+  CommitGate gate;
+  gate.EnterCycle(0);
+  ASSERT_TRUE(gate.TryBegin(6, 0, Record("checkpoint-6")));
+  ASSERT_TRUE(gate.TryBegin(7, 0, Record("checkpoint-7")));
+  const auto named = gate.Seal(std::chrono::milliseconds(10));
+  ASSERT_TRUE(named);
+  EXPECT_EQ(named->name, "checkpoint-7");
+}
+
+// A later save decided first: its commit is written while an older one is still on its way.
+// `latest` names the later one and stays: the older is no resume point.
+TEST(CommitGate, AnOlderCommitOnItsWayBehindANewerOneWrittenIsNotNamed) {
+  CommitGate gate;
+  gate.EnterCycle(0);
+  ASSERT_TRUE(gate.TryBegin(8, 0, Record("checkpoint-8")));
+  ASSERT_TRUE(gate.TryBegin(7, 0, Record("checkpoint-7")));
+  gate.Finished(8);
+  EXPECT_EQ(gate.Seal(std::chrono::milliseconds(10)), std::nullopt);
 }
 
 // ---- The small model, every sequence -------------------------------------------------
