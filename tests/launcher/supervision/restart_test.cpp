@@ -52,6 +52,24 @@ TEST(RestartPolicy, TheDecisionNamesTheCommitRecordNodeZeroKnowsWithoutReadingTh
   EXPECT_FALSE(commit->unversioned);
 }
 
+// The seal before the decision found a commit still on its way (its record and `latest` not
+// written yet): the decision names it, not the one node 0 wrote last, or `latest` would be
+// newer than what the next cycle resumes from (soak seeds 14, 301, 305).
+TEST(RestartPolicy, TheDecisionNamesACommitStillOnItsWay) {
+  env::RestartSettings settings;
+  settings.max_restarts = 5;
+  auto committed = std::make_shared<CommittedCheckpoints>();
+  committed->Started(std::nullopt);
+  committed->Committed(Commit("checkpoint-5", {{0, "v5"}}));
+  committed->SealBeforeDecision([] { return std::optional<storage::CommitRecord>(Commit("checkpoint-7", {{0, "v7"}})); });
+  auto answer = MakeRestartPolicy(settings, committed)(FailureOf(0, 1));
+  ASSERT_TRUE(answer.decision);
+  auto commit = ResumeCommitOf(*answer.decision);
+  ASSERT_TRUE(commit);
+  EXPECT_EQ(commit->name, "checkpoint-7");
+  EXPECT_EQ(commit->parts, (std::map<int, std::string>{{0, "v7"}}));
+}
+
 TEST(RestartPolicy, ACommitFromBeforeVersionsStaysUnversionedInTheDecision) {
   env::RestartSettings settings;
   settings.max_restarts = 5;
