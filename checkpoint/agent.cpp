@@ -94,6 +94,7 @@ class CheckpointAgent::Impl {
     if (wake_fd_ < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
     StartUploader();
     Resume();
+    LeaveWhatWasOnDiskAlone();
     watcher_ = std::make_unique<TreeWatcher>(options_.checkpoint_dir, options_.settings.watch, options_.settings.marker);
     if (watcher_->polling()) {
       spdlog::info("checkpoints: scanning {} every {} s ({})", options_.checkpoint_dir, options_.settings.poll_interval_s,
@@ -181,6 +182,30 @@ class CheckpointAgent::Impl {
     }
     environ.push_back("TMPDIR=" + scratch);
     return environ;
+  }
+
+  // With other nodes: a checkpoint on disk before this launcher started was written by an
+  // earlier run of the job (a platform retry) or by the launcher this one replaces. It is
+  // never a part of a save declared from now on: the cycle numbers start again, so an old
+  // part of a name would answer a new save of it and mix two saves in one commit (soak seeds
+  // 17, 73), and the job resumes from `latest`, so committing an old save now would move
+  // `latest` past what the training resumed from. Its present state counts as handled; a
+  // save of it written again (new files, new fingerprint) is new. What the journal resumed
+  // is settled by Resume() (DeclareResumed, AnswerResumed) and stays.
+  void LeaveWhatWasOnDiskAlone() {
+    if (!options_.board) return;
+    size_t left = 0;
+    for (const Candidate& candidate : CandidatesOnDisk()) {
+      std::string& handled = handled_[candidate.name];
+      const std::string fingerprint = Fingerprint(candidate);
+      if (handled == fingerprint) continue;  // resumed from the journal as it is
+      handled = fingerprint;
+      ++left;
+    }
+    if (left > 0) {
+      spdlog::info("checkpoints: {} checkpoint(s) on disk from before this launcher started are not committed: the job "
+                   "resumes from `latest` and saves them anew", left);
+    }
   }
 
   // What a killed launcher left: snapshots still to upload, uploads still to commit, and
@@ -278,7 +303,7 @@ class CheckpointAgent::Impl {
   // abandoned, never committed. Every node's training starts from that resume point; a save
   // of the last run committed now would make `latest` newer than what the training resumes
   // from, and the training's own saves would then move `latest` back (soak finding F4).
-  // Nothing declares these saves, so the followers keep their parts as their own.
+  // Nothing declares these saves, so the followers drop their parts of them (AnswerResumed).
   void AbandonResumed() {
     for (const auto& [seq, version] : versions_) {
       const std::string why = "the job resumes from the `latest` committed before this launcher started";
@@ -322,12 +347,13 @@ class CheckpointAgent::Impl {
                    "that save cannot be committed", declaration.name);
       AnswerWithout(number, PartKind::kLost);
     }
-    // What the journal held and no declaration took answers nothing any more: a save node 0
-    // committed or replaced before the restart, or a part of a name it declared again.
+    // What the journal held and no resumed declaration took answers nothing any more: a save
+    // node 0 committed, replaced or abandoned before or at the restart (a retried job
+    // commits nothing of the last run), or a part of a name it declared again. Kept, it would
+    // answer a later save of its name (soak seed 17: a part of the last run in a new commit).
     for (auto it = versions_.begin(); it != versions_.end();) {
       const Version& version = it->second;
-      const bool left = it->first < first_new_seq && !version.declaration &&
-                        (!version.answers.empty() || declared_.contains(version.name));
+      const bool left = it->first < first_new_seq && !version.declaration;
       if (!left) {
         ++it;
         continue;
@@ -1120,7 +1146,13 @@ class CheckpointAgent::Impl {
         options_.board->ReportPart(declaration, PartKind::kVersion, version.version_id, version.cycle);
       }
       const std::optional<SaveState> save = options_.board->Decide(declaration);
-      if (!save || save->decision == Decision::kPending) continue;
+      if (!save) continue;
+      if (save->decision == Decision::kPending) {
+        const std::string lost = AbsentAndUnanswered(*save);
+        if (lost.empty()) continue;
+        AbandonSave(seq, "the launcher of node(s) " + lost + " is gone and had not answered: its part can never come");
+        return;  // versions_ changed under the loop; the next pass goes on
+      }
       if (save->decision == Decision::kCommit) {
         storage::CommitRecord record = RecordOfAnswers(version, *save);
         if (!BeginCommit(version, record)) {
@@ -1134,6 +1166,18 @@ class CheckpointAgent::Impl {
       AbandonSave(seq, save->why);
       return;  // versions_ changed under the loop; the next pass goes on
     }
+  }
+
+  // Node 0: the ranks a pending save still waits for whose launcher is gone ("" when none):
+  // the save can never commit, and the drain would wait drain_timeout_s for nothing.
+  std::string AbsentAndUnanswered(const SaveState& save) const {
+    if (!options_.absent_ranks) return "";
+    std::string ranks;
+    for (int rank : options_.absent_ranks()) {
+      if (save.answers.contains(rank)) continue;
+      ranks += (ranks.empty() ? "" : ", ") + std::to_string(rank);
+    }
+    return ranks;
   }
 
   // Node 0: a save of a cycle that a restart's decision sealed never starts committing; one
@@ -1255,12 +1299,12 @@ class CheckpointAgent::Impl {
                  std::chrono::duration_cast<std::chrono::seconds>(drain_deadline_ - Clock::now()).count());
   }
 
-  // A follower's drain judges node 0's newest declaration, except one of an earlier cycle
-  // that node 0 abandoned at the restart (the new cycle resumed from an older commit and may
-  // have removed its part): that save is over for every node, and not this node's failure.
-  const CommitBoard::Declaration* NewestDeclarationOfThisCycle() {
+  // A follower's drain judges node 0's newest declaration that node 0 did not abandon, as
+  // node 0's own drain judges its newest version not abandoned: an abandoned save (of a
+  // cycle a restart ended, whose part the new cycle may have removed; one waiting on a
+  // launcher that is gone) is over for every node, and not this node's failure.
+  const CommitBoard::Declaration* NewestDeclarationNotAbandoned() {
     for (auto it = declared_order_.rbegin(); it != declared_order_.rend(); ++it) {
-      if (it->cycle >= current_cycle_) return &*it;
       try {
         if (options_.board->GetOutcome(it->number) != CommitBoard::Outcome::kAbandoned) return &*it;
       } catch (const std::exception&) {
@@ -1276,7 +1320,7 @@ class CheckpointAgent::Impl {
     std::string target;
     std::optional<uint64_t> target_declaration;
     if (options_.board && !is_leader() && !declared_order_.empty()) {
-      if (const CommitBoard::Declaration* newest = NewestDeclarationOfThisCycle()) {
+      if (const CommitBoard::Declaration* newest = NewestDeclarationNotAbandoned()) {
         target = newest->name;
         target_declaration = newest->number;
       }

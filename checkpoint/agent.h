@@ -96,6 +96,9 @@ struct AgentOptions {
   // Called on the agent's thread once `latest` names `commit` (written by this node): what
   // node 0's restart decision resumes from, known without reading the destination.
   std::function<void(const storage::CommitRecord& commit)> on_latest;
+  // Node 0 with a board: the ranks whose launcher is gone now. A save still missing the
+  // answer of such a rank can never commit (only the launcher that ran the rank may answer).
+  std::function<std::vector<int>()> absent_ranks;
 };
 
 // A follower's drain once node 0 is lost (cut off, or gone): no commit can come any more,

@@ -164,6 +164,13 @@ rendezvous::RestartPolicy RestartPolicyOf(const PreparedJob& job, std::shared_pt
   return MakeRestartPolicy(job.config.launcher.restart, std::move(committed));
 }
 
+// Node 0's view of which ranks have no launcher now: a save waiting on one is abandoned at
+// once instead of holding every node's drain for drain_timeout_s.
+std::function<std::vector<int>()> AbsentRanksOf(Peers* peers) {
+  if (peers == nullptr) return nullptr;
+  return [peers] { return peers->AbsentRanks(); };
+}
+
 // A follower cut off from node 0 can commit nothing: its drain waits only for its own uploads,
 // briefly (at most a quarter of rejoin_timeout_s), so that it exits while node 0 still awaits
 // its replacement.
@@ -285,7 +292,8 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
     if (node0_commits) on_latest = [node0_commits](const storage::CommitRecord& commit) { node0_commits->Committed(commit); };
     checkpoints = StartCheckpoints(job.config, job.environment, *destination, job.identity,
                                    peers ? peers->store() : nullptr, [&] { CheckStop(peers.get(), signals); },
-                                   rejoin ? rejoin->cycle : 0, std::move(on_latest), commit_gate);
+                                   rejoin ? rejoin->cycle : 0, std::move(on_latest), commit_gate,
+                                   AbsentRanksOf(peers.get()));
   }
   // Until the end: after its job ended, a node still answers a stack request of the others'.
   watchdog::Progress progress;

@@ -342,6 +342,15 @@ class StoreServer::Loop {
     return reached;
   }
 
+  std::vector<int> absent() const {
+    std::lock_guard lock(mutex_);
+    std::vector<int> ranks;
+    for (size_t rank = 0; rank < joined_.size(); ++rank) {
+      if (joined_[rank] < 0) ranks.push_back(int(rank));
+    }
+    return ranks;
+  }
+
   std::vector<int> unreported() const {
     std::lock_guard lock(mutex_);
     std::vector<int> ranks;
@@ -1373,6 +1382,7 @@ void StoreServer::WaitUntilDrained() { loop_->WaitUntilDrained(); }
 ServerVerdict StoreServer::verdict() const { return loop_->verdict(); }
 bool StoreServer::StalledItself() const { return loop_->StalledItself(); }
 std::vector<int> StoreServer::unreported() const { return loop_->unreported(); }
+std::vector<int> StoreServer::absent() const { return loop_->absent(); }
 std::vector<NodeInfo> StoreServer::roster() const { return loop_->roster(); }
 std::vector<NodeInfo> StoreServer::brief_roster() const { return loop_->roster(false); }
 std::vector<std::optional<std::string>> StoreServer::Peek(const std::vector<std::string>& keys) const {

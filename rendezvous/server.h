@@ -81,6 +81,9 @@ class StoreServer {
   // phases need, at a fraction of the copy (2 KiB a node, 32 MB at 16,384 nodes, for roster()).
   std::vector<NodeInfo> brief_roster() const;
   std::vector<int> unreported() const;   // joined ranks that have not reported an outcome
+  // Ranks with no launcher connected now: lost (closed, or silent past the heartbeat
+  // timeout, after which their connection is closed), left, or not joined yet.
+  std::vector<int> absent() const;
   // Node 0's own reads of its table, in-process (thread-safe): the values now, nullopt for
   // a key not set, as `mget` answers; and a wait until the integer counter `key` is at
   // least `at_least` (true), or `timeout` passed (false). Throws StoreError once stopped.

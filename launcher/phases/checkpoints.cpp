@@ -410,7 +410,8 @@ CheckpointPhase StartCheckpoints(const env::JobConfig& config, const env::JobEnv
                                  const storage::DestinationSpec& destination, const env::NodeIdentity& identity,
                                  rendezvous::Store* store, const std::function<void()>& check_stop,
                                  int64_t incarnation, std::function<void(const storage::CommitRecord&)> on_latest,
-                                 std::shared_ptr<checkpoint::CommitGate> commit_gate) {
+                                 std::shared_ptr<checkpoint::CommitGate> commit_gate,
+                                 std::function<std::vector<int>()> absent_ranks) {
   CheckpointPhase phase;
   if (!config.runtime.checkpointing_config.enabled) return phase;
   checkpoint::AgentOptions options;
@@ -424,6 +425,7 @@ CheckpointPhase StartCheckpoints(const env::JobConfig& config, const env::JobEnv
   options.uploader_binary = storage::CurrentExecutable();
   options.incarnation = incarnation;
   if (identity.rank == 0) options.commit_gate = std::move(commit_gate);
+  if (identity.rank == 0) options.absent_ranks = std::move(absent_ranks);
   options.resume_point_read = true;  // RunPhases reads it before this phase (ResumePoint)
   auto load_dir = environment.variables.find("BT_LOAD_CHECKPOINT_DIR");
   if (load_dir != environment.variables.end()) options.load_dir = load_dir->second;

@@ -78,7 +78,8 @@ CheckpointPhase StartCheckpoints(const env::JobConfig& config, const env::JobEnv
                                  rendezvous::Store* store, const std::function<void()>& check_stop,
                                  int64_t incarnation = 0,
                                  std::function<void(const storage::CommitRecord&)> on_latest = nullptr,
-                                 std::shared_ptr<checkpoint::CommitGate> commit_gate = nullptr);
+                                 std::shared_ptr<checkpoint::CommitGate> commit_gate = nullptr,
+                                 std::function<std::vector<int>()> absent_ranks = nullptr);
 
 // Commits what is complete within launcher.checkpoint.drain_timeout_s (on a follower that
 // `leader_loss` says is cut off from node 0: only its own uploads, within its bound). Returns

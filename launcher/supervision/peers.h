@@ -53,6 +53,9 @@ class Peers : public StopRequests {
   virtual std::vector<rendezvous::NodeInfo> BriefRoster() { return Roster(); }
   // The rendezvous store during the run (null for backends without one).
   virtual rendezvous::Store* store() { return nullptr; }
+  // On node 0: the ranks whose launcher is not connected now (empty elsewhere, and for
+  // backends without a leader's server).
+  virtual std::vector<int> AbsentRanks() { return {}; }
   // This node's address on its connection to the leader ("" when there is none).
   virtual std::string LocalAddress() { return ""; }
   // What a node that another node's failure stopped exits with, once TakeStop said so:
@@ -120,6 +123,7 @@ class TcpPeers final : public Peers {
 
   int fd() const override { return client_->event_fd(); }
   std::optional<std::string> TakeStop() override;
+  std::vector<int> AbsentRanks() override { return server_ ? server_->absent() : std::vector<int>{}; }
   int Finish(const JobOutcome& outcome, SignalRouter& signals) override;
   void Report(const JobOutcome& outcome) override;
   std::vector<rendezvous::NodeInfo> Roster() override;

@@ -804,7 +804,10 @@ class Soak:
         for node in nodes:
             process, path, killed = node.launchers[-1]
             if not killed:
-                codes[node.rank] = (process.returncode, path)
+                # A launcher the orchestrator's SIGTERM reached before it set its handlers (a
+                # replacement just started) dies of the signal: 143 to the orchestrator too.
+                code = process.returncode if process.returncode >= 0 else 128 - process.returncode
+                codes[node.rank] = (code, path)
         everything = [entry for entry in self.ledger() if entry["attempt"] == attempt]
         # A follower cut off from node 0 when the orchestrator stopped the job (a partition,
         # then SIGTERM or the like, before a new launcher took its slot) cannot learn the
