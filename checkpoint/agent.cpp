@@ -93,8 +93,8 @@ class CheckpointAgent::Impl {
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wake_fd_ < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
     StartUploader();
-    Resume();
     LeaveWhatWasOnDiskAlone();
+    Resume();
     watcher_ = std::make_unique<TreeWatcher>(options_.checkpoint_dir, options_.settings.watch, options_.settings.marker);
     if (watcher_->polling()) {
       spdlog::info("checkpoints: scanning {} every {} s ({})", options_.checkpoint_dir, options_.settings.poll_interval_s,
@@ -191,16 +191,14 @@ class CheckpointAgent::Impl {
   // 17, 73), and the job resumes from `latest`, so committing an old save now would move
   // `latest` past what the training resumed from. Its present state counts as handled; a
   // save of it written again (new files, new fingerprint) is new. What the journal resumed
-  // is settled by Resume() (DeclareResumed, AnswerResumed) and stays.
+  // is settled by Resume() (DeclareResumed, AnswerResumed), which runs after this.
   void LeaveWhatWasOnDiskAlone() {
     if (!options_.board) return;
     size_t left = 0;
     for (const Candidate& candidate : CandidatesOnDisk()) {
-      std::string& handled = handled_[candidate.name];
       const std::string fingerprint = Fingerprint(candidate);
-      if (handled == fingerprint) continue;  // resumed from the journal as it is
-      handled = fingerprint;
-      ++left;
+      handled_[candidate.name] = fingerprint;
+      if (!journal_.Reached(candidate.name, fingerprint, HandoffState::kCommitted)) ++left;
     }
     if (left > 0) {
       spdlog::info("checkpoints: {} checkpoint(s) on disk from before this launcher started are not committed: the job "

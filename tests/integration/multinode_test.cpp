@@ -737,6 +737,59 @@ TEST(Restart, CyclesInARowWithoutANewCommittedCheckpointStopTheRestarts) {
   EXPECT_EQ(results[0].err.find("every node is ready: running cycle 2"), std::string::npos) << results[0].err;
 }
 
+size_t CommitRecordsIn(const std::string& directory) {
+  size_t count = 0;
+  for ([[maybe_unused]] const auto& entry : fs::directory_iterator(directory)) ++count;
+  return count;
+}
+
+// The first run commits checkpoint-3, then both nodes write step-4 (the generic layout: its
+// marker last) and every launcher is SIGKILLed just as the markers appear, before any
+// launcher saw the save complete: nothing journaled. The retried run resumes from
+// checkpoint-3 and must not commit the last run's step-4 left on disk: `latest` would pass
+// what the training resumed from, and an old part would answer a new save of its name
+// (soak seeds 17, 21, 73).
+TEST(Restart, ARetriedJobNeverCommitsTheLastRunsSavesLeftOnDisk) {
+  TempDir scratch;
+  const std::string latest = scratch.path() + "/remote/" + kJobId + "/latest";
+  const std::string written = scratch.path() + "/written-";
+  const std::string commands = nlohmann::json::array(
+      {"if [ -n \"$BT_RESUME_CHECKPOINT\" ]; then echo \"resumed $BT_RESUME_CHECKPOINT\"; sleep 4; else " + Save(3) +
+       " && " + WaitFor(latest) + " && mkdir -p $BT_CHECKPOINT_DIR/step-4 && head -c 50000 /dev/urandom > "
+       "$BT_CHECKPOINT_DIR/step-4/payload.bin && echo $BT_CHECKPOINT_DIR > " + written + "$BT_NODE_RANK && exec sleep 60; fi"})
+                                   .dump();
+  nlohmann::json settings = RestartSettings(scratch, 0);
+  settings["checkpoint"]["quiet_period_s"] = 60;  // step-4 completes by its marker only
+  Job job(2, commands, "", true, settings, FreePort());
+  {
+    auto first = job.StartAll();
+    for (int rank = 0; rank < 2; ++rank) {
+      for (int i = 0; i < 300 && ReadFile(written + std::to_string(rank)).empty(); ++i) std::this_thread::sleep_for(100ms);
+    }
+    ASSERT_EQ(ReadFile(latest), "checkpoint-3\n");
+    for (auto& process : first) process->Signal(SIGKILL);  // their guards stop the trainings
+    Job::FinishAll(first);
+  }
+  for (int rank = 0; rank < 2; ++rank) {  // the markers: written as the launchers died
+    std::string checkpoint_dir = ReadFile(written + std::to_string(rank));
+    checkpoint_dir.erase(checkpoint_dir.find_last_not_of('\n') + 1);
+    WriteFile(checkpoint_dir + "/step-4/.complete", "");
+  }
+  const std::string commits = scratch.path() + "/remote/" + kJobId + "/.bt-commits";
+  const size_t records_after_the_first_run = CommitRecordsIn(commits);
+  ASSERT_GT(records_after_the_first_run, 0u);
+  auto retried = job.StartAll();
+  auto results = Job::FinishAll(retried);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(results[rank].exit_code, 0) << results[rank].err;
+    EXPECT_NE(results[rank].out.find("resumed checkpoint-3"), std::string::npos) << results[rank].out;
+    EXPECT_NE(results[rank].err.find("checkpoint(s) on disk from before this launcher started are not committed"),
+              std::string::npos) << results[rank].err;
+  }
+  EXPECT_EQ(ReadFile(latest), "checkpoint-3\n") << "the last run's step-4 was committed by the retry";
+  EXPECT_EQ(CommitRecordsIn(commits), records_after_the_first_run) << "the retry committed a save of the last run";
+}
+
 TEST(Restart, ARetriedJobResumesFromItsOwnCommittedCheckpoint) {
   TempDir scratch;
   const std::string report =
