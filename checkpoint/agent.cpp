@@ -1084,11 +1084,14 @@ class CheckpointAgent::Impl {
 
   void OnCommitWritten(Version& version) {
     if (!publishing_.erase(version.seq)) return;
-    if (options_.commit_gate) options_.commit_gate->Finished(version.seq);
     const bool moved_latest = version.seq > published_seq_;
     published_seq_ = std::max(published_seq_, version.seq);
-    MarkCommitted(version);
+    // Node 0's newest commit is known before the gate hears this one is written: a restart
+    // decision waiting on the gate then reads it, not the one before (review 3, D1: the
+    // board call in MarkCommitted waits on the server thread that is deciding).
     if (moved_latest && options_.on_latest) options_.on_latest(version.commit);
+    if (options_.commit_gate) options_.commit_gate->Finished(version.seq);
+    MarkCommitted(version);
     const std::string where = moved_latest ? options_.destination.uri + "/" + options_.job_id + "/latest names it"
                                            : "a newer checkpoint stays `latest`";
     spdlog::info("checkpoints: committed {}: {} (version {})", version.name, where, version.version_id);
@@ -1265,7 +1268,15 @@ class CheckpointAgent::Impl {
   // for nothing.
   bool FollowerSettled() {
     bool closed = false;
-    BoardCall([&] { closed = options_.board->DeclarationsClosed(); });
+    BoardCall([&] {
+      closed = options_.board->DeclarationsClosed();
+      if (!closed) return;
+      // Node 0 may have declared a last save just before it closed, after this node's last
+      // look: read them once more now that no more can come, or this node leaves with that
+      // save unanswered and it never commits (soak seed 167, only node 0 saving).
+      for (const auto& declaration : options_.board->DeclaredSince(declarations_seen_)) Register(declaration);
+      AnswerDeclarations();
+    });
     if (board_error_) return true;
     if (closed && unanswered_.empty()) {
       for (auto it = versions_.begin(); it != versions_.end();) {

@@ -164,6 +164,15 @@ rendezvous::RestartPolicy RestartPolicyOf(const PreparedJob& job, std::shared_pt
   return MakeRestartPolicy(job.config.launcher.restart, std::move(committed));
 }
 
+// Whether the job failed because a peer or the rendezvous did (69: node 0 lost, nodes lost
+// past rejoin_timeout_s): a part left uncommitted is then that failure's doing, not an I/O
+// one, and every node exits with the one code (soak seed 6: node 0 exited 74, the others
+// 69). A job's own command that exits 69 is no such failure (review 3, D4).
+bool FailedWithItsPeers(Peers* peers, const JobOutcome& outcome, int exit_code) {
+  if (peers == nullptr || exit_code != kExitUnavailable) return false;
+  return outcome.stop_reason || outcome.launcher_failure || peers->LeaderLost();
+}
+
 // Node 0's view of which ranks have no launcher now: a save waiting on one is abandoned at
 // once instead of holding every node's drain for drain_timeout_s.
 std::function<std::vector<int>()> AbsentRanksOf(Peers* peers) {
@@ -320,10 +329,7 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
     exit_code = peers->Finish(outcome, signals);
     timeline.Annotate("job exit " + std::to_string(exit_code));
   }
-  // The job failed because a peer or the rendezvous did (69: node 0 lost, nodes lost past
-  // rejoin_timeout_s): the part left uncommitted is that failure's doing, not an I/O one,
-  // and every node exits with the one code (soak seed 6: node 0 exited 74, the others 69).
-  if (!committed && exit_code != kExitUnavailable) exit_code = kExitIo;
+  if (!committed && !FailedWithItsPeers(peers.get(), outcome, exit_code)) exit_code = kExitIo;
   LogTimeline(timeline);
   return exit_code;
 }

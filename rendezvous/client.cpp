@@ -444,6 +444,10 @@ std::string StoreClient::LocalAddress() const {
   return AddressText(reinterpret_cast<const sockaddr*>(&address));
 }
 
+std::chrono::steady_clock::time_point StoreClient::LastCycleWait() const {
+  return std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(last_cycle_wait_ns_.load()));
+}
+
 bool StoreClient::LeaderLost() {
   std::lock_guard lock(mutex_);
   return broken_.has_value();
@@ -568,6 +572,7 @@ void StoreClient::OnMessage(const Message& message) {
     return PushEvent(RestartEvent(*restart, PeerEvent::Kind::kRejoin));
   }
   if (op == "cycle_wait") {  // the leader's word on a restart's barrier, every 10 s while it waits
+    last_cycle_wait_ns_ = std::chrono::steady_clock::now().time_since_epoch().count();
     spdlog::info("restart: {}", StringField(message, "message"));
     return;
   }

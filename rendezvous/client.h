@@ -132,6 +132,9 @@ class StoreClient final : public Store {
   // This end's address of the connection to the leader: the one that is proven to reach it.
   std::string LocalAddress() const;
   std::optional<PeerEvent> TakeEvent();
+  // When the leader last said a restart's barrier still waits (`cycle_wait`, every 10 s
+  // while it does); the epoch when it never did.
+  std::chrono::steady_clock::time_point LastCycleWait() const;
 
  private:
   StoreClient(int fd, ClientOptions options);
@@ -150,6 +153,7 @@ class StoreClient final : public Store {
   std::thread reader_;
   std::mutex send_mutex_;
   std::atomic<int64_t> last_sent_ns_{0};  // steady_clock, when the last frame went out
+  std::atomic<int64_t> last_cycle_wait_ns_{0};  // steady_clock, when the last cycle_wait came
   std::mutex mutex_;
   std::condition_variable answered_;
   std::map<int64_t, std::optional<Message>> pending_;

@@ -884,6 +884,7 @@ class StoreServer::Loop {
     rejoined_.clear();
     last_restart_ = restart;
     barrier_opened_ = Clock::now();
+    barrier_deadline_ = barrier_opened_ + options_.rejoin_timeout;
     next_barrier_log_ = barrier_opened_ + kAwaitedLogEvery;
     spdlog::warn("rendezvous: restarting every node in cycle {}: {}", cycles_.current(), StringField(restart, "message"));
     Broadcast(restart);
@@ -915,7 +916,7 @@ class StoreServer::Loop {
     if (awaited.empty()) return;
     const int64_t waited_s = std::chrono::duration_cast<std::chrono::seconds>(now - barrier_opened_).count();
     const std::string cycle = "cycle " + std::to_string(cycles_.current());
-    if (now - barrier_opened_ >= options_.rejoin_timeout) {
+    if (now >= barrier_deadline_) {
       const double limit_s = std::chrono::duration<double>(options_.rejoin_timeout).count();
       return Abort(awaited.front(), cycle + " did not start: " + DescribeAwaited(awaited) + " not ready within " +
                                         fmt::format("{:g}", limit_s) + " s (launcher.restart.rejoin_timeout_s)");
@@ -1185,10 +1186,12 @@ class StoreServer::Loop {
 
   // A launcher lost while a restart's barrier waits: no cycle runs, so no work failed that
   // the pending decision does not already resume from. Its rank is awaited again in the
-  // same cycle (its arrival undone) within the same rejoin_timeout_s, and no restart is
-  // spent on a cycle that would never run (review finding F5: a second loss during a
-  // restart cost a second restart).
+  // same cycle (its arrival undone), and no restart is spent on a cycle that would never run
+  // (review finding F5: a second loss during a restart cost a second restart). Its
+  // replacement gets a whole rejoin_timeout_s from the loss, as a new restart would give it
+  // (review 3, D2): the barrier's deadline moves to it when later.
   void AwaitAgain(int rank, const std::string& message) {
+    barrier_deadline_ = std::max(barrier_deadline_, Clock::now() + options_.rejoin_timeout);
     cycles_.Leave(rank);
     awaiting_rejoin_[size_t(rank)] = true;
     rejoined_.erase(std::remove(rejoined_.begin(), rejoined_.end(), rank), rejoined_.end());
@@ -1333,6 +1336,7 @@ class StoreServer::Loop {
   std::optional<Message> last_restart_;     // the current cycle's push while its barrier waits
   std::vector<int> rejoined_;               // ranks that joined again at the current barrier
   Clock::time_point barrier_opened_;
+  Clock::time_point barrier_deadline_;  // rejoin_timeout_s from the opening, or from a later loss
   Clock::time_point next_barrier_log_;
   int joined_count_ = 0;
   int reported_count_ = 0;

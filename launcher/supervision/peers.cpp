@@ -19,6 +19,10 @@
 namespace bt::launcher {
 namespace {
 
+// How long after node 0's last `cycle_wait` (sent every 10 s while a restart's barrier
+// waits) this node still takes the barrier for alive past its own deadline.
+constexpr std::chrono::seconds kLeaderSaysItWaits{25};
+
 using Clock = std::chrono::steady_clock;
 using rendezvous::PeerEvent;
 
@@ -383,8 +387,14 @@ bool TcpPeers::AwaitCycleStart(int64_t cycle, double stopped_s, Clock::time_poin
   } catch (const std::runtime_error& error) {  // StoreError, or StoreTimeout from a stalled leader
     spdlog::error("cannot tell the leader that this node is ready for cycle {}: {}", cycle, error.what());
   }
-  const bool ended = WaitUntil([&] { return cycle_started_ || restart_.has_value() || verdict_.has_value(); }, signals,
-                               deadline, signal_number);
+  const auto news = [&] { return cycle_started_ || restart_.has_value() || verdict_.has_value(); };
+  bool ended = WaitUntil(news, signals, deadline, signal_number);
+  // Node 0 decides when its barrier has waited too long (a rank lost at the barrier moves
+  // its deadline); this node's own deadline only covers a leader gone silent. While the
+  // leader still says it waits, so does this node.
+  while (!ended && Clock::now() - client_->LastCycleWait() < kLeaderSaysItWaits) {
+    ended = WaitUntil(news, signals, Clock::now() + kLeaderSaysItWaits, signal_number);
+  }
   return ended && signal_number == 0 && cycle_started_ && !restart_ && !verdict_;
 }
 

@@ -4,7 +4,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -60,27 +59,9 @@ long long DescriptorOffset(pid_t pid, const std::string& fd) {
   return -1;
 }
 
-// The bytes process `pid` has passed to write(2) and its kin, to anything
-// (/proc/PID/io's wchar), or -1.
-long long BytesWritten(pid_t pid) {
-  std::ifstream io("/proc/" + std::to_string(pid) + "/io");
-  std::string field;
-  long long value = -1;
-  while (io >> field >> value) {
-    if (field == "wchar:") return value;
-  }
-  return -1;
-}
-
-off_t SizeOf(int fd) {
-  struct stat info {};
-  return fd >= 0 && fstat(fd, &info) == 0 ? info.st_size : 0;
-}
-
 }  // namespace
 
-OutputFiles::OutputFiles(int stdout_destination, int stderr_destination)
-    : launcher_fds_{stdout_destination, stderr_destination} {
+OutputFiles::OutputFiles(int stdout_destination, int stderr_destination) {
   FileIdentity out{}, err{};
   const bool out_file = WritableFile(stdout_destination, out);
   const bool err_file = WritableFile(stderr_destination, err);
@@ -104,9 +85,7 @@ int OutputFiles::JobDescription(int stream) const { return stream == 1 || stream
 
 void OutputFiles::Rebase() {
   for (int i = 0; i < 2; ++i) seen_[i] = Offset(job_fds_[i]);
-  for (int i = 0; i < 2; ++i) sizes_seen_[i] = SizeOf(job_fds_[i]);
   opened_seen_.clear();
-  written_seen_.clear();
 }
 
 bool OutputFiles::JobWrote() {
@@ -133,13 +112,8 @@ bool OutputFiles::JobWroteThroughItsOwnOpens() {
   }
   std::error_code error;
   std::map<std::pair<pid_t, int>, long long> now;
-  std::map<pid_t, long long> written;
   bool wrote = false;
-  bool some_process_wrote = false;
   for (const pid_t pid : DescendantsOf(getpid(), launcher_executable_)) {
-    written[pid] = BytesWritten(pid);
-    auto written_before = written_seen_.find(pid);
-    if (written_before != written_seen_.end() && written[pid] > written_before->second) some_process_wrote = true;
     const std::string fds = "/proc/" + std::to_string(pid) + "/fd";
     for (const auto& entry : std::filesystem::directory_iterator(fds, error)) {
       struct stat info {};
@@ -156,33 +130,7 @@ bool OutputFiles::JobWroteThroughItsOwnOpens() {
     }
   }
   opened_seen_ = std::move(now);
-  written_seen_ = std::move(written);
-  const bool grew = FileGrewPastTheLaunchersWrites();
-  return wrote || (some_process_wrote && grew);
-}
-
-// A file opened by path for one write and closed again (`echo step >> /dev/stdout` in a
-// loop, a handler that reopens per record) leaves no description behind to look at (review
-// finding F4). Its trace: the file grew past the end of the launcher's own last write (its
-// descriptions append, so each ends where its last write did) while one of the job's
-// processes wrote something (wchar). Another job appending to the same file while this
-// one is silent does not count: its writers are not this job's processes.
-bool OutputFiles::FileGrewPastTheLaunchersWrites() {
-  bool grew = false;
-  for (int i = 0; i < 2; ++i) {
-    if (job_fds_[i] < 0 || (i == 1 && job_fds_[1] == job_fds_[0])) continue;
-    const off_t size = SizeOf(job_fds_[i]);
-    if (size == sizes_seen_[i]) continue;
-    sizes_seen_[i] = size;
-    off_t launchers_end = 0;
-    for (int fd : launcher_fds_) {
-      struct stat info {};
-      if (fstat(fd, &info) != 0 || info.st_dev != devices_[i] || info.st_ino != inodes_[i]) continue;
-      launchers_end = std::max(launchers_end, Offset(fd));
-    }
-    if (size > launchers_end) grew = true;
-  }
-  return grew;
+  return wrote;
 }
 
 }  // namespace bt::launcher::watchdog

@@ -38,13 +38,11 @@ class OutputFiles {
   // Whether the job wrote to any of its files since the last call or Rebase: through the
   // descriptions it was given, or, when those did not move, through descriptions of the same
   // files its processes opened themselves (`open("/dev/stdout")` by path, a logging
-  // FileHandler on it), read from /proc/PID/fdinfo of the launcher's descendants, or by
-  // ones opened and closed for each write (the file grew while the job's processes wrote).
+  // FileHandler on it), read from /proc/PID/fdinfo of the launcher's descendants.
   bool JobWrote();
 
  private:
   bool JobWroteThroughItsOwnOpens();
-  bool FileGrewPastTheLaunchersWrites();
 
   int job_fds_[2] = {-1, -1};    // the same descriptor twice for one file
   off_t seen_[2] = {0, 0};       // each description's offset at the last look
@@ -52,9 +50,6 @@ class OutputFiles {
   ino_t inodes_[2] = {0, 0};
   // The offsets of the job's own descriptions of the files, by process and descriptor.
   std::map<std::pair<pid_t, int>, long long> opened_seen_;
-  std::map<pid_t, long long> written_seen_;  // each of the job's processes' wchar at the last look
-  int launcher_fds_[2] = {1, 2};             // the launcher's own descriptions of the files
-  off_t sizes_seen_[2] = {0, 0};             // each file's size at the last look
   std::string launcher_executable_;  // /proc/self/exe, read once: its processes are not the job
 };
 

@@ -1055,6 +1055,33 @@ TEST(Server, ALauncherLostWhileARestartWaitsIsAwaitedAgainWithoutANewCycle) {
   EXPECT_EQ(go->cycle, 1);
 }
 
+// Node 2 lost: the barrier of cycle 1 waits (rejoin_timeout 1.5 s). Node 1 is lost 1 s in:
+// its replacement gets a whole rejoin_timeout from that loss, as a new restart would give it
+// (review 3, D2: it got what was left of node 2's, and the job ended with restarts left).
+TEST(Server, ALauncherLostLateInTheBarrierGetsAWholeRejoinTimeout) {
+  ServerOptions options = RestartingOptions(3);
+  options.rejoin_timeout = 1500ms;
+  StoreServer server(options);
+  auto nodes = JoinAllAndStartTheRun(server, 3);
+  nodes[2].reset();
+  ASSERT_TRUE(NextEvent(*nodes[0], PeerEvent::Kind::kRestart));
+  nodes[0]->ArriveAtCycle(1);
+  nodes[1]->ArriveAtCycle(1);
+  std::this_thread::sleep_for(1s);
+  nodes[1].reset();
+  std::this_thread::sleep_for(1s);  // past node 2's 1.5 s, within node 1's
+  EXPECT_EQ(server.verdict().kind, ServerVerdict::Kind::kPending) << server.verdict().message;
+  std::vector<std::unique_ptr<StoreClient>> replacements;
+  for (int rank : {1, 2}) {
+    replacements.push_back(Connect(server));
+    ASSERT_NO_THROW(replacements.back()->Join(Node(rank, "new-host" + std::to_string(rank)), 3));
+    replacements.back()->ArriveAtCycle(1);
+  }
+  auto go = NextEvent(*nodes[0], PeerEvent::Kind::kCycleGo);
+  ASSERT_TRUE(go);
+  EXPECT_EQ(go->cycle, 1);
+}
+
 // The policy reads `latest` at the destination, which can fail: the failure was taken for a
 // bad frame of the reporting node, whose connection was dropped, and since that node had
 // reported, no verdict came at all: the other nodes waited for their exit barrier.
