@@ -339,6 +339,18 @@ TEST_F(CheckpointJob, DestinationGoneForGoodExits74NamingTheCheckpoint) {
   EXPECT_LT(result.elapsed, 20s);
 }
 
+// A job whose own command exits 69 (EX_UNAVAILABLE) is no failure of a peer: its last
+// checkpoint left uncommitted is still 74, as for any other code (review 3, D4).
+TEST_F(CheckpointJob, AJobsOwnExit69WithItsCheckpointUncommittedExits74) {
+  const std::string blocker = dir_.path() + "/blocker";
+  WriteFile(blocker);
+  std::string config = Config({HfSave(1) + " && exit 69"}, "file://" + blocker + "/remote", 3);
+  ProcessResult result = RunLauncher(Run(config));
+  EXPECT_EQ(result.exit_code, 74) << result.err;
+  EXPECT_NE(result.err.find("checkpoint checkpoint-1 was not committed before the drain deadline"), std::string::npos)
+      << result.err;
+}
+
 TEST_F(CheckpointJob, LauncherKilledAndRestartedResumesFromTheJournal) {
   // Run 1 commits checkpoint-1, then the destination breaks, checkpoint-2 is saved and
   // rotated away, and the launcher is SIGKILLed before it could upload it.
