@@ -519,6 +519,7 @@ class CheckpointAgent::Impl {
       auto next = std::min(last_evaluation + scan_every, options_.board ? next_board : Clock::time_point::max());
       if (want_evaluation) next = std::min(next, last_evaluation + Pause());
       if (draining) next = std::min(next, now + kBoardInterval);
+      next = std::min(next, NextHandoffRetry());
       // Rounded up: rounded down, the last fraction of a millisecond before a due evaluation
       // became a run of poll(0) calls, a busy loop beside the training.
       int timeout = int(std::max<int64_t>(0, std::chrono::ceil<std::chrono::milliseconds>(next - now).count()));
@@ -542,9 +543,11 @@ class CheckpointAgent::Impl {
       if (fds[1].revents & (POLLIN | POLLHUP)) HandleUploaderEvents();
       if (auto cycle = TakeRequestedCycle()) OnNewCycle(*cycle);
       now = Clock::now();
+      if (now >= NextHandoffRetry()) want_evaluation = true;
       bool scan_due = now >= last_evaluation + scan_every;
       if (scan_due || (want_evaluation && now >= last_evaluation + Pause())) {
         const Clock::duration judging = Evaluate(draining);
+        PostponeRetriesNotTaken();
         evaluation_gap = std::max<std::chrono::milliseconds>(kMinEvaluationGap,
                                                               std::chrono::duration_cast<std::chrono::milliseconds>(2 * judging));
         last_evaluation = Clock::now();
@@ -632,6 +635,7 @@ class CheckpointAgent::Impl {
       Handoff(candidate, verdict, fingerprint);
       handing_off += Clock::now() - handoff_started;
     }
+    ForgetFailedHandoffsOfRemoved(present);
     std::map<uint64_t, PartKind> without_part;
     for (const auto& [number, declaration] : unanswered_) {
       const bool taken = BoundVersion(number) != nullptr || PairableVersion(declaration) != nullptr;
@@ -789,6 +793,40 @@ class CheckpointAgent::Impl {
   }
 
   // Whether `name`, as it is now, waits for its next try.
+  // A handoff that failed (the disk full) is judged again once its pause is over, not at the
+  // next scan (scan_interval_s), which may come after the drain's deadline: the checkpoint
+  // then counted as lost though there was room again (soak seed 5).
+  Clock::time_point NextHandoffRetry() const {
+    Clock::time_point next = Clock::time_point::max();
+    for (const auto& [name, failed] : failed_handoffs_) next = std::min(next, failed.retry_at);
+    return next;
+  }
+
+  // A checkpoint whose handoff failed (the disk full when it completed) and that the training
+  // has since removed (its rotation) can never be handed off: it is forgotten, not reported
+  // by the drain as the job's lost checkpoint while newer ones were committed (soak seed 5).
+  void ForgetFailedHandoffsOfRemoved(const std::set<std::string>& present) {
+    for (auto it = failed_handoffs_.begin(); it != failed_handoffs_.end();) {
+      if (present.contains(it->first)) {
+        ++it;
+        continue;
+      }
+      spdlog::warn("checkpoints: {} was removed before it could be handed off ({}); it is not uploaded", it->first,
+                   it->second.reason);
+      it = failed_handoffs_.erase(it);
+    }
+  }
+
+  // A failed handoff the evaluation did not try again (its checkpoint deleted, or not judged
+  // complete now) waits another pause: a retry time left in the past would wake the loop at
+  // once, again and again.
+  void PostponeRetriesNotTaken() {
+    const auto now = Clock::now();
+    for (auto& [name, failed] : failed_handoffs_) {
+      if (failed.retry_at <= now) failed.retry_at = now + kHandoffRetryGap;
+    }
+  }
+
   bool WaitingToRetry(const std::string& name, const std::string& fingerprint) {
     auto failed = failed_handoffs_.find(name);
     if (failed == failed_handoffs_.end()) return false;
