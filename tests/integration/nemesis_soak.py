@@ -810,9 +810,9 @@ class Soak:
                 codes[node.rank] = (code, path)
         everything = [entry for entry in self.ledger() if entry["attempt"] == attempt]
         # A follower cut off from node 0 when the orchestrator stopped the job (a partition,
-        # then SIGTERM or the like, before a new launcher took its slot) cannot learn the
-        # job's verdict: it ends as having lost node 0 (69). The nodes that reach node 0 agree
-        # on theirs; it is held to 69.
+        # or its launcher frozen past the heartbeat timeout, then SIGTERM or the like, before
+        # a new launcher took its slot) cannot learn the job's verdict: it ends as having lost
+        # node 0 (69). The nodes that reach node 0 agree on theirs; it is held to 69.
         for rank in self.cut_off_at_the_end(nodes, injected, ended_by_fault):
             if codes.get(rank, (None,))[0] == 69:
                 del codes[rank]
@@ -844,9 +844,9 @@ class Soak:
             return set()
         cut_off = set()
         for kind, what, healed in injected:
-            match = re.match(r"node (\d+)'s link down", what or "")
-            if kind == "partition-follower" and match:
-                rank = int(match.group(1))
+            match = re.match(r"node (\d+)'s link down|SIGSTOP launcher of node (\d+)", what or "")
+            if kind in ("partition-follower", "stop-follower-launcher") and match:
+                rank = int(match.group(1) or match.group(2))
                 if nodes[rank].launchers[-1][0].started_at < healed:  # no launcher came in its slot since
                     cut_off.add(rank)
         return cut_off
