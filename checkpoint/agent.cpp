@@ -191,9 +191,10 @@ class CheckpointAgent::Impl {
   // 17, 73), and the job resumes from `latest`, so committing an old save now would move
   // `latest` past what the training resumed from. Its present state counts as handled; a
   // save of it written again (new files, new fingerprint) is new. What the journal resumed
-  // is settled by Resume() (DeclareResumed, AnswerResumed), which runs after this.
+  // is settled by Resume() (DeclareResumed, AnswerResumed), which runs after this. A volume
+  // no launcher of this job has journaled on is the job's first: what it holds is uploaded.
   void LeaveWhatWasOnDiskAlone() {
-    if (!options_.board) return;
+    if (!options_.board || !options_.resume_point_read || !JournaledBefore()) return;
     size_t left = 0;
     for (const Candidate& candidate : CandidatesOnDisk()) {
       const std::string fingerprint = Fingerprint(candidate);
@@ -205,6 +206,8 @@ class CheckpointAgent::Impl {
                    "resumes from `latest` and saves them anew", left);
     }
   }
+
+  bool JournaledBefore() const { return !journal_.Entries().empty(); }  // this job's and destination's
 
   // What a killed launcher left: snapshots still to upload, uploads still to commit, and
   // staging directories that no record needs any more. With other nodes, the commits still
@@ -351,7 +354,8 @@ class CheckpointAgent::Impl {
     // answer a later save of its name (soak seed 17: a part of the last run in a new commit).
     for (auto it = versions_.begin(); it != versions_.end();) {
       const Version& version = it->second;
-      const bool left = it->first < first_new_seq && !version.declaration;
+      const bool left = it->first < first_new_seq && !version.declaration &&
+                        (options_.resume_point_read || !version.answers.empty() || declared_.contains(version.name));
       if (!left) {
         ++it;
         continue;
@@ -1346,12 +1350,15 @@ class CheckpointAgent::Impl {
                  std::chrono::duration_cast<std::chrono::seconds>(drain_deadline_ - Clock::now()).count());
   }
 
-  // A follower's drain judges node 0's newest declaration that node 0 did not abandon, as
-  // node 0's own drain judges its newest version not abandoned: an abandoned save (of a
-  // cycle a restart ended, whose part the new cycle may have removed; one waiting on a
-  // launcher that is gone) is over for every node, and not this node's failure.
+  // A follower's drain judges node 0's newest declaration, except one node 0 abandoned that
+  // this node had answered with its part (of a cycle a restart ended, whose part the new
+  // cycle may have removed; one waiting on a launcher that is gone): that save is over for
+  // every node, and not this node's failure, as node 0's own drain skips its abandoned
+  // versions. A save this node answered without a part keeps saying why.
   const CommitBoard::Declaration* NewestDeclarationNotAbandoned() {
     for (auto it = declared_order_.rbegin(); it != declared_order_.rend(); ++it) {
+      auto answer = answered_.find(it->number);
+      if (answer == answered_.end() || answer->second != PartKind::kVersion) return &*it;
       try {
         if (options_.board->GetOutcome(it->number) != CommitBoard::Outcome::kAbandoned) return &*it;
       } catch (const std::exception&) {

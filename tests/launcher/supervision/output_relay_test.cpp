@@ -435,6 +435,9 @@ TEST(OutputRelay, ADestinationThatAcceptsNothingDoesNotHoldFinish) {
   EXPECT_GE(took, 300ms);
   EXPECT_LT(took, 4s);
   out.CloseRead();  // the relay's blocked write fails (EPIPE) and its thread ends
+  // The let-go thread is detached: it must be done before this process's statics are
+  // destroyed (on a loaded machine it ran into them at exit: SIGSEGV after the test passed).
+  std::this_thread::sleep_for(1s);
 }
 
 // The destination is gone (its reader exited): the job's output is read and discarded,
