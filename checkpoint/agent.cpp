@@ -194,7 +194,7 @@ class CheckpointAgent::Impl {
   // is settled by Resume() (DeclareResumed, AnswerResumed), which runs after this. A volume
   // no launcher of this job has journaled on is the job's first: what it holds is uploaded.
   void LeaveWhatWasOnDiskAlone() {
-    if (!options_.board || !options_.resume_point_read || !JournaledBefore()) return;
+    if (!options_.board || !options_.resume_point_read || !journal_.RecordedAny()) return;
     size_t left = 0;
     for (const Candidate& candidate : CandidatesOnDisk()) {
       const std::string fingerprint = Fingerprint(candidate);
@@ -207,7 +207,6 @@ class CheckpointAgent::Impl {
     }
   }
 
-  bool JournaledBefore() const { return !journal_.Entries().empty(); }  // this job's and destination's
 
   // What a killed launcher left: snapshots still to upload, uploads still to commit, and
   // staging directories that no record needs any more. With other nodes, the commits still
@@ -1180,6 +1179,7 @@ class CheckpointAgent::Impl {
   // answered for its save: committed with the versions they answered, or abandoned (a part
   // lost, a rank replaced before it answered, a later save of the name committed first).
   void CommitAnsweredVersions() {
+    std::optional<std::vector<int>> absent;  // node 0's server asked once a pass, for a pending save only
     for (auto& [seq, version] : versions_) {
       if (version.stage == Stage::kCommitted) continue;
       if (!version.declaration) Declare(version);
@@ -1191,7 +1191,8 @@ class CheckpointAgent::Impl {
       const std::optional<SaveState> save = options_.board->Decide(declaration);
       if (!save) continue;
       if (save->decision == Decision::kPending) {
-        const std::string lost = AbsentAndUnanswered(*save);
+        if (!absent) absent = options_.absent_ranks ? options_.absent_ranks() : std::vector<int>{};
+        const std::string lost = UnansweredOf(*save, *absent);
         if (lost.empty()) continue;
         AbandonSave(seq, "the launcher of node(s) " + lost + " is gone and had not answered: its part can never come");
         return;  // versions_ changed under the loop; the next pass goes on
@@ -1211,12 +1212,11 @@ class CheckpointAgent::Impl {
     }
   }
 
-  // Node 0: the ranks a pending save still waits for whose launcher is gone ("" when none):
-  // the save can never commit, and the drain would wait drain_timeout_s for nothing.
-  std::string AbsentAndUnanswered(const SaveState& save) const {
-    if (!options_.absent_ranks) return "";
+  // Node 0: the ranks of `absent` (their launcher gone) a pending save still waits for ("" when
+  // none): the save can never commit, and the drain would wait drain_timeout_s for nothing.
+  static std::string UnansweredOf(const SaveState& save, const std::vector<int>& absent) {
     std::string ranks;
-    for (int rank : options_.absent_ranks()) {
+    for (int rank : absent) {
       if (save.answers.contains(rank)) continue;
       ranks += (ranks.empty() ? "" : ", ") + std::to_string(rank);
     }

@@ -168,6 +168,13 @@ std::vector<JournalEntry> HandoffJournal::Entries() const {
   return scoped;
 }
 
+bool HandoffJournal::RecordedAny() const {
+  for (const auto& [seq, entry] : entries_) {
+    if (entry.job_id == job_id_ && entry.destination == destination_) return true;
+  }
+  return false;
+}
+
 std::vector<JournalEntry> HandoffJournal::Unfinished() const {
   std::vector<JournalEntry> unfinished;
   for (const auto& entry : Entries()) {

@@ -52,6 +52,8 @@ class HandoffJournal {
   uint64_t NextSeq() const { return next_seq_; }
   // This job's and destination's versions by their latest state.
   std::vector<JournalEntry> Entries() const;
+  // Whether any version of this job's and destination's was ever recorded (no copy made).
+  bool RecordedAny() const;
   // Snapshotted or uploaded but not yet committed: what a restarted launcher resumes.
   std::vector<JournalEntry> Unfinished() const;
   // Whether any version of `name` (this job's, this destination's) was ever recorded.

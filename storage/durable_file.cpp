@@ -51,42 +51,54 @@ std::string TemporaryNameBeside(const std::string& path) {
   return JoinPath(ParentOf(path), ".bt-upload-" + std::to_string(getpid()) + "-" + HashBytes(name.data(), name.size()));
 }
 
-void WriteFileAtomically(const std::string& path, std::string_view text) {
-  const std::string directory = ParentOf(path);
-  MakeDirectories(directory);
+namespace {
+
+// `text` in a temporary beside `path` (its directory created), written whole and synced;
+// its name, or an error naming it (the temporary then gone).
+std::string WriteDurableTemporary(const std::string& path, std::string_view text) {
+  MakeDirectories(ParentOf(path));
   const std::string temporary = TemporaryNameBeside(path);
   FileDescriptor file(open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (!file.valid()) ThrowErrno("cannot create " + temporary);
   try {
     WriteAll(file.get(), text, temporary);
     if (fsync(file.get()) != 0 || file.Close() != 0) ThrowErrno("cannot write " + temporary);
-    if (rename(temporary.c_str(), path.c_str()) != 0) ThrowErrno("cannot rename " + temporary + " to " + path);
   } catch (...) {
     unlink(temporary.c_str());
     throw;
   }
+  return temporary;
+}
+
+void SyncParentOf(const std::string& path) {
+  const std::string directory = ParentOf(path);
   SyncDirectory(directory.empty() ? "." : directory);
 }
 
-bool WriteFileOnce(const std::string& path, std::string_view text) {
-  const std::string directory = ParentOf(path);
-  MakeDirectories(directory);
-  const std::string temporary = TemporaryNameBeside(path);
-  FileDescriptor file(open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (!file.valid()) ThrowErrno("cannot create " + temporary);
-  bool created = false;
-  try {
-    WriteAll(file.get(), text, temporary);
-    if (fsync(file.get()) != 0 || file.Close() != 0) ThrowErrno("cannot write " + temporary);
-    // link(2), unlike rename(2), fails when the name exists: of two writers, one wins.
-    created = link(temporary.c_str(), path.c_str()) == 0;
-    if (!created && errno != EEXIST) ThrowErrno("cannot link " + temporary + " to " + path);
-  } catch (...) {
+}  // namespace
+
+void WriteFileAtomically(const std::string& path, std::string_view text) {
+  const std::string temporary = WriteDurableTemporary(path, text);
+  if (rename(temporary.c_str(), path.c_str()) != 0) {
+    const int error = errno;
     unlink(temporary.c_str());
-    throw;
+    errno = error;
+    ThrowErrno("cannot rename " + temporary + " to " + path);
   }
+  SyncParentOf(path);
+}
+
+bool WriteFileOnce(const std::string& path, std::string_view text) {
+  const std::string temporary = WriteDurableTemporary(path, text);
+  // link(2), unlike rename(2), fails when the name exists: of two writers, one wins.
+  const bool created = link(temporary.c_str(), path.c_str()) == 0;
+  const int error = errno;
   unlink(temporary.c_str());
-  if (created) SyncDirectory(directory.empty() ? "." : directory);
+  if (!created && error != EEXIST) {
+    errno = error;
+    ThrowErrno("cannot link " + temporary + " to " + path);
+  }
+  if (created) SyncParentOf(path);
   return created;
 }
 
