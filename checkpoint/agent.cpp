@@ -1,6 +1,7 @@
 #include "checkpoint/agent.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/stat.h>
 #include <sys/eventfd.h>
@@ -10,7 +11,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <condition_variable>
 #include <mutex>
@@ -25,6 +25,7 @@
 #include "checkpoint/tree.h"
 #include "checkpoint/uploader.h"
 #include "checkpoint/watcher.h"
+#include "storage/durable_file.h"
 #include "storage/paths.h"
 
 namespace bt::checkpoint {
@@ -94,6 +95,7 @@ class CheckpointAgent::Impl {
     if (wake_fd_ < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
     StartUploader();
     LeaveWhatWasOnDiskAlone();
+    KeepInJournal([&] { journal_.RecordStart(); });
     Resume();
     watcher_ = std::make_unique<TreeWatcher>(options_.checkpoint_dir, options_.settings.watch, options_.settings.marker);
     if (watcher_->polling()) {
@@ -147,6 +149,9 @@ class CheckpointAgent::Impl {
     std::optional<uint64_t> declaration;
     std::string answers;  // a follower's: the save it answers (Snapshot::answers), "" if none yet
     std::string fingerprint;  // of the files it was taken from (Snapshot::fingerprint)
+    // Without a board: a save of the job's run before this launcher started, committed under
+    // its own name only (LeaveWhatWasOnDiskAlone).
+    bool from_last_run = false;
     int64_t newest_mtime_ns = 0;  // node 0's: when its part was complete (a resumed declaration says)
     std::string snapshot_path;
     std::string staging_dir;
@@ -184,29 +189,41 @@ class CheckpointAgent::Impl {
     return environ;
   }
 
-  // With other nodes: a checkpoint on disk before this launcher started was written by an
-  // earlier run of the job (a platform retry) or by the launcher this one replaces. It is
-  // never a part of a save declared from now on: the cycle numbers start again, so an old
-  // part of a name would answer a new save of it and mix two saves in one commit (soak seeds
-  // 17, 73), and the job resumes from `latest`, so committing an old save now would move
-  // `latest` past what the training resumed from. Its present state counts as handled; a
-  // save of it written again (new files, new fingerprint) is new. What the journal resumed
-  // is settled by Resume() (DeclareResumed, AnswerResumed), which runs after this. A volume
-  // no launcher of this job has journaled on is the job's first: what it holds is uploaded.
+  // A checkpoint on disk before this launcher started, on a volume a launcher of this job
+  // started on before (a platform retry, a replaced pod), was written by the job's last run,
+  // and the training resumes from `latest`, read before this agent started: committing that
+  // save as `latest` now would move `latest` past what the training resumed from, and the
+  // training's own saves would move it back (review 4, F3).
+  // With other nodes, it is never a part of a save declared from now on: the cycle numbers
+  // start again, so an old part of a name would answer a new save of it and mix two saves in
+  // one commit (soak seeds 17, 73). Its present state counts as handled; a save of it written
+  // again (new files, new fingerprint) is new. What the journal resumed is settled by
+  // Resume() (DeclareResumed, AnswerResumed), which runs after this.
+  // Without a board, this node's save is whole: it is uploaded and committed under its own
+  // name (it may be the only copy left), and `latest` stays where the job resumed.
+  // A volume no launcher of this job started on is the job's first: what it holds is uploaded.
   void LeaveWhatWasOnDiskAlone() {
-    if (!options_.board || !options_.resume_point_read || !journal_.RecordedAny()) return;
+    if (!options_.resume_point_read || !journal_.StartedBefore()) return;
     size_t left = 0;
     for (const Candidate& candidate : CandidatesOnDisk()) {
       const std::string fingerprint = Fingerprint(candidate);
-      handled_[candidate.name] = fingerprint;
-      if (!journal_.Reached(candidate.name, fingerprint, HandoffState::kCommitted)) ++left;
+      if (journal_.Reached(candidate.name, fingerprint, HandoffState::kCommitted)) continue;
+      ++left;
+      if (options_.board) {
+        handled_[candidate.name] = fingerprint;
+      } else {
+        last_run_on_disk_[candidate.name] = fingerprint;
+      }
     }
-    if (left > 0) {
+    if (left == 0) return;
+    if (options_.board) {
       spdlog::info("checkpoints: {} checkpoint(s) on disk from before this launcher started are not committed: the job "
                    "resumes from `latest` and saves them anew", left);
+      return;
     }
+    spdlog::info("checkpoints: {} checkpoint(s) on disk from before this launcher started are committed under their own "
+                 "names once complete; `latest` stays what the job resumed from", left);
   }
-
 
   // What a killed launcher left: snapshots still to upload, uploads still to commit, and
   // staging directories that no record needs any more. With other nodes, the commits still
@@ -231,6 +248,7 @@ class CheckpointAgent::Impl {
       version.cycle = current_cycle_;
       version.answers = snapshot.answers;
       version.fingerprint = snapshot.fingerprint;
+      version.from_last_run = !options_.board && options_.resume_point_read;
       version.newest_mtime_ns = snapshot.NewestMtimeNs();
       version.staging_dir = snapshot.staging_dir;
       version.snapshot_path = snapshot.staging_dir + ".snapshot.json";
@@ -463,11 +481,13 @@ class CheckpointAgent::Impl {
       if (BoundVersion(number) != nullptr || PairableVersion(declaration) != nullptr) continue;  // answered once uploaded
       struct stat path {};
       const bool present = lstat(storage::JoinPath(options_.checkpoint_dir, declaration.name).c_str(), &path) == 0;
-      if (present) {
-        spdlog::warn("checkpoints: this node's part of {} (cycle {}) was not complete when the cycle ended; that save "
-                     "cannot be committed", declaration.name, declaration.cycle);
+      if (!present) {
+        AnswerWithout(number, AbsentPart(declaration.name), declaration.cycle);
+        continue;
       }
-      AnswerWithout(number, present ? PartKind::kLost : PartKind::kNoPart, declaration.cycle);
+      spdlog::warn("checkpoints: this node's part of {} (cycle {}) was not complete when the cycle ended; that save "
+                   "cannot be committed", declaration.name, declaration.cycle);
+      AnswerWithout(number, PartKind::kLost, declaration.cycle);
     }
   }
 
@@ -657,13 +677,23 @@ class CheckpointAgent::Impl {
         continue;
       }
       auto [it, inserted] = absent_since_.emplace(number, Clock::now());
-      if (Clock::now() - it->second >= kAbsentPartGrace || draining) {
-        spdlog::info("checkpoints: node 0 committed {}; this node holds no part of it", declaration.name);
-        without_part[number] = PartKind::kNoPart;
-      }
+      if (Clock::now() - it->second >= kAbsentPartGrace || draining) without_part[number] = AbsentPart(declaration.name);
     }
     for (const auto& [number, answer] : without_part) AnswerWithout(number, answer);
     return Clock::now() - started - handing_off;
+  }
+
+  // No part of `name` on disk: this node holds none, unless its part was complete here and
+  // removed before it could be handed off (review 4, F2: answered "no part", node 0
+  // committed that save without this rank's shard).
+  PartKind AbsentPart(const std::string& name) {
+    if (lost_parts_.contains(name)) {
+      spdlog::warn("checkpoints: this node's part of {} was complete but removed before it could be handed off; that "
+                   "save cannot be committed", name);
+      return PartKind::kLost;
+    }
+    spdlog::info("checkpoints: node 0 committed {}; this node holds no part of it", name);
+    return PartKind::kNoPart;
   }
 
   // No part of a resumed save on disk. This node never had one, unless it once recorded a
@@ -708,7 +738,7 @@ class CheckpointAgent::Impl {
     auto problem = storage::UncarriableName(options_.destination, candidate.name, paths);
     if (!problem) return false;
     handled_[candidate.name] = fingerprint;
-    refused_ = Refusal{journal_.NextSeq(), candidate.name, *problem};
+    refused_ = NotUploaded{journal_.NextSeq(), candidate.name, *problem};
     spdlog::error("checkpoints: {} is complete but is not uploaded to {}: {}; rename the file to have it uploaded",
                   candidate.name, options_.destination.uri, *problem);
     return true;
@@ -755,6 +785,7 @@ class CheckpointAgent::Impl {
       return HandoffFailed(candidate.name, fingerprint, std::string("cannot record it: ") + error.what());
     }
     failed_handoffs_.erase(candidate.name);
+    lost_parts_.erase(candidate.name);
     Version version;
     version.seq = seq;
     version.name = candidate.name;
@@ -762,6 +793,7 @@ class CheckpointAgent::Impl {
     version.cycle = current_cycle_;
     version.answers = snapshot.answers;
     version.fingerprint = fingerprint;
+    version.from_last_run = LeftByLastRun(candidate.name, fingerprint);
     version.newest_mtime_ns = snapshot.NewestMtimeNs();
     version.staging_dir = staging;
     version.snapshot_path = snapshot_path;
@@ -783,12 +815,20 @@ class CheckpointAgent::Impl {
     if (awaited) AnswerDeclarations();  // binds it now: its snapshot record already names the save
   }
 
+  // Whether this state of `name` is what the job's last run left on disk (without a board).
+  bool LeftByLastRun(const std::string& name, const std::string& fingerprint) const {
+    auto left = last_run_on_disk_.find(name);
+    return left != last_run_on_disk_.end() && left->second == fingerprint;
+  }
+
   // A complete checkpoint that could not be snapshotted or recorded (the disk full, defects
   // 28/29): judged again after a pause, so that it is handed off once there is room, and
   // reported by the drain while it is not.
   void HandoffFailed(const std::string& name, const std::string& fingerprint, const std::string& reason) {
-    const bool first = !failed_handoffs_.contains(name);
-    failed_handoffs_[name] = FailedHandoff{fingerprint, reason, Clock::now() + kHandoffRetryGap};
+    auto failed = failed_handoffs_.find(name);
+    const bool first = failed == failed_handoffs_.end();
+    const uint64_t seq = first ? journal_.NextSeq() : failed->second.seq;
+    failed_handoffs_[name] = FailedHandoff{fingerprint, reason, Clock::now() + kHandoffRetryGap, seq};
     if (first) {
       spdlog::error("checkpoints: {} is complete but was not handed off: {}; trying again every {} s", name, reason,
                     kHandoffRetryGap.count());
@@ -806,8 +846,9 @@ class CheckpointAgent::Impl {
   }
 
   // A checkpoint whose handoff failed (the disk full when it completed) and that the training
-  // has since removed (its rotation) can never be handed off: it is forgotten, not reported
-  // by the drain as the job's lost checkpoint while newer ones were committed (soak seed 5).
+  // has since removed (its rotation) can never be handed off: it stops being retried, and
+  // is the job's lost checkpoint only while no newer one is handed off (soak seed 5: 74
+  // though later ones were committed). A save node 0 declares of it is answered lost.
   void ForgetFailedHandoffsOfRemoved(const std::set<std::string>& present) {
     for (auto it = failed_handoffs_.begin(); it != failed_handoffs_.end();) {
       if (present.contains(it->first)) {
@@ -816,6 +857,11 @@ class CheckpointAgent::Impl {
       }
       spdlog::warn("checkpoints: {} was removed before it could be handed off ({}); it is not uploaded", it->first,
                    it->second.reason);
+      lost_parts_.insert(it->first);
+      if (!lost_handoff_ || it->second.seq >= lost_handoff_->seq) {
+        lost_handoff_ = NotUploaded{it->second.seq, it->first,
+                                    "it was removed before it could be handed off (" + it->second.reason + ")"};
+      }
       it = failed_handoffs_.erase(it);
     }
   }
@@ -870,10 +916,15 @@ class CheckpointAgent::Impl {
     BoardCall([&] { version.declaration = options_.board->Declare({0, version.name, version.version_id, version.cycle, {}}); });
   }
 
+  // Every write checked, through close: an ofstream's buffered text met the full disk only as
+  // it was destroyed, unchecked, and the uploader got an empty request it could never read
+  // (the version then waited for ever). Not synced: a launcher restarted after a crash writes
+  // it again from the journal's record (Resume).
   static void WriteSnapshotFile(const Snapshot& snapshot, const std::string& path) {
-    std::ofstream file(path, std::ios::trunc);
-    file << snapshot.ToJson().dump();
-    if (!file) throw std::runtime_error("cannot write " + path);
+    storage::FileDescriptor file(open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (!file.valid()) throw std::runtime_error("cannot create " + path + ": " + std::strerror(errno));
+    storage::WriteAll(file.get(), snapshot.ToJson().dump(), path);
+    if (file.Close() != 0) throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
   }
 
   void HandleUploaderEvents() {
@@ -1116,25 +1167,28 @@ class CheckpointAgent::Impl {
   }
 
   // `latest` only moves forward: a version handed off before one whose commit was already
-  // asked for is made current under its own name only (the uploader writes in order).
+  // asked for, or a save of the last run, is made current under its own name only (the
+  // uploader writes in order).
   void SendCommit(const Version& version) {
-    const bool move_latest = version.seq >= latest_requested_seq_;
-    latest_requested_seq_ = std::max(latest_requested_seq_, version.seq);
+    const bool move_latest = !version.from_last_run && version.seq >= latest_requested_seq_;
+    if (!version.from_last_run) latest_requested_seq_ = std::max(latest_requested_seq_, version.seq);
     if (uploader_) uploader_->Commit(version.seq, version.commit, move_latest);
   }
 
   void OnCommitWritten(Version& version) {
     if (!publishing_.erase(version.seq)) return;
-    const bool moved_latest = version.seq > published_seq_;
-    published_seq_ = std::max(published_seq_, version.seq);
+    const bool moved_latest = !version.from_last_run && version.seq > published_seq_;
+    if (!version.from_last_run) published_seq_ = std::max(published_seq_, version.seq);
     // Node 0's newest commit is known before the gate hears this one is written: a restart
     // decision waiting on the gate then reads it, not the one before (review 3, D1: the
     // board call in MarkCommitted waits on the server thread that is deciding).
     if (moved_latest && options_.on_latest) options_.on_latest(version.commit);
     if (options_.commit_gate) options_.commit_gate->Finished(version.seq);
     MarkCommitted(version);
-    const std::string where = moved_latest ? options_.destination.uri + "/" + options_.job_id + "/latest names it"
-                                           : "a newer checkpoint stays `latest`";
+    const std::string where = moved_latest           ? options_.destination.uri + "/" + options_.job_id + "/latest names it"
+                              : version.from_last_run ? "a save of the run before this launcher started; `latest` stays "
+                                                        "what the job resumed from"
+                                                      : "a newer checkpoint stays `latest`";
     spdlog::info("checkpoints: committed {}: {} (version {})", version.name, where, version.version_id);
   }
 
@@ -1232,6 +1286,7 @@ class CheckpointAgent::Impl {
   void AbandonSave(uint64_t seq, const std::string& why) {
     Version& version = versions_.at(seq);
     spdlog::warn("checkpoints: the save of {} (cycle {}) is not committed: {}", version.name, version.cycle, why);
+    if (!newest_abandoned_ || seq > newest_abandoned_->seq) newest_abandoned_ = AbandonedSave{seq, version.name, version.cycle, why};
     JournalRecord(seq, version.name, HandoffState::kAbandoned, why);
     options_.board->SetOutcome(*version.declaration, CommitBoard::Outcome::kAbandoned);
     RemoveStaging(version);
@@ -1350,22 +1405,35 @@ class CheckpointAgent::Impl {
                  std::chrono::duration_cast<std::chrono::seconds>(drain_deadline_ - Clock::now()).count());
   }
 
-  // A follower's drain judges node 0's newest declaration, except one node 0 abandoned that
-  // this node had answered with its part (of a cycle a restart ended, whose part the new
-  // cycle may have removed; one waiting on a launcher that is gone): that save is over for
-  // every node, and not this node's failure, as node 0's own drain skips its abandoned
-  // versions. A save this node answered without a part keeps saying why.
-  const CommitBoard::Declaration* NewestDeclarationNotAbandoned() {
+  // A follower's drain judges node 0's newest declaration, except one of an earlier cycle
+  // that node 0 abandoned after this node answered it with its part: a restart's decision
+  // sealed that save, the cycle after it resumed from the commit before it, and its part
+  // here may be gone. A save of this cycle that node 0 abandoned is judged (review 4, F1: a
+  // node lost before it answered the last saves left them uncommitted, and every node
+  // reported its drain committed).
+  const CommitBoard::Declaration* NewestDeclarationNotSealed() {
     for (auto it = declared_order_.rbegin(); it != declared_order_.rend(); ++it) {
       auto answer = answered_.find(it->number);
       if (answer == answered_.end() || answer->second != PartKind::kVersion) return &*it;
-      try {
-        if (options_.board->GetOutcome(it->number) != CommitBoard::Outcome::kAbandoned) return &*it;
-      } catch (const std::exception&) {
-        return &*it;  // the store is gone: judged as before
-      }
+      if (it->cycle >= current_cycle_ || !AbandonedByLeader(it->number)) return &*it;
     }
     return nullptr;
+  }
+
+  bool AbandonedByLeader(uint64_t declaration) {
+    try {
+      return options_.board->GetOutcome(declaration) == CommitBoard::Outcome::kAbandoned;
+    } catch (const std::exception&) {
+      return false;  // the store is gone: judged as before
+    }
+  }
+
+  // Node 0: the newest save of this cycle it did not commit, when nothing handed off after it
+  // was (a restart sealed the saves of earlier cycles; a later version supersedes it).
+  std::optional<DrainResult> NewestSaveAbandoned() const {
+    if (!newest_abandoned_ || newest_abandoned_->cycle < current_cycle_) return std::nullopt;
+    if (!versions_.empty() && versions_.rbegin()->first > newest_abandoned_->seq) return std::nullopt;
+    return DrainResult{false, "checkpoint " + newest_abandoned_->name + " was not committed: " + newest_abandoned_->why};
   }
 
   // Whether the newest complete checkpoint reached the destination and `latest`: on a
@@ -1373,10 +1441,12 @@ class CheckpointAgent::Impl {
   DrainResult Summarize() {
     std::string target;
     std::optional<uint64_t> target_declaration;
+    int64_t target_cycle = current_cycle_;
     if (options_.board && !is_leader() && !declared_order_.empty()) {
-      if (const CommitBoard::Declaration* newest = NewestDeclarationNotAbandoned()) {
+      if (const CommitBoard::Declaration* newest = NewestDeclarationNotSealed()) {
         target = newest->name;
         target_declaration = newest->number;
+        target_cycle = newest->cycle;
       }
     } else if (!versions_.empty()) {
       target = versions_.rbegin()->second.name;
@@ -1389,6 +1459,13 @@ class CheckpointAgent::Impl {
       const auto& [name, failed] = *failed_handoffs_.begin();
       return {false, "checkpoint " + name + " is complete but was not uploaded: " + failed.reason};
     }
+    const bool follower = options_.board && !is_leader();
+    if (lost_handoff_ && !follower && (versions_.empty() || lost_handoff_->seq > versions_.rbegin()->first)) {
+      return {false, "checkpoint " + lost_handoff_->name + " was not uploaded: " + lost_handoff_->reason};
+    }
+    if (options_.board && is_leader()) {
+      if (auto abandoned = NewestSaveAbandoned()) return *abandoned;
+    }
     if (target.empty()) return {true, "no complete checkpoint to commit"};
     const Version* newest = nullptr;
     for (const auto& [seq, version] : versions_) {
@@ -1400,8 +1477,13 @@ class CheckpointAgent::Impl {
         return {true, "this node holds no part of checkpoint " + target};
       }
       if (answer != answered_.end() && answer->second == PartKind::kLost) {
-        return {true, "the save of " + target + " was not committed: this node's part of it was written over, or lost "
-                      "in a restart"};
+        if (target_cycle < current_cycle_) return {true, "the save of " + target + " was not committed: this node's part of it was lost in a restart"};
+        return {false, "the save of " + target + " was not committed: this node's part of it was written over or "
+                       "removed before it was handed off"};
+      }
+      if (answer != answered_.end() && answer->second == PartKind::kVersion && AbandonedByLeader(*target_declaration)) {
+        return {false, "the save of " + target + " was not committed: node 0 abandoned it (another node's part never "
+                       "came); this node's part was uploaded"};
       }
     }
     if (newest == nullptr) {
@@ -1453,6 +1535,7 @@ class CheckpointAgent::Impl {
   std::unique_ptr<UploaderProcess> uploader_;
   Clock::time_point uploader_exited_;
   std::map<std::string, std::string> handled_;  // name → fingerprint of the version handed off
+  std::map<std::string, std::string> last_run_on_disk_;  // name → fingerprint (LeaveWhatWasOnDiskAlone, no board)
   std::map<uint64_t, Version> versions_;
   std::set<uint64_t> publishing_;
   uint64_t published_seq_ = 0;
@@ -1471,6 +1554,7 @@ class CheckpointAgent::Impl {
     std::string fingerprint;
     std::string reason;
     Clock::time_point retry_at;
+    uint64_t seq = 0;  // the journal's next number at the first failure: versions from it on are later
   };
   std::map<std::string, FailedHandoff> failed_handoffs_;  // by name
   Clock::time_point last_journal_warning_;
@@ -1491,12 +1575,21 @@ class CheckpointAgent::Impl {
   std::optional<int64_t> training_ended_ns_;
   std::thread thread_;
   DrainResult result_;
-  struct Refusal {
+  struct NotUploaded {
     uint64_t seq = 0;  // the journal number it would have had
     std::string name;
     std::string reason;
   };
-  std::optional<Refusal> refused_;
+  std::optional<NotUploaded> refused_;
+  std::optional<NotUploaded> lost_handoff_;       // the newest complete checkpoint removed before its handoff
+  std::set<std::string> lost_parts_;          // names whose complete part was removed before its handoff
+  struct AbandonedSave {
+    uint64_t seq = 0;
+    std::string name;
+    int64_t cycle = 0;
+    std::string why;
+  };
+  std::optional<AbandonedSave> newest_abandoned_;  // node 0: the newest save it did not commit
 };
 
 CheckpointAgent::CheckpointAgent(AgentOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}

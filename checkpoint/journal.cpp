@@ -73,6 +73,10 @@ void HandoffJournal::Replay() {
     ++number;
     try {
       auto value = nlohmann::json::parse(line);
+      if (value.contains("started")) {
+        started_.emplace(value.at("job_id").get<std::string>(), value.at("destination").get<std::string>());
+        continue;
+      }
       JournalEntry entry;
       entry.seq = value.at("seq").get<uint64_t>();
       entry.job_id = value.at("job_id").get<std::string>();
@@ -121,18 +125,7 @@ void HandoffJournal::Append(uint64_t seq, const std::string& name, HandoffState 
   nlohmann::json line = Line(seq, name, state);
   if (!detail.empty()) line["detail"] = storage::BytesToJson(detail);
   if (snapshot) line["snapshot"] = snapshot->ToJson();
-  const std::string text = line.dump() + "\n";
-  // A write cut short (ENOSPC) leaves no part of its line: the journal stays one record a
-  // line, and the next append, once there is room, is read back whole.
-  const off_t end = lseek(fd_, 0, SEEK_END);
-  try {
-    storage::WriteAll(fd_, text, "the checkpoint journal " + path_);
-  } catch (const std::runtime_error&) {
-    if (end >= 0 && ftruncate(fd_, end) != 0) {
-      spdlog::warn("checkpoint journal {}: cannot remove a record cut short: {}", path_, std::strerror(errno));
-    }
-    throw;
-  }
+  AppendLine(line.dump() + "\n");
   JournalEntry& entry = entries_[seq];
   entry.seq = seq;
   entry.job_id = job_id_;
@@ -142,6 +135,20 @@ void HandoffJournal::Append(uint64_t seq, const std::string& name, HandoffState 
   entry.detail = detail;
   if (snapshot) entry.snapshot = snapshot;
   next_seq_ = std::max(next_seq_, seq + 1);
+}
+
+// A write cut short (ENOSPC) leaves no part of its line: the journal stays one record a
+// line, and the next append, once there is room, is read back whole.
+void HandoffJournal::AppendLine(const std::string& text) {
+  const off_t end = lseek(fd_, 0, SEEK_END);
+  try {
+    storage::WriteAll(fd_, text, "the checkpoint journal " + path_);
+  } catch (const std::runtime_error&) {
+    if (end >= 0 && ftruncate(fd_, end) != 0) {
+      spdlog::warn("checkpoint journal {}: cannot remove a record cut short: {}", path_, std::strerror(errno));
+    }
+    throw;
+  }
 }
 
 void HandoffJournal::RecordAnswers(uint64_t seq, const std::string& save) {
@@ -174,6 +181,18 @@ bool HandoffJournal::RecordedAny() const {
   }
   return false;
 }
+
+void HandoffJournal::RecordStart() {
+  const nlohmann::json line = {{"started", true},
+                               {"job_id", job_id_},
+                               {"destination", destination_},
+                               {"at", int64_t(std::time(nullptr))}};
+  AppendLine(line.dump() + "\n");
+  Sync();
+  started_.emplace(job_id_, destination_);
+}
+
+bool HandoffJournal::StartedBefore() const { return started_.contains({job_id_, destination_}) || RecordedAny(); }
 
 std::vector<JournalEntry> HandoffJournal::Unfinished() const {
   std::vector<JournalEntry> unfinished;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,13 @@ class HandoffJournal {
   std::vector<JournalEntry> Entries() const;
   // Whether any version of this job's and destination's was ever recorded (no copy made).
   bool RecordedAny() const;
+  // A launcher of this job and destination started on this volume: durable when it returns
+  // ({"started": ...} lines, which older launchers skip with a warning). Throws
+  // std::runtime_error on I/O errors.
+  void RecordStart();
+  // Whether a launcher of this job and destination started here before this one (recorded a
+  // start or any version): what the volume holds then is the job's own last run.
+  bool StartedBefore() const;
   // Snapshotted or uploaded but not yet committed: what a restarted launcher resumes.
   std::vector<JournalEntry> Unfinished() const;
   // Whether any version of `name` (this job's, this destination's) was ever recorded.
@@ -74,6 +82,7 @@ class HandoffJournal {
  private:
   void Replay();
   void EndTornLine();
+  void AppendLine(const std::string& text);  // whole, or not at all
   nlohmann::json Line(uint64_t seq, const std::string& name, HandoffState state) const;  // a record's common fields
 
   std::string path_;
@@ -81,6 +90,7 @@ class HandoffJournal {
   std::string job_id_;
   std::string destination_;
   std::map<uint64_t, JournalEntry> entries_;  // by seq, latest state (all scopes)
+  std::set<std::pair<std::string, std::string>> started_;  // (job id, destination) of each start recorded
   uint64_t next_seq_ = 1;
 };
 

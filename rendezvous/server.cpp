@@ -884,7 +884,7 @@ class StoreServer::Loop {
     rejoined_.clear();
     last_restart_ = restart;
     barrier_opened_ = Clock::now();
-    barrier_deadline_ = barrier_opened_ + options_.rejoin_timeout;
+    awaited_until_.assign(joined_.size(), barrier_opened_ + options_.rejoin_timeout);
     next_barrier_log_ = barrier_opened_ + kAwaitedLogEvery;
     spdlog::warn("rendezvous: restarting every node in cycle {}: {}", cycles_.current(), StringField(restart, "message"));
     Broadcast(restart);
@@ -910,15 +910,20 @@ class StoreServer::Loop {
 
   // A restart's barrier waits for every rank, a lost one until a launcher joins again with
   // its rank: every node hears which ranks are awaited every kAwaitedLogEvery, and the job
-  // ends when launcher.restart.rejoin_timeout_s has passed.
+  // ends once a rank is still awaited past its own deadline (AwaitAgain): rejoin_timeout_s
+  // from the opening, or from its loss at the barrier.
   void WatchBarrier(Clock::time_point now) {
     const std::vector<int> awaited = cycles_.Awaited();
     if (awaited.empty()) return;
     const int64_t waited_s = std::chrono::duration_cast<std::chrono::seconds>(now - barrier_opened_).count();
     const std::string cycle = "cycle " + std::to_string(cycles_.current());
-    if (now >= barrier_deadline_) {
+    std::vector<int> overdue;
+    for (int rank : awaited) {
+      if (now >= awaited_until_[size_t(rank)]) overdue.push_back(rank);
+    }
+    if (!overdue.empty()) {
       const double limit_s = std::chrono::duration<double>(options_.rejoin_timeout).count();
-      return Abort(awaited.front(), cycle + " did not start: " + DescribeAwaited(awaited) + " not ready within " +
+      return Abort(overdue.front(), cycle + " did not start: " + DescribeAwaited(overdue) + " not ready within " +
                                         fmt::format("{:g}", limit_s) + " s (launcher.restart.rejoin_timeout_s)");
     }
     if (now < next_barrier_log_) return;
@@ -1189,9 +1194,12 @@ class StoreServer::Loop {
   // same cycle (its arrival undone), and no restart is spent on a cycle that would never run
   // (review finding F5: a second loss during a restart cost a second restart). Its
   // replacement gets a whole rejoin_timeout_s from the loss, as a new restart would give it
-  // (review 3, D2): the barrier's deadline moves to it when later.
+  // (review 3, D2), but that rank's only: a rank gone for good is not waited for longer
+  // because another keeps failing (review 4, F4), and a rank lost again and again holds
+  // the barrier at most twice rejoin_timeout_s from its opening.
   void AwaitAgain(int rank, const std::string& message) {
-    barrier_deadline_ = std::max(barrier_deadline_, Clock::now() + options_.rejoin_timeout);
+    const Clock::time_point bound = barrier_opened_ + 2 * options_.rejoin_timeout;
+    awaited_until_[size_t(rank)] = std::min(bound, Clock::now() + options_.rejoin_timeout);
     cycles_.Leave(rank);
     awaiting_rejoin_[size_t(rank)] = true;
     rejoined_.erase(std::remove(rejoined_.begin(), rejoined_.end(), rank), rejoined_.end());
@@ -1336,7 +1344,7 @@ class StoreServer::Loop {
   std::optional<Message> last_restart_;     // the current cycle's push while its barrier waits
   std::vector<int> rejoined_;               // ranks that joined again at the current barrier
   Clock::time_point barrier_opened_;
-  Clock::time_point barrier_deadline_;  // rejoin_timeout_s from the opening, or from a later loss
+  std::vector<Clock::time_point> awaited_until_;  // by rank: rejoin_timeout_s from the opening, or from its loss (AwaitAgain)
   Clock::time_point next_barrier_log_;
   int joined_count_ = 0;
   int reported_count_ = 0;

@@ -353,7 +353,9 @@ TEST_F(CheckpointJob, AJobsOwnExit69WithItsCheckpointUncommittedExits74) {
 
 TEST_F(CheckpointJob, LauncherKilledAndRestartedResumesFromTheJournal) {
   // Run 1 commits checkpoint-1, then the destination breaks, checkpoint-2 is saved and
-  // rotated away, and the launcher is SIGKILLed before it could upload it.
+  // rotated away, and the launcher is SIGKILLed before it could upload it. The journal's
+  // snapshot is the only copy left: the restarted launcher commits it under its own name,
+  // and `latest` stays checkpoint-1, what the job resumed from (review 4, F3).
   const std::string parked = Remote() + ".away";
   std::string wait_commit = "while [ ! -s " + Remote() + "/" + kJob + "/latest ]; do sleep 0.1; done";
   std::string break_remote = "mv " + Remote() + " " + parked + " && touch " + Remote();
@@ -378,10 +380,35 @@ TEST_F(CheckpointJob, LauncherKilledAndRestartedResumesFromTheJournal) {
   ProcessResult result = RunLauncher(Run(restart));
   ASSERT_EQ(result.exit_code, 0) << result.err;
   EXPECT_NE(result.err.find("resuming checkpoint-2 from the journal (snapshotted)"), std::string::npos) << result.err;
-  EXPECT_EQ(Latest(), "checkpoint-2\n");
+  EXPECT_NE(result.err.find("committed checkpoint-2: a save of the run before this launcher started"), std::string::npos)
+      << result.err;
+  EXPECT_EQ(Latest(), "checkpoint-1\n") << "`latest` moved past what the job resumed from";
   EXPECT_EQ(fs::file_size(Part("checkpoint-2") + "/checkpoint-2/model.safetensors.bin"), 200000u);
   EXPECT_EQ(result.err.find("checkpoint-1 is complete"), std::string::npos) << "checkpoint-1 was handed off again";
   EXPECT_EQ(fs::last_write_time(Part("checkpoint-1") + "/checkpoint-1.bt-manifest.json"), first_upload) << "checkpoint-1 re-uploaded";
+}
+
+// Review 4, F3 (one node): checkpoint-2 was completed on disk while the launcher was down
+// (never snapshotted). The retried launcher resumed the job from checkpoint-1, then
+// committed checkpoint-2 as `latest`, and the training's next save moved `latest` back. It
+// is committed under its own name (it may be the only copy), `latest` stays checkpoint-1.
+TEST_F(CheckpointJob, ACheckpointTheLastRunLeftOnDiskIsCommittedWithoutMovingLatest) {
+  const std::string wait_commit = "while [ ! -s " + Remote() + "/" + kJob + "/latest ]; do sleep 0.1; done";
+  {
+    LauncherProcess first(Run(Config({HfSave(1) + " && " + wait_commit + " && exec sleep 60"})));
+    ASSERT_TRUE(first.WaitForLog("committed checkpoint-1", 30s));
+    first.Signal(SIGKILL);
+    first.Finish();
+  }
+  WriteFile(CheckpointDir() + "/checkpoint-2/model.safetensors.bin", std::string(1000, 'w'));
+  WriteFile(CheckpointDir() + "/checkpoint-2/trainer_state.json", "{\"global_step\": 2}");
+  ProcessResult result = RunLauncher(Run(Config({"echo resumed $BT_RESUME_CHECKPOINT"})));
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("resumed checkpoint-1"), std::string::npos) << result.out;
+  EXPECT_NE(result.err.find("1 checkpoint(s) on disk from before this launcher started are committed under their own"),
+            std::string::npos) << result.err;
+  EXPECT_TRUE(fs::exists(Remote() + "/" + storage::CommitRecordPath(kJob, "checkpoint-2"))) << result.err;
+  EXPECT_EQ(Latest(), "checkpoint-1\n") << "`latest` moved past what the job resumed from";
 }
 
 TEST_F(CheckpointJob, FileModifiedAfterCompletionIsNotUploadedAsTheCommittedVersion) {

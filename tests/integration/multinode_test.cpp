@@ -790,6 +790,46 @@ TEST(Restart, ARetriedJobNeverCommitsTheLastRunsSavesLeftOnDisk) {
   EXPECT_EQ(CommitRecordsIn(commits), records_after_the_first_run) << "the retry committed a save of the last run";
 }
 
+// Review 4, F3: the killed run journaled nothing (its launchers were stopped before any
+// handoff; step-1 completes by its marker, written as they died). Only a journal record told
+// a retry from a first start, so the retry, starting from scratch, committed the last run's
+// step-1. A start is recorded in the journal now.
+TEST(Restart, ARetriedJobWhoseLastRunJournaledNothingCommitsNoneOfItsSaves) {
+  TempDir scratch;
+  const std::string latest = scratch.path() + "/remote/" + kJobId + "/latest";
+  const std::string written = scratch.path() + "/written-";
+  const std::string commands = nlohmann::json::array(
+      {"if [ -e " + written + "$BT_NODE_RANK ]; then echo \"retried [$BT_RESUME_CHECKPOINT]\"; sleep 4; else "
+       "mkdir -p $BT_CHECKPOINT_DIR/step-1 && head -c 50000 /dev/urandom > $BT_CHECKPOINT_DIR/step-1/payload.bin && "
+       "echo $BT_CHECKPOINT_DIR > " + written + "$BT_NODE_RANK && exec sleep 60; fi"}).dump();
+  nlohmann::json settings = RestartSettings(scratch, 0);
+  settings["checkpoint"]["quiet_period_s"] = 60;  // step-1 completes by its marker only
+  Job job(2, commands, "", true, settings, FreePort());
+  {
+    auto first = job.StartAll();
+    for (int rank = 0; rank < 2; ++rank) {
+      for (int i = 0; i < 300 && ReadFile(written + std::to_string(rank)).empty(); ++i) std::this_thread::sleep_for(100ms);
+    }
+    for (auto& process : first) process->Signal(SIGKILL);
+    Job::FinishAll(first);
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    std::string checkpoint_dir = ReadFile(written + std::to_string(rank));
+    checkpoint_dir.erase(checkpoint_dir.find_last_not_of('\n') + 1);
+    ASSERT_FALSE(checkpoint_dir.empty());
+    WriteFile(checkpoint_dir + "/step-1/.complete", "");
+  }
+  auto retried = job.StartAll();
+  auto results = Job::FinishAll(retried);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(results[rank].exit_code, 0) << results[rank].err;
+    EXPECT_NE(results[rank].out.find("retried []"), std::string::npos) << results[rank].out;
+    EXPECT_NE(results[rank].err.find("checkpoint(s) on disk from before this launcher started are not committed"),
+              std::string::npos) << results[rank].err;
+  }
+  EXPECT_FALSE(fs::exists(latest)) << "the retry committed the last run's step-1: " << ReadFile(latest);
+}
+
 TEST(Restart, ARetriedJobResumesFromItsOwnCommittedCheckpoint) {
   TempDir scratch;
   const std::string report =

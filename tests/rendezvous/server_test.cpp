@@ -1069,17 +1069,73 @@ TEST(Server, ALauncherLostLateInTheBarrierGetsAWholeRejoinTimeout) {
   nodes[1]->ArriveAtCycle(1);
   std::this_thread::sleep_for(1s);
   nodes[1].reset();
-  std::this_thread::sleep_for(1s);  // past node 2's 1.5 s, within node 1's
-  EXPECT_EQ(server.verdict().kind, ServerVerdict::Kind::kPending) << server.verdict().message;
   std::vector<std::unique_ptr<StoreClient>> replacements;
-  for (int rank : {1, 2}) {
+  auto replace = [&](int rank) {
     replacements.push_back(Connect(server));
     ASSERT_NO_THROW(replacements.back()->Join(Node(rank, "new-host" + std::to_string(rank)), 3));
     replacements.back()->ArriveAtCycle(1);
-  }
+  };
+  replace(2);  // within its 1.5 s from the opening
+  std::this_thread::sleep_for(1s);  // past 1.5 s from the opening, within node 1's from its loss
+  EXPECT_EQ(server.verdict().kind, ServerVerdict::Kind::kPending) << server.verdict().message;
+  replace(1);
   auto go = NextEvent(*nodes[0], PeerEvent::Kind::kCycleGo);
   ASSERT_TRUE(go);
   EXPECT_EQ(go->cycle, 1);
+}
+
+// Review 4, F4: the deadline was shared, so each loss of a flapping replacement at the
+// barrier moved it for every rank, and a rank gone for good was waited for as long as
+// another kept failing. Each rank has its own deadline now.
+TEST(Server, ARankGoneForGoodIsNotWaitedForLongerBecauseAnotherRankFlaps) {
+  ServerOptions options = RestartingOptions(3);
+  options.rejoin_timeout = 1500ms;
+  StoreServer server(options);
+  auto nodes = JoinAllAndStartTheRun(server, 3);
+  nodes[1].reset();
+  nodes[2].reset();
+  ASSERT_TRUE(NextEvent(*nodes[0], PeerEvent::Kind::kRestart));
+  nodes[0]->ArriveAtCycle(1);
+  const auto opened = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(1s);
+  {
+    auto flapping = Connect(server);
+    ASSERT_NO_THROW(flapping->Join(Node(2, "new-host2"), 3));
+    flapping->ArriveAtCycle(1);
+  }  // lost again at the barrier: node 2 gets 1.5 s from here, node 1 none more
+  auto abort = NextEvent(*nodes[0], PeerEvent::Kind::kAbort);
+  ASSERT_TRUE(abort) << server.verdict().message;
+  const auto waited = std::chrono::steady_clock::now() - opened;
+  EXPECT_LT(waited, 2200ms) << "node 1 was waited for until node 2's deadline";
+  EXPECT_EQ(abort->rank, 1) << abort->message;
+  EXPECT_NE(abort->message.find("node 1 (host1, lost"), std::string::npos) << abort->message;
+}
+
+// A rank lost at the barrier again and again holds it at most twice rejoin_timeout_s.
+TEST(Server, ARankLostAgainAndAgainAtTheBarrierHoldsItAtMostTwiceTheRejoinTimeout) {
+  ServerOptions options = RestartingOptions(2);
+  options.rejoin_timeout = 1s;
+  StoreServer server(options);
+  auto nodes = JoinAllAndStartTheRun(server, 2);
+  nodes[1].reset();
+  ASSERT_TRUE(NextEvent(*nodes[0], PeerEvent::Kind::kRestart));
+  nodes[0]->ArriveAtCycle(1);
+  const auto opened = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - opened < 2600ms) {
+    std::this_thread::sleep_for(600ms);
+    if (server.verdict().kind != ServerVerdict::Kind::kPending) break;
+    try {
+      auto flapping = Connect(server);
+      flapping->Join(Node(1, "new-host1"), 2);
+    } catch (const std::exception&) {
+      break;  // the job ended meanwhile: the rank is refused
+    }
+  }
+  auto abort = NextEvent(*nodes[0], PeerEvent::Kind::kAbort);
+  ASSERT_TRUE(abort) << server.verdict().message;
+  const auto held = std::chrono::steady_clock::now() - opened;
+  EXPECT_LT(held, 2800ms) << "the barrier was held past twice rejoin_timeout_s";
+  EXPECT_GE(held, 1900ms) << "a loss at the barrier did not extend the rank's wait";
 }
 
 // The policy reads `latest` at the destination, which can fail: the failure was taken for a

@@ -6,7 +6,9 @@
 // as a killed launcher's would be.
 #include <sys/stat.h>
 
+#include <atomic>
 #include <chrono>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -97,13 +99,14 @@ class CommitAcrossRestart : public ::testing::Test {
 
   std::unique_ptr<checkpoint::CheckpointAgent> Start(int rank, int64_t incarnation = 0, const std::string& load_dir = "",
                                                       bool resume_point_read = false) {
-    boards_.push_back(MakeStoreCommitBoard(*store_, 2, rank, incarnation));
+    boards_.push_back(MakeStoreCommitBoard(*store_, node_count_, rank, incarnation));
     checkpoint::AgentOptions options;
     options.checkpoint_dir = Disk(rank);
     options.settings.scan_interval_s = 0.2;
     options.job_id = kJob;
     options.node_rank = rank;
-    options.node_count = 2;
+    options.node_count = node_count_;
+    if (rank == 0) options.absent_ranks = absent_ranks_;
     options.destination = storage::ParseDestination("file://" + Remote(), "test");
     options.uploader_binary = BT_LAUNCH_BINARY;
     options.board = boards_.back().get();
@@ -197,6 +200,8 @@ class CommitAcrossRestart : public ::testing::Test {
   testing::TempDir dir_;
   std::unique_ptr<rendezvous::Store> store_;
   std::vector<std::unique_ptr<checkpoint::CommitBoard>> boards_;
+  int node_count_ = 2;
+  std::function<std::vector<int>()> absent_ranks_;  // node 0's server: the ranks whose launcher is gone
 };
 
 // The CI failure: node 0 had uploaded two saves of one name, node 1 only its part of the
@@ -237,7 +242,10 @@ TEST_F(CommitAcrossRestart, AFollowerPartWrittenAfterTheResumedSaveIsLostAndNoth
   auto [leader, follower] = RestartBothAndDrain();
   EXPECT_LT(Clock::now() - started, 10s) << "a drain waited for a save that cannot be committed";
   EXPECT_FALSE(Committed("ckpt").has_value()) << "node 0's save was committed with a later part of node 1";
-  EXPECT_TRUE(leader.committed) << leader.message;
+  // The job's newest save is not committed, and no later one replaced it: both drains say so.
+  EXPECT_FALSE(leader.committed) << leader.message;
+  EXPECT_NE(leader.message.find("ckpt was not committed"), std::string::npos) << leader.message;
+  EXPECT_FALSE(follower.committed) << follower.message;
   EXPECT_NE(follower.message.find("written over"), std::string::npos) << follower.message;
 }
 
@@ -397,6 +405,63 @@ TEST_F(CommitAcrossCycles, AReplacementNeverAnswersNoPartForItsPredecessorsSave)
   auto [leader, follower] = DrainBoth(*node0, *replacement);
   EXPECT_FALSE(Committed("save-1").has_value()) << "checkpoint-1 was committed without node 1's shard";
   EXPECT_TRUE(leader.committed) << leader.message;
+}
+
+// Review 4, F1: node 2's launcher was lost before it answered the job's last save. Node 0
+// abandoned that save at once (its part can never come), then took its newest version left,
+// an older commit, for its drain's target and reported the drain committed; node 1, which
+// had answered with its part, skipped the abandoned save too. Both exited 0 with the last
+// checkpoint never committed.
+TEST_F(CommitAcrossCycles, ALastSaveANodeLostBeforeItAnsweredFailsEveryDrain) {
+  node_count_ = 3;
+  std::atomic<bool> gone{false};
+  absent_ranks_ = [&] { return gone ? std::vector<int>{2} : std::vector<int>{}; };
+  auto node0 = Start(0);
+  auto node1 = Start(1);
+  auto node2 = Start(2);
+  SaveOnNodeOne("save-1", 500);
+  testing::WriteFile(Disk(2) + "/save-1/shard-2.bin", std::string(500, 's'));
+  SaveOnNodeZero("save-1", 1000);
+  ASSERT_TRUE(WaitForCommit("save-1").has_value());
+  Kill(node2);
+  gone = true;
+  SaveOnNodeOne("save-2", 500);
+  SaveOnNodeZero("save-2", 1000);
+  const auto started = Clock::now();
+  auto [leader, follower] = DrainBoth(*node0, *node1);
+  EXPECT_LT(Clock::now() - started, 15s) << "a drain waited for a part that can never come";
+  EXPECT_FALSE(Committed("save-2").has_value());
+  EXPECT_FALSE(leader.committed) << leader.message;
+  EXPECT_NE(leader.message.find("save-2 was not committed"), std::string::npos) << leader.message;
+  EXPECT_FALSE(follower.committed) << follower.message;
+  EXPECT_NE(follower.message.find("save-2"), std::string::npos) << follower.message;
+}
+
+// Review 4, F2: node 1's part of save-1 was complete, but its handoff failed (the snapshot
+// refused: a full disk, an I/O error), and the training's rotation removed it. Node 1 then
+// answered "holds no part", and node 0 committed save-1 without rank 1's shard. It is lost.
+TEST_F(CommitAcrossCycles, APartRemovedBeforeItsHandoffIsLostNeverAbsent) {
+  auto node0 = Start(0);
+  auto node1 = Start(1);
+  const std::string staging = Disk(1) + "/.bt-checkpoint/staging";
+  fs::remove_all(staging);
+  testing::WriteFile(staging, "not a directory");  // every snapshot of node 1 fails
+  SaveOnNodeOne("save-1", 500);
+  SaveOnNodeZero("save-1", 1000);
+  WaitForUploads(0, 1);
+  std::this_thread::sleep_for(1s);  // node 1 judged its part complete and failed to hand it off
+  fs::remove_all(Disk(1) + "/save-1");  // rotation
+  std::this_thread::sleep_for(6s);  // past the grace an absent part is given
+  EXPECT_FALSE(Committed("save-1").has_value()) << "save-1 was committed without rank 1's shard";
+  fs::remove(staging);
+  fs::create_directories(staging);
+  SaveOnNodeOne("save-2", 500);
+  SaveOnNodeZero("save-2", 1000);
+  ASSERT_TRUE(WaitForCommit("save-2").has_value());
+  auto [leader, follower] = DrainBoth(*node0, *node1);
+  EXPECT_FALSE(Committed("save-1").has_value()) << "save-1 was committed without rank 1's shard";
+  EXPECT_TRUE(leader.committed) << leader.message;  // a newer save was committed
+  EXPECT_TRUE(follower.committed) << follower.message;
 }
 
 // Defect 12: BT_LOAD_CHECKPOINT_DIR inside BT_CHECKPOINT_DIR: what the launcher loads there
