@@ -24,20 +24,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// One sysfs attribute without its trailing newline; nullopt when it is missing or the
-// read fails (EINVAL for an empty GID slot): both mean "no value", as in rdma-core.
-// Plain open/read: a node reads a few hundred of these while the others wait.
-std::optional<std::string> ReadAttribute(const fs::path& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return std::nullopt;
-  char buffer[4096];
-  const ssize_t length = read(fd, buffer, sizeof buffer);
-  close(fd);
-  if (length < 0) return std::nullopt;
-  std::string text(buffer, size_t(length));
-  if (!text.empty() && text.back() == '\n') text.pop_back();
-  return text;
-}
+std::optional<std::string> ReadAttribute(const fs::path& path) { return ReadSysfsAttribute(path.string()); }
 
 std::string Attribute(const fs::path& path) { return ReadAttribute(path).value_or(""); }
 
@@ -105,12 +92,7 @@ std::vector<Gid> ReadGids(const fs::path& port_dir, bool infiniband, int& table_
 Port ReadPort(const fs::path& port_dir, int number, std::vector<std::string>& warnings) {
   Port port;
   port.number = number;
-  const std::string state = Attribute(port_dir / "state");
-  port.state = int(LeadingNumber(state, kMaxStateCode));
-  port.state_name = NameAfterColon(state);
-  const std::string phys = Attribute(port_dir / "phys_state");
-  port.phys_state = int(LeadingNumber(phys, kMaxStateCode));
-  port.phys_state_name = NameAfterColon(phys);
+  ReadPortState(port_dir.string(), port);
   port.link_layer = ReadAttribute(port_dir / "link_layer").value_or("InfiniBand");  // libibumad's default
   port.rate = Attribute(port_dir / "rate");
   port.rate_gbps = std::strtod(port.rate.c_str(), nullptr);
@@ -296,6 +278,28 @@ Device DeviceFromJson(const nlohmann::json& json, const std::string& where) {
 }
 
 }  // namespace
+
+// Plain open/read: a node reads a few hundred of these while the others wait.
+std::optional<std::string> ReadSysfsAttribute(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  char buffer[4096];
+  const ssize_t length = read(fd, buffer, sizeof buffer);
+  close(fd);
+  if (length < 0) return std::nullopt;
+  std::string text(buffer, size_t(length));
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  return text;
+}
+
+void ReadPortState(const std::string& port_dir, Port& port) {
+  const std::string state = Attribute(fs::path(port_dir) / "state");
+  port.state = int(LeadingNumber(state, kMaxStateCode));
+  port.state_name = NameAfterColon(state);
+  const std::string phys = Attribute(fs::path(port_dir) / "phys_state");
+  port.phys_state = int(LeadingNumber(phys, kMaxStateCode));
+  port.phys_state_name = NameAfterColon(phys);
+}
 
 const Gid* Port::FindGid(int index) const {
   for (const Gid& gid : gids) {

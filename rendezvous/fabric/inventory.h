@@ -99,6 +99,15 @@ std::string SysfsRoot(const std::optional<std::string>& override_root);
 // EINVAL for empty GID slots, so a field simply stays empty.
 Inventory ReadInventory(const std::string& sysfs_root);
 
+// One sysfs attribute without its trailing newline; nullopt when it is missing or the read
+// fails (EINVAL for an empty GID slot): both mean "no value", as in rdma-core.
+std::optional<std::string> ReadSysfsAttribute(const std::string& path);
+
+// A port's state and physical state ("4: ACTIVE", "5: LinkUp") from <port_dir>/state and
+// phys_state, as ReadInventory reads them: the health check reads them again while the job
+// runs, without the rest of the inventory.
+void ReadPortState(const std::string& port_dir, Port& port);
+
 // The interface that holds `local_address` ("" when none does).
 std::string InterfaceWithAddress(const std::vector<Interface>& interfaces, const std::string& local_address);
 
