@@ -578,9 +578,39 @@ WatchdogSettings ReadWatchdogSettings(const json& value, const std::string& path
   return settings;
 }
 
+HealthSettings ReadHealthSettings(const json& value, const std::string& path) {
+  StrictObject object(value, path, {"enabled", "interval_s", "expect_gpus", "on_unhealthy"});
+  HealthSettings settings;
+  if (const json* v = object.Find("enabled")) {
+    if (v->is_boolean()) {
+      settings.mode = v->get<bool>() ? HealthMode::kOn : HealthMode::kOff;
+    } else if (!(v->is_string() && v->get<std::string>() == "auto")) {
+      Fail(object.PathOf("enabled"), "expected \"auto\", true or false", *v);
+    }
+  }
+  if (const json* v = object.Find("interval_s")) {
+    if (!v->is_number() || v->get<double>() < 0.1 || v->get<double>() > 86400) {
+      throw ConfigError(object.PathOf("interval_s"), "expected a number of seconds in [0.1, 86400], got " + v->dump());
+    }
+    settings.interval_s = v->get<double>();
+  }
+  if (const json* v = object.Find("expect_gpus")) {
+    if (!(v->is_string() && v->get<std::string>() == "auto")) {
+      if (!v->is_number_integer()) Fail(object.PathOf("expect_gpus"), "expected \"auto\" or a number of GPUs", *v);
+      settings.expect_gpus = int(ReadInt(*v, object.PathOf("expect_gpus"), 0, 1024));
+    }
+  }
+  if (const json* v = object.Find("on_unhealthy")) {
+    const std::string action = ReadEnum(*v, object.PathOf("on_unhealthy"), {"leave", "warn"});
+    settings.on_unhealthy = action == "warn" ? OnUnhealthy::kWarn : OnUnhealthy::kLeave;
+  }
+  return settings;
+}
+
 LauncherSettings ReadLauncherSettings(const json& value, const std::string& path) {
   StrictObject object(value, path, {"job_id", "project_id", "project_name", "grace_period_s", "peer_failure_grace_s",
-                                             "master_port", "rendezvous", "checkpoint", "weights", "cache", "fabric", "restart", "watchdog"});
+                                             "master_port", "rendezvous", "checkpoint", "weights", "cache", "fabric", "restart", "watchdog",
+                                             "health"});
   LauncherSettings launcher;
   if (const json* v = object.Find("job_id")) {
     launcher.job_id = ReadNonEmptyString(*v, object.PathOf("job_id"));
@@ -600,6 +630,7 @@ LauncherSettings ReadLauncherSettings(const json& value, const std::string& path
   if (const json* v = object.Find("fabric")) launcher.fabric = ReadFabricSettings(*v, object.PathOf("fabric"));
   if (const json* v = object.Find("restart")) launcher.restart = ReadRestartSettings(*v, object.PathOf("restart"));
   if (const json* v = object.Find("watchdog")) launcher.watchdog = ReadWatchdogSettings(*v, object.PathOf("watchdog"));
+  if (const json* v = object.Find("health")) launcher.health = ReadHealthSettings(*v, object.PathOf("health"));
   return launcher;
 }
 

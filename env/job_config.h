@@ -164,6 +164,17 @@ struct WatchdogSettings {
   bool enabled() const { return !stall_timeout_s || *stall_timeout_s > 0 || startup_timeout_s > 0; }
 };
 
+// launcher.health (docs/HEALTH.md): the node's GPUs (NVML, loaded at run time) and the NIC
+// ports the fabric plan uses, read before the first command and while the job runs.
+enum class HealthMode { kAuto, kOn, kOff };  // auto: on when NVML loads; on: a node without it fails
+enum class OnUnhealthy { kLeave, kWarn };    // a fatal finding: the node leaves (exit 75), or it is only logged
+struct HealthSettings {
+  HealthMode mode = HealthMode::kAuto;
+  double interval_s = 10;
+  std::optional<int> expect_gpus;  // nullopt: "auto" (NVIDIA_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES, NPROC_PER_NODE)
+  OnUnhealthy on_unhealthy = OnUnhealthy::kLeave;
+};
+
 struct LauncherSettings {
   std::optional<std::string> job_id;
   std::optional<std::string> project_id;
@@ -178,6 +189,7 @@ struct LauncherSettings {
   FabricSettings fabric;
   RestartSettings restart;
   WatchdogSettings watchdog;
+  HealthSettings health;
 };
 
 struct JobConfig {

@@ -13,6 +13,7 @@ enum ExitCode : int {
   kExitUnavailable = 69,  // a peer or the rendezvous failed
   kExitInternal = 70,     // a bug or an impossible system state
   kExitIo = 74,           // directories, weights, files
+  kExitUnhealthy = 75,    // this node's hardware cannot train (launcher.health): replace the node
   kExitHung = 124,        // the job made no progress (launcher.watchdog): timeout(1)'s code
 };
 

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -15,6 +16,7 @@
 #include "launcher/phases/cache_seed.h"
 #include "launcher/phases/checkpoints.h"
 #include "launcher/phases/fabric.h"
+#include "launcher/phases/health.h"
 #include "launcher/phases/nccl_preflight.h"
 #include "launcher/phases/ready.h"
 #include "launcher/phases/weights.h"
@@ -83,11 +85,18 @@ void PrepareNode(const PreparedJob& job, const std::optional<storage::Destinatio
   }
 }
 
+// The ports the fabric plan gave this node's NCCL: what the health checks read again.
+std::vector<health::UsedPort> PortsInUse(const FabricResult& fabric, int rank) {
+  const rendezvous::fabric::NodePlan* node = fabric.plan.ForRank(rank);
+  if (node == nullptr || !fabric.plan.use_rdma) return {};
+  return health::UsedPorts(node->selection, fabric.inventory);
+}
+
 // Every phase between the rendezvous and the run, through PreRunPeers: a failed peer or a
 // lost leader ends any of them at once, and a store failure names the phase it hit.
 void PrepareAfterRendezvous(PreparedJob& job, std::optional<rendezvous::fabric::Inventory> inventory,
                             const std::optional<storage::DestinationSpec>& destination,
-                            const std::optional<storage::CommitRecord>& resume,
+                            const std::optional<storage::CommitRecord>& resume, NodeHealth* health,
                             bool rejoining, Peers* peers, SignalRouter& signals, Timeline& timeline) {
   std::optional<PreRunPeers> pre_run;
   if (peers) pre_run.emplace(*peers, signals);
@@ -95,7 +104,12 @@ void PrepareAfterRendezvous(PreparedJob& job, std::optional<rendezvous::fabric::
   NameStoreFailures(timeline, [&] {
     if (inventory) {
       timeline.Begin("fabric");
-      PlanFabricPhase(job.config, job.identity, phase_peers, std::move(*inventory), job.environment);
+      FabricResult fabric = PlanFabricPhase(job.config, job.identity, phase_peers, std::move(*inventory), job.environment);
+      if (health) health->WatchPorts(PortsInUse(fabric, job.identity.rank));
+    }
+    if (health) {
+      timeline.Begin("health");
+      CheckHealthBeforeStart(job.config, job.identity, phase_peers, *health);
     }
     if (job.config.launcher.fabric.nccl_preflight) {
       timeline.Begin("nccl preflight");
@@ -217,20 +231,39 @@ std::unique_ptr<watchdog::Watchdog> ArmWatchdog(PreparedJob& job, Peers* peers, 
                                               peers, progress);
 }
 
+// A failed cycle: the node's health is read again before the failure is reported (and the
+// restart decided), so that a bad GPU makes the node leave rather than fail again; a job
+// the health watch stopped exits 75, blamed on this node's hardware.
+// The health watch's stop is this node's own failure, restartable elsewhere: reported with
+// its cause (node 0 names the GPU, not whichever rank's collective timed out first).
+void MarkUnhealthy(HealthWatch& health, JobOutcome& outcome) {
+  if (outcome.stop_reason && outcome.stop_reason->starts_with("health:")) {
+    outcome.cause = std::exchange(outcome.stop_reason, std::nullopt);
+    outcome.exit_code = kExitUnhealthy;
+    return;
+  }
+  if (outcome.exit_code == 0 || outcome.shutdown_signal || outcome.stop_reason) return;
+  health.Recheck();
+  const std::vector<health::Finding> fatal = health.Fatal();
+  if (!fatal.empty()) outcome.cause = "health: " + DescribeFatal(fatal);
+}
+
 // Each cycle's commands under a fresh supervisor (a stopped one stays stopped), watched
 // for hangs, and the load of the checkpoint the next cycle resumes from.
 CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, const std::optional<storage::DestinationSpec>& destination,
-                        Peers* peers, watchdog::Watchdog* watch, watchdog::Progress* progress, SignalRouter& signals,
-                        checkpoint::CheckpointAgent* checkpoints) {
+                        Peers* peers, watchdog::Watchdog* watch, HealthWatch* health, watchdog::Progress* progress,
+                        SignalRouter& signals, checkpoint::CheckpointAgent* checkpoints) {
   CycleHooks hooks;
-  hooks.run = [&cli, &job, peers, watch, progress, &signals, checkpoints](int64_t cycle, const std::string& resume) {
+  hooks.run = [&cli, &job, peers, watch, health, progress, &signals, checkpoints](int64_t cycle,
+                                                                                  const std::string& resume) {
     // What the last cycle left is that cycle's: judged before this cycle's training writes.
     if (checkpoints) checkpoints->BeginCycle(cycle);
     auto grace = std::chrono::milliseconds(int64_t(job.config.launcher.grace_period_s * 1000));
     auto peer_grace = std::chrono::milliseconds(int64_t(job.config.launcher.peer_failure_grace_s * 1000));
     // With the watchdog on, the job's output is progress: relayed, or written to its files.
     Supervisor supervisor(signals, grace, peer_grace, watch ? progress : nullptr, watch ? &watch->output_files() : nullptr);
-    StopUnion stops(peers, watch);
+    StopUnion own(watch, health);
+    StopUnion stops(peers, &own);
     if (watch) watch->BeginCycle(cycle);
     JobOutcome outcome = supervisor.Run(CommandsToRun(cli, job.config), CycleEnviron(job.environment, job.config, cycle, resume),
                                         job.environment.working_dir, &stops);
@@ -238,8 +271,16 @@ CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, const std
       watch->EndCycle();
       if (watch->StoppedAsHung() && !outcome.shutdown_signal) outcome.exit_code = kExitHung;
     }
+    if (health) MarkUnhealthy(*health, outcome);
     return outcome;
   };
+  if (health) {
+    hooks.leave = [health]() -> std::optional<std::string> {
+      std::vector<health::Finding> fatal = health->Fatal();
+      if (fatal.empty()) return std::nullopt;
+      return DescribeFatal(fatal);
+    };
+  }
   hooks.load_resume = [&job, destination](const storage::CommitRecord& commit, const std::function<void()>& check_stop) {
     if (!destination) return;
     LoadOwnCheckpoint(job.environment, *destination, job.identity.rank, commit, check_stop);
@@ -253,6 +294,16 @@ CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, const std
     LoadCheckpoints(job.config, job.environment, *destination, job.identity.rank, check_stop);
   };
   return hooks;
+}
+
+// The node leaves a job that goes on: no exit barrier (the others wait for a launcher in its
+// slot), its uploads not waited for (the restart's decision sealed its cycle's saves), its
+// findings in the last lines, for whoever replaces the node.
+int LeaveUnhealthy(const JobOutcome& outcome, CheckpointPhase& checkpoints, Timeline& timeline) {
+  if (checkpoints.agent) checkpoints.agent->Drain(false, std::chrono::steady_clock::now());
+  LogTimeline(timeline);
+  spdlog::error("health: this node left the job (exit {}): replace it:\n{}", int(kExitUnhealthy), *outcome.left_job);
+  return kExitUnhealthy;
 }
 
 int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) {
@@ -280,11 +331,13 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   // cycle's barrier, not the job's `latest` now.
   std::optional<rendezvous::PeerEvent> rejoin = peers ? peers->TakeRejoin() : std::nullopt;
   std::optional<storage::CommitRecord> resume;
+  std::unique_ptr<NodeHealth> health;
   try {
+    health = NodeHealth::Open(job.config.launcher.health, job.environment, rendezvous::fabric::SysfsRoot(cli.sysfs_root));
     if (!rejoin) resume = ResumePoint(job, destination, peers.get(), signals);
     if (node0_commits) node0_commits->Started(resume);
-    PrepareAfterRendezvous(job, std::move(inventory), destination, resume, rejoin.has_value(), peers.get(), signals,
-                           timeline);
+    PrepareAfterRendezvous(job, std::move(inventory), destination, resume, health.get(), rejoin.has_value(), peers.get(),
+                           signals, timeline);
   } catch (const LaunchFailure& failure) {
     // The others are waiting in the ready barrier or for the seed: tell them now.
     if (peers) {
@@ -307,15 +360,18 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   // Until the end: after its job ended, a node still answers a stack request of the others'.
   watchdog::Progress progress;
   std::unique_ptr<watchdog::Watchdog> watch = ArmWatchdog(job, peers.get(), progress);
+  std::unique_ptr<HealthWatch> health_watch;
+  if (health && health->checks_anything()) health_watch = std::make_unique<HealthWatch>(*health, job.identity.rank);
   MarkRunStarted(job, peers.get());
 
   timeline.Begin("run");
   std::vector<CycleRecord> cycles;
   JobOutcome outcome = RunCycles(job.config, peers.get(), signals,
-                                 CycleHooksOf(cli, job, destination, peers.get(), watch.get(), &progress, signals,
-                                              checkpoints.agent.get()),
+                                 CycleHooksOf(cli, job, destination, peers.get(), watch.get(), health_watch.get(), &progress,
+                                              signals, checkpoints.agent.get()),
                                  resume ? resume->name : "", std::move(rejoin), cycles);
   timeline.Annotate(DescribeOutcome(outcome) + (cycles.empty() ? "" : "; restarts: " + RenderCycles(cycles)));
+  if (outcome.left_job) return LeaveUnhealthy(outcome, checkpoints, timeline);
   if (peers) peers->Report(outcome);  // the other nodes stop now, not after this node's drain
   bool committed = true;
   if (checkpoints.agent) {

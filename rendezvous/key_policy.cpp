@@ -37,6 +37,8 @@ constexpr std::array kRules = {
     KeyRule{"bt/ckpt/launchers/rank-{rank}", Writer::kOwner},
     KeyRule{"bt/hang/*/stacks/{rank}", Writer::kOwner},
     KeyRule{"bt/hang/*/answered", Writer::kCounter},
+    KeyRule{"bt/health/node/{rank}", Writer::kOwner},  // launcher/phases/health.cpp
+    KeyRule{"bt/health/published", Writer::kCounter},
 };
 
 // The '/'-separated segments of a key or pattern, one at a time ("a/" has two, the second

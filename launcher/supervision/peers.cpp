@@ -47,6 +47,7 @@ std::string PortInUseHint(const rendezvous::StoreError& error) {
 std::string DescribeExit(const JobOutcome& outcome) {
   if (outcome.launcher_failure) return "bt-launch failed (exit code " + std::to_string(outcome.exit_code) + "): " + *outcome.launcher_failure;
   if (outcome.stop_reason) return "stopped because " + *outcome.stop_reason;
+  if (outcome.cause) return "exit code " + std::to_string(outcome.exit_code) + ": " + *outcome.cause;
   // Only the wait status tells a signal: a job's own `exit 130` is an exit code.
   if (outcome.terminating_signal) {
     return std::string("killed by signal ") + sigabbrev_np(*outcome.terminating_signal) + " (exit code " +

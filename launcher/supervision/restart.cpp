@@ -305,6 +305,16 @@ std::vector<std::string> CycleEnviron(const env::JobEnvironment& environment, co
   return copy.ToEnviron();
 }
 
+// A node whose hardware cannot train does not restart on it: it leaves, and the others
+// await a launcher in its slot at the barrier, as for a lost node.
+static JobOutcome LeaveTheJob(JobOutcome outcome, const std::string& reason) {
+  spdlog::error("restart: this node leaves the job instead of restarting on it; the others wait for a launcher in its "
+                "slot (launcher.restart.rejoin_timeout_s): {}", reason);
+  outcome.exit_code = kExitUnhealthy;
+  outcome.left_job = reason;
+  return outcome;
+}
+
 JobOutcome RunCycles(const env::JobConfig& config, Peers* peers, SignalRouter& signals, const CycleHooks& hooks,
                      const std::string& first_resume, std::optional<PeerEvent> rejoin, std::vector<CycleRecord>& cycles) {
   int64_t cycle = 0;
@@ -322,6 +332,7 @@ JobOutcome RunCycles(const env::JobConfig& config, Peers* peers, SignalRouter& s
       if (!RestartsEnabled(config, peers)) return outcome;
       restart = NextRestart(*peers, signals, outcome);
       if (!restart) return outcome;
+      if (auto reason = hooks.leave ? hooks.leave() : std::nullopt) return LeaveTheJob(outcome, *reason);
     }
     restart = MeetAtBarrier(config, *peers, signals, hooks, *restart, first_cycle_here, outcome, cycles);
     if (!restart) return outcome;

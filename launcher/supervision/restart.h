@@ -110,6 +110,9 @@ struct CycleHooks {
   // (runtime.load_checkpoint_config): a launcher that replaced a lost one loads it before
   // its first cycle, as the others did before theirs. Throws LaunchFailure.
   std::function<void(const std::function<void()>& check_stop)> load_start;
+  // Before this node meets the others at a restart's barrier: why it leaves the job instead
+  // (its hardware cannot train, launcher.health), or nullopt. May be empty.
+  std::function<std::optional<std::string>()> leave;
 };
 
 // Runs cycle after cycle until one ends the job, and returns that cycle's outcome (already

@@ -43,6 +43,8 @@ struct JobOutcome {
   std::optional<int> shutdown_signal;    // the signal that ended the job early
   std::optional<std::string> stop_reason;  // set when a StopRequests ended the job
   std::optional<std::string> launcher_failure;  // the launcher itself failed before the commands (weights, seed)
+  std::optional<std::string> cause;     // why this node's job failed, where the launcher knows (its hardware)
+  std::optional<std::string> left_job;  // why this launcher left a job that goes on (its node unhealthy)
 };
 
 class OutputRelay;

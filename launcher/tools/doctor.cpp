@@ -17,6 +17,7 @@
 #include <optional>
 #include <regex>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "env/environment.h"
@@ -24,7 +25,9 @@
 #include "env/job_config.h"
 #include "launcher/exit_codes.h"
 #include "launcher/phases/checkpoints.h"
+#include "launcher/health/gpu_checks.h"
 #include "launcher/phases/fabric.h"
+#include "launcher/phases/health.h"
 #include "launcher/supervision/peers.h"
 #include "rendezvous/client.h"
 #include "rendezvous/fabric/inventory.h"
@@ -96,6 +99,7 @@ class Doctor {
     CheckSharedMemory();
     CheckLimits();
     CheckGpus();
+    CheckGpuHealth();
     CheckDirectories();
     CheckDestination();
     return findings_;
@@ -428,6 +432,47 @@ class Doctor {
       return;
     }
     Add("gpus", Verdict::kOk, detail);
+  }
+
+  // What `run`'s health phase reads (launcher.health, docs/HEALTH.md): one line per GPU with
+  // its readings, then one per finding, fatal ones failing the doctor.
+  void CheckGpuHealth() {
+    const env::HealthSettings& settings = config_.launcher.health;
+    if (settings.mode == env::HealthMode::kOff) return Add("gpu health", Verdict::kSkip, "launcher.health.enabled is false");
+    std::string error;
+    std::unique_ptr<health::Nvml> nvml = health::Nvml::Open(health::Nvml::DefaultLibrary(), error);
+    if (!nvml) {
+      const bool required = settings.mode == env::HealthMode::kOn;
+      return Add("gpu health", required ? Verdict::kFail : Verdict::kSkip, error,
+                 required ? "mount the NVIDIA driver's libnvidia-ml.so.1 (NVIDIA Container Toolkit), set BT_NVML_LIBRARY, "
+                            "or set launcher.health.enabled to \"auto\""
+                          : "");
+    }
+    const health::NodeSample sample = health::SampleGpus(*nvml, ExpectedGpus(settings, environment_));
+    for (const health::GpuReadings& gpu : sample.gpus) Add("gpu " + std::to_string(gpu.index), Verdict::kOk, Readings(gpu));
+    for (const health::Finding& finding : sample.findings) {
+      const Verdict verdict = finding.severity == health::Severity::kFatal     ? Verdict::kFail
+                              : finding.severity == health::Severity::kWarning ? Verdict::kWarn
+                                                                               : Verdict::kSkip;
+      std::string where = finding.gpu >= 0 ? "GPU " + std::to_string(finding.gpu) + " " + finding.uuid + ": " : "";
+      Add("gpu health", verdict, where + finding.what + (finding.value.empty() ? "" : " = " + finding.value), finding.fix);
+    }
+    if (sample.findings.empty()) {
+      Add("gpu health", Verdict::kOk, std::to_string(sample.gpus.size()) + " GPU(s), driver " + sample.driver_version +
+                                          ": no finding");
+    }
+  }
+
+  static std::string Readings(const health::GpuReadings& gpu) {
+    auto number = [](const auto& value) { return value ? std::to_string(*value) : std::string("n/a"); };
+    std::string text = gpu.uuid + " " + gpu.pci_bus_id + (gpu.lost ? " LOST" : "");
+    text += ", ECC uncorrected " + number(gpu.ecc_uncorrected_volatile);
+    text += ", remap pending " + (gpu.remap_pending ? std::string(*gpu.remap_pending ? "yes" : "no") : "n/a");
+    text += ", clocks reasons " + (gpu.clocks_event_reasons ? fmt::format("{:#x}", *gpu.clocks_event_reasons) : "n/a");
+    text += ", PCIe Gen" + number(gpu.pcie_generation) + " x" + number(gpu.pcie_width) + " (max Gen" +
+            number(gpu.pcie_max_generation) + " x" + number(gpu.pcie_max_width) + ")";
+    text += ", NVLink " + std::to_string(gpu.nvlinks_up) + "/" + std::to_string(gpu.nvlinks) + " up";
+    return text;
   }
 
   void CheckDirectories() {

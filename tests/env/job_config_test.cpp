@@ -170,6 +170,16 @@ std::vector<BadConfig> BadConfigs() {
       {keep(std::string(R"({"launcher": {"watchdog": {"report_dir": ""}}, )") + kOk + "}"), "launcher.watchdog.report_dir"},
       {keep(std::string(R"({"launcher": {"watchdog": {"stall_timeout": 5}}, )") + kOk + "}"),
        "launcher.watchdog.stall_timeout: unknown key"},
+      {keep(std::string(R"({"launcher": {"health": {"enabled": "yes"}}, )") + kOk + "}"),
+       "launcher.health.enabled: expected \"auto\", true or false"},
+      {keep(std::string(R"({"launcher": {"health": {"interval_s": 0}}, )") + kOk + "}"),
+       "launcher.health.interval_s: expected a number of seconds in [0.1, 86400], got 0"},
+      {keep(std::string(R"({"launcher": {"health": {"expect_gpus": 8.5}}, )") + kOk + "}"),
+       "launcher.health.expect_gpus: expected \"auto\" or a number of GPUs"},
+      {keep(std::string(R"({"launcher": {"health": {"expect_gpus": -1}}, )") + kOk + "}"),
+       "launcher.health.expect_gpus: expected an integer in [0, 1024], got -1"},
+      {keep(std::string(R"({"launcher": {"health": {"on_unhealthy": "reboot"}}, )") + kOk + "}"),
+       "launcher.health.on_unhealthy"},
   };
 }
 

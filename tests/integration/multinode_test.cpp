@@ -1263,5 +1263,116 @@ TEST(Restart, NodeZeroFrozenPastTheHeartbeatTimeoutEndsTheJobAtOnceWithTheFollow
 
 }  // namespace restart
 
+// Issue 30: node health over the fake NVML (tests/health/fake_nvml.c), one state file per
+// node, which the test changes while the job runs.
+std::map<std::string, std::string> FakeNvml(const std::string& state) {
+  return {{"BT_NVML_LIBRARY", BT_FAKE_NVML}, {"BT_FAKE_NVML_STATE", state}};
+}
+
+// Written whole (the fake reads it at every call): a temporary beside it, renamed over it.
+void WriteNvmlState(const std::string& path, const std::string& text) {
+  WriteFile(path + ".tmp", text);
+  fs::rename(path + ".tmp", path);
+}
+
+TEST(Health, AnUncorrectableEccErrorAtTheStartIsNamedOnNodeZeroBeforeAnyCommandRuns) {
+  TempDir scratch;
+  const std::string ran = scratch.path() + "/ran-";
+  Job job(3, "[\"touch " + ran + "$BT_NODE_RANK\"]", "", false);
+  std::vector<std::unique_ptr<LauncherProcess>> processes;
+  for (int rank = 0; rank < 3; ++rank) {
+    const std::string state = scratch.path() + "/nvml-" + std::to_string(rank);
+    WriteNvmlState(state, "gpus 2\ngpu 1 uuid GPU-node" + std::to_string(rank) + "-1\n" +
+                              (rank == 2 ? "gpu 1 ecc_uncorrected 3\n" : ""));
+    processes.push_back(std::make_unique<LauncherProcess>(job.Spec(rank, {}, FakeNvml(state))));
+  }
+  auto results = Job::FinishAll(processes);
+  EXPECT_EQ(results[2].exit_code, 75) << results[2].err;
+  EXPECT_NE(results[2].err.find("this node cannot train"), std::string::npos) << results[2].err;
+  const std::string& leader = results[0].err;
+  const size_t table = leader.find("a node cannot train (launcher.health)");
+  ASSERT_NE(table, std::string::npos) << leader;
+  EXPECT_NE(leader.find("GPU-node2-1", table), std::string::npos) << leader;
+  EXPECT_NE(leader.find("ECC", table), std::string::npos) << leader;
+  EXPECT_EQ(leader.find("GPU-node1-1", table), std::string::npos) << "a healthy GPU is in the table: " << leader;
+  EXPECT_NE(results[0].exit_code, 0);
+  for (int rank = 0; rank < 3; ++rank) EXPECT_FALSE(fs::exists(ran + std::to_string(rank))) << "node " << rank << " ran";
+}
+
+TEST(Health, FewerGpusThanExpectedKeepTheNodeFromTraining) {
+  TempDir scratch;
+  const std::string state = scratch.path() + "/nvml";
+  WriteNvmlState(state, "gpus 7\n");
+  Job job(1, R"(["echo ran"])", "", false, {{"health", {{"expect_gpus", 8}}}});
+  ProcessResult result = RunLauncher(job.Spec(0, {}, FakeNvml(state)));
+  EXPECT_EQ(result.exit_code, 75) << result.err;
+  EXPECT_NE(result.err.find("7"), std::string::npos) << result.err;
+  EXPECT_EQ(result.out.find("ran"), std::string::npos) << result.out;
+}
+
+TEST(Health, HealthRequiredWithoutNvmlFailsTheNodeNamingTheLibrary) {
+  Job job(1, R"(["echo ran"])", "", false, {{"health", {{"enabled", true}}}});
+  ProcessResult result = RunLauncher(job.Spec(0, {}, {{"BT_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1"}}));
+  EXPECT_EQ(result.exit_code, 75) << result.err;
+  EXPECT_NE(result.err.find("NVML not available"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("/nonexistent/libnvidia-ml.so.1"), std::string::npos) << result.err;
+}
+
+// Xid 13 (a graphics engine exception) is the application's: a warning, the job goes on.
+TEST(Health, AnApplicationXidIsAWarningAndTheJobGoesOn) {
+  TempDir scratch;
+  const std::string state = scratch.path() + "/nvml";
+  WriteNvmlState(state, "gpus 2\n");
+  Job job(1, R"(["echo started; sleep 3; echo finished"])", "", false, {{"health", {{"interval_s", 0.5}}}});
+  LauncherProcess launcher(job.Spec(0, {}, FakeNvml(state)));
+  ASSERT_TRUE(launcher.WaitForOutput("started", 20s));
+  WriteNvmlState(state, "gpus 2\nxid 1 0 13\n");
+  ProcessResult result = launcher.Finish();
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("finished"), std::string::npos) << result.out;
+  EXPECT_NE(result.err.find("warning: GPU 0"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("Xid 13"), std::string::npos) << result.err;
+}
+
+// Xid 79 (fallen off the bus) on node 1 while it trains: its job is stopped at once, blamed
+// on that GPU; node 1 leaves (75) instead of restarting on it, and the job goes on with a
+// launcher that joins in its slot (no spare: a replaced pod).
+TEST(Health, AGpuOffTheBusStopsItsNodeWhichLeavesAndAReplacementFinishesTheJob) {
+  TempDir scratch;
+  const std::string commands = nlohmann::json::array(
+      {"if [ $BT_RESTART_COUNT = 0 ]; then echo started; exec sleep 60; else echo \"cycle $BT_RESTART_COUNT done\"; fi"}).dump();
+  nlohmann::json settings = restart::RestartSettings(scratch, 2);
+  settings["health"] = {{"interval_s", 1}};
+  Job job(2, commands, "", true, settings);
+  std::vector<std::string> states;
+  std::vector<std::unique_ptr<LauncherProcess>> processes;
+  for (int rank = 0; rank < 2; ++rank) {
+    states.push_back(scratch.path() + "/nvml-" + std::to_string(rank));
+    WriteNvmlState(states.back(), "gpus 4\ngpu 3 uuid GPU-falling-3\n");
+    processes.push_back(std::make_unique<LauncherProcess>(job.Spec(rank, {}, FakeNvml(states.back()))));
+  }
+  ASSERT_TRUE(processes[1]->WaitForOutput("started", 30s));
+  const auto xid = std::chrono::steady_clock::now();
+  WriteNvmlState(states[1], "gpus 4\ngpu 3 uuid GPU-falling-3\nxid 1 3 79\n");
+  ProcessResult left = processes[1]->Finish();
+  EXPECT_LT(std::chrono::steady_clock::now() - xid, 15s);
+  EXPECT_EQ(left.exit_code, 75) << left.err;
+  const size_t last = left.err.rfind("this node left the job");
+  ASSERT_NE(last, std::string::npos) << left.err;
+  EXPECT_NE(left.err.find("GPU 3 (GPU-falling-3", last), std::string::npos) << left.err;
+  EXPECT_NE(left.err.find("Xid 79", last), std::string::npos) << left.err;
+  ASSERT_TRUE(processes[0]->WaitForLog("waiting", 30s));
+  const std::string healthy = scratch.path() + "/nvml-replacement";
+  WriteNvmlState(healthy, "gpus 4\n");
+  LauncherProcess replacement(job.Spec(1, {}, FakeNvml(healthy)));
+  ProcessResult leader = processes[0]->Finish();
+  ProcessResult replaced = replacement.Finish();
+  EXPECT_EQ(leader.exit_code, 0) << leader.err;
+  EXPECT_EQ(replaced.exit_code, 0) << replaced.err;
+  EXPECT_NE(leader.out.find("cycle 1 done"), std::string::npos) << leader.out;
+  EXPECT_NE(replaced.out.find("cycle 1 done"), std::string::npos) << replaced.out;
+  EXPECT_NE(leader.err.find("Xid 79"), std::string::npos) << "node 0 did not name the cause: " << leader.err;
+}
+
 }  // namespace
 }  // namespace bt::testing

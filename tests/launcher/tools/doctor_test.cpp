@@ -79,6 +79,27 @@ TEST_F(DoctorTest, ASingleNodeWithNothingWrongExitsZero) {
   EXPECT_EQ(doctor["leader"]["verdict"], "skip");
 }
 
+// The health phase's readings and findings (issue 30) over the fake NVML: a GPU with
+// uncorrectable ECC errors fails the doctor naming it; the healthy one shows its readings.
+TEST_F(DoctorTest, AGpuWithUncorrectableEccErrorsFailsNamingItsUuid) {
+  const std::string state = dir_.path() + "/nvml";
+  WriteFile(state, "gpus 2\ngpu 0 uuid GPU-healthy-0\ngpu 1 uuid GPU-broken-1\ngpu 1 ecc_uncorrected 4\n");
+  Doctor doctor = Run({}, {{"BT_NVML_LIBRARY", BT_FAKE_NVML}, {"BT_FAKE_NVML_STATE", state}});
+  EXPECT_EQ(doctor.exit_code, 1) << doctor.findings.dump(1);
+  EXPECT_NE(doctor["gpu 0"]["detail"].get<std::string>().find("GPU-healthy-0"), std::string::npos);
+  EXPECT_NE(doctor["gpu 0"]["detail"].get<std::string>().find("ECC uncorrected 0"), std::string::npos);
+  const nlohmann::json health = doctor["gpu health"];
+  EXPECT_EQ(health["verdict"], "FAIL") << health.dump();
+  EXPECT_NE(health["detail"].get<std::string>().find("GPU-broken-1"), std::string::npos) << health.dump();
+}
+
+// Without NVML (a CPU node) under "auto": SKIPPED with the reason, never a failure.
+TEST_F(DoctorTest, NoNvmlUnderAutoIsSkippedWithTheReason) {
+  Doctor doctor = Run({}, {{"BT_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1"}});
+  EXPECT_EQ(doctor["gpu health"]["verdict"], "skip") << doctor.findings.dump(1);
+  EXPECT_NE(doctor["gpu health"]["detail"].get<std::string>().find("NVML not available"), std::string::npos);
+}
+
 // `srun -N2 bt-launch doctor` before the job: node 0 serves nothing yet, which is no fault.
 TEST_F(DoctorTest, ALeaderNotRunningYetIsAWarningWithTheFix) {
   Doctor doctor = Run(SecondNode(), {{"BT_RENDEZVOUS_TOKEN", "token-abcdef"}});
