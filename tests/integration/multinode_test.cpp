@@ -1334,6 +1334,50 @@ TEST(Health, AnApplicationXidIsAWarningAndTheJobGoesOn) {
   EXPECT_NE(result.err.find("Xid 13"), std::string::npos) << result.err;
 }
 
+// The InfiniBand ports the fabric plan gave NCCL, read again while the job runs (a copy of
+// tests/fixtures/health/ib2-counters per node): node 0's symbol_error counter grows (a
+// warning: the job goes on), then node 1's mlx5_1 port goes DOWN (fatal: node 1 stops,
+// named, and with no restart the job ends with its 75).
+TEST(Health, AUsedPortGoingDownStopsItsNodeAndAGrowingCounterIsAWarning) {
+  TempDir scratch;
+  std::vector<std::string> roots;
+  for (int rank = 0; rank < 2; ++rank) {
+    roots.push_back(scratch.path() + "/node-" + std::to_string(rank));
+    fs::copy(std::string(BT_SOURCE_DIR) + "/tests/fixtures/health/ib2-counters", roots.back(),
+             fs::copy_options::recursive | fs::copy_options::copy_symlinks);
+  }
+  // Node 1 is another host: its HCAs have GUIDs of their own (the fabric check refuses copies).
+  for (const char* device : {"0000:1a:00.0/infiniband/mlx5_0", "0000:3c:00.0/infiniband/mlx5_1"}) {
+    const std::string hca = roots[1] + "/sys/devices/pci0000:00/" + device;
+    for (const std::string file : {"/node_guid", "/sys_image_guid", "/ports/1/gids/0"}) {
+      std::string text = ReadFile(hca + file);
+      text.replace(text.find("a088"), 4, "b088");
+      WriteFile(hca + file, text);
+    }
+  }
+  Job job(2, R"(["echo started; exec sleep 60"])", "", false, {{"health", {{"interval_s", 0.3}}}});
+  std::vector<std::unique_ptr<LauncherProcess>> processes;
+  for (int rank = 0; rank < 2; ++rank) {
+    processes.push_back(std::make_unique<LauncherProcess>(
+        job.Spec(rank, {"--sysfs-root", roots[size_t(rank)] + "/sys"}, {{"BT_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1"}})));
+  }
+  ASSERT_TRUE(processes[0]->WaitForOutput("started", 30s));
+  ASSERT_TRUE(processes[1]->WaitForOutput("started", 30s));
+  const std::string port0 = roots[0] + "/sys/devices/pci0000:00/0000:1a:00.0/infiniband/mlx5_0/ports/1";
+  WriteFile(port0 + "/counters/symbol_error", "2\n");
+  ASSERT_TRUE(processes[0]->WaitForLog("symbol_error growing", 10s));
+  const std::string port1 = roots[1] + "/sys/devices/pci0000:00/0000:3c:00.0/infiniband/mlx5_1/ports/1";
+  WriteFile(port1 + "/state", "1: DOWN\n");
+  WriteFile(port1 + "/phys_state", "2: Polling\n");
+  auto results = Job::FinishAll(processes);
+  EXPECT_EQ(results[1].exit_code, 75) << results[1].err;
+  EXPECT_NE(results[1].err.find("mlx5_1 port 1 not ACTIVE/LinkUp"), std::string::npos) << results[1].err;
+  EXPECT_EQ(results[0].exit_code, 75) << "the job's result is the failed node's: " << results[0].err;
+  EXPECT_NE(results[0].err.find("mlx5_1 port 1 not ACTIVE/LinkUp"), std::string::npos) << results[0].err;
+  EXPECT_NE(results[0].err.find("warning: NIC 0000:1a:00.0: mlx5_0 port 1 symbol_error growing = 0 -> 2"),
+            std::string::npos) << results[0].err;
+}
+
 // Xid 79 (fallen off the bus) on node 1 while it trains: its job is stopped at once, blamed
 // on that GPU; node 1 leaves (75) instead of restarting on it, and the job goes on with a
 // launcher that joins in its slot (no spare: a replaced pod).
