@@ -19,6 +19,12 @@ echo "== PID 1 overhead: bt-launch vs tini vs plain exec"
 cp build/launcher/bt-launch "$root/bt-launch"
 build/tests/pid1_overhead "$root/bt-launch" "$(command -v tini)" "$root" "${RUNS:-2000}"
 
+echo "== one health sample (8 GPUs over the tests' fake NVML, 2 InfiniBand ports): CPU time against the 1 ms goal"
+printf 'gpus 8\n' > "$root/nvml-state"
+cp -a tests/fixtures/health/ib2-counters "$root/health-sysfs"
+BT_FAKE_NVML_STATE="$root/nvml-state" build/tests/health_sample build/tests/fake_nvml/libnvidia-ml.so.1 \
+  "$root/health-sysfs/sys" 1000
+
 echo "== rendezvous of N nodes arriving together: bt-launch against torch's TCPStore"
 RUNS=3 ./scripts/bench_rendezvous.sh
 echo "== what the fabric check adds to a 64-node rendezvous"

@@ -3,7 +3,8 @@
 // overhead over a plain exec, the ratio to tini's overhead, and peak RSS (wait4's
 // ru_maxrss). Two more contenders in the same rounds say what the watchdog costs: `run`
 // given a config (BT_JOB_CONFIG) with the watchdog on, and the same config with it off
-// (both parse a config, which the headline run does not).
+// (both parse a config, which the headline run does not); and one more, the health checks
+// off, says what looking for NVML costs where there is none (launcher.health "auto").
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/resource.h>
@@ -24,6 +25,9 @@ namespace {
 constexpr const char* kWatchdogOnConfig = R"(BT_JOB_CONFIG={"runtime":{"start_commands":["true"]}})";
 constexpr const char* kWatchdogOffConfig =
     R"(BT_JOB_CONFIG={"runtime":{"start_commands":["true"]},"launcher":{"watchdog":{"stall_timeout_s":0,"startup_timeout_s":0}}})";
+
+constexpr const char* kHealthOffConfig =
+    R"(BT_JOB_CONFIG={"runtime":{"start_commands":["true"]},"launcher":{"health":{"enabled":false}}})";
 
 struct Contender {
   std::string name;
@@ -92,6 +96,7 @@ int main(int argc, char** argv) {
       {"bt-launch run -- /bin/true", run, "", {}, 0},
       {"  config, watchdog on", run, kWatchdogOnConfig, {}, 0},
       {"  config, watchdog off", run, kWatchdogOffConfig, {}, 0},
+      {"  config, health off", run, kHealthOffConfig, {}, 0},
   };
   for (auto& contender : contenders) RunOnce(contender);  // warm the page cache
   // Each round starts with the next contender: the one that runs right after /bin/true or
@@ -117,6 +122,8 @@ int main(int argc, char** argv) {
   std::printf("bt-launch overhead / tini overhead: %.2f\n", tini_overhead > 0 ? ours / tini_overhead : 0.0);
   std::printf("the watchdog adds: %.0f us (config, watchdog on - config, watchdog off)\n",
               Percentile(contenders[3].micros, 0.5) - Percentile(contenders[4].micros, 0.5));
+  std::printf("health without NVML adds: %.0f us (config, watchdog on - config, health off; goal: < 100 us)\n",
+              Percentile(contenders[3].micros, 0.5) - Percentile(contenders[5].micros, 0.5));
   std::printf("bt-launch peak RSS: %.1f MiB (goal: < 8 MiB)\n", double(contenders[2].max_rss_kib) / 1024.0);
   return 0;
 }

@@ -33,6 +33,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include <pthread.h>
+#include <sys/stat.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -158,17 +159,41 @@ static void parse_line(fake_state* state, const char* line) {
   }
 }
 
-/* The state file as it is now. */
-static void read_state(fake_state* state) {
+/* The state file parsed. */
+static void parse_state(fake_state* state, const char* path) {
   memset(state, 0, sizeof *state);
   snprintf(state->driver, sizeof state->driver, "0.0.fake");
   for (int i = 0; i < MAX_GPUS; ++i) default_gpu(&state->gpu[i], i);
-  const char* path = getenv("BT_FAKE_NVML_STATE");
   FILE* file = path != NULL ? fopen(path, "r") : NULL;
   if (file == NULL) return;
   char line[512];
   while (fgets(line, sizeof line, file) != NULL) parse_line(state, line);
   fclose(file);
+}
+
+/* The state file as it is now: parsed again only when it changed (another inode, size or
+ * mtime; tests replace it by a rename), so that a sample costs what a driver's calls cost,
+ * not a file parse per call (tests/bench/health_sample.cpp). */
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+static fake_state cached;
+static struct stat cached_stat;
+static int cache_valid;
+
+static void read_state(fake_state* state) {
+  const char* path = getenv("BT_FAKE_NVML_STATE");
+  struct stat now;
+  const int exists = path != NULL && stat(path, &now) == 0;
+  pthread_mutex_lock(&cache_lock);
+  const int same = exists && cache_valid && now.st_ino == cached_stat.st_ino && now.st_dev == cached_stat.st_dev &&
+                   now.st_size == cached_stat.st_size && now.st_mtim.tv_sec == cached_stat.st_mtim.tv_sec &&
+                   now.st_mtim.tv_nsec == cached_stat.st_mtim.tv_nsec;
+  if (!same) {
+    parse_state(&cached, exists ? path : NULL);
+    cache_valid = exists;
+    if (exists) cached_stat = now;
+  }
+  memcpy(state, &cached, sizeof *state);
+  pthread_mutex_unlock(&cache_lock);
 }
 
 /* The GPU behind `device` in `state`, or NULL (with *result set) when there is none or it is
