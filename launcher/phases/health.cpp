@@ -273,11 +273,14 @@ void HealthWatch::Run() {
       }
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(next_sample - now);
       const unsigned wait_ms = unsigned(std::min<int64_t>(left.count(), kXidWaitMs));
-      if (health::XidReader* xids = health_.Xids()) {
-        Take(xids->Wait(wait_ms));
-      } else {
-        std::this_thread::sleep_for(std::chrono::milliseconds(std::min<unsigned>(wait_ms, 200)));
-      }
+      const auto waited_from = Clock::now();
+      health::XidReader* xids = health_.Xids();
+      const std::vector<Finding> found = xids ? xids->Wait(wait_ms) : std::vector<Finding>{};
+      Take(found);
+      // A wait that fails at once (a GPU lost, events unsupported) must not become a busy
+      // loop beside the training: without an Xid it takes its whole slice.
+      const bool xid = std::any_of(found.begin(), found.end(), [](const Finding& f) { return f.xid != 0; });
+      if (!xid) std::this_thread::sleep_until(waited_from + std::chrono::milliseconds(std::min<unsigned>(wait_ms, 200)));
     }
   } catch (const std::exception& error) {
     spdlog::error("health: the health watch stopped on an error ({}); the job goes on unwatched", error.what());

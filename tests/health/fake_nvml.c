@@ -436,6 +436,14 @@ static long long now_ms(void) {
 }
 
 /* Polls the state file every 5 ms until an event is there or `timeout_ms` has passed. */
+/* Whether a GPU `set` registered is lost for good ("lost 1"). */
+static int registered_gpu_lost(const fake_state* state, const nvmlEventSet_t set) {
+  for (int gpu = 0; gpu < state->gpus && gpu < MAX_GPUS; ++gpu) {
+    if (set->registered[gpu] && state->gpu[gpu].lost == 1) return 1;
+  }
+  return 0;
+}
+
 nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t* data, unsigned int timeout_ms) {
   if (set == NULL || data == NULL) return NVML_ERROR_INVALID_ARGUMENT;
   fake_state* state = malloc(sizeof *state);
@@ -444,6 +452,10 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t* data, unsi
   nvmlReturn_t result = NVML_ERROR_TIMEOUT;
   for (;;) {
     read_state(state);
+    if (registered_gpu_lost(state, set)) {  /* as a driver does: the wait fails at once */
+      result = NVML_ERROR_GPU_IS_LOST;
+      break;
+    }
     const fake_event* event = take_event(state, set);
     if (event != NULL) {
       memset(data, 0, sizeof *data);

@@ -1378,6 +1378,40 @@ TEST(Health, AUsedPortGoingDownStopsItsNodeAndAGrowingCounterIsAWarning) {
             std::string::npos) << results[0].err;
 }
 
+// The launcher's CPU time so far (utime + stime, in clock ticks), from /proc.
+long CpuTicksOf(pid_t pid) {
+  std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
+  std::istringstream fields(stat.substr(stat.rfind(')') + 2));
+  std::string field;
+  long utime = 0, stime = 0;
+  for (int index = 3; fields >> field; ++index) {  // field 3 is the state, after "pid (comm)"
+    if (index == 14) utime = std::stol(field);
+    if (index == 15) stime = std::stol(field);
+  }
+  return utime + stime;
+}
+
+// A GPU lost while the job runs makes every Xid wait fail at once: the health watch must not
+// spin on it beside the training (on_unhealthy "warn", so the job goes on).
+TEST(Health, AnXidWaitThatFailsAtOnceIsNoBusyLoop) {
+  TempDir scratch;
+  const std::string state = scratch.path() + "/nvml";
+  WriteNvmlState(state, "gpus 2\n");
+  Job job(1, R"(["echo started; sleep 4; echo finished"])", "", false,
+          {{"health", {{"interval_s", 30}, {"on_unhealthy", "warn"}}}});
+  LauncherProcess launcher(job.Spec(0, {}, FakeNvml(state)));
+  ASSERT_TRUE(launcher.WaitForOutput("started", 20s));
+  WriteNvmlState(state, "gpus 2\ngpu 1 lost 1\n");
+  std::this_thread::sleep_for(500ms);
+  const long before = CpuTicksOf(launcher.pid());
+  std::this_thread::sleep_for(2s);
+  const long used = CpuTicksOf(launcher.pid()) - before;
+  ProcessResult result = launcher.Finish();
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_LT(used, sysconf(_SC_CLK_TCK) / 5) << "the launcher used " << used << " ticks in 2 s: " << result.err;
+  EXPECT_NE(result.err.find("GPU lost"), std::string::npos) << result.err;
+}
+
 // Xid 79 (fallen off the bus) on node 1 while it trains: its job is stopped at once, blamed
 // on that GPU; node 1 leaves (75) instead of restarting on it, and the job goes on with a
 // launcher that joins in its slot (no spare: a replaced pod).
