@@ -138,6 +138,11 @@ class CheckpointAgent::Impl {
     cycle_applied_.wait_for(lock, kCycleChangeWait, [&] { return applied_cycle_ >= cycle || !running_; });
   }
 
+  void RestartDecided(int64_t cycle) {
+    std::lock_guard lock(mutex_);
+    sealed_through_ = std::max(sealed_through_, cycle - 1);
+  }
+
  private:
   enum class Stage { kQueued, kUploaded, kCommitted };
   struct Version {
@@ -1415,9 +1420,16 @@ class CheckpointAgent::Impl {
     for (auto it = declared_order_.rbegin(); it != declared_order_.rend(); ++it) {
       auto answer = answered_.find(it->number);
       if (answer == answered_.end() || answer->second != PartKind::kVersion) return &*it;
-      if (it->cycle >= current_cycle_ || !AbandonedByLeader(it->number)) return &*it;
+      if (!Sealed(it->cycle) || !AbandonedByLeader(it->number)) return &*it;
     }
     return nullptr;
+  }
+
+  // Whether a restart's decision ended `cycle`: the next cycle began here, or node 0 decided
+  // the restart and the job ended before it began.
+  bool Sealed(int64_t cycle) {
+    std::lock_guard lock(mutex_);
+    return cycle < current_cycle_ || cycle <= sealed_through_;
   }
 
   bool AbandonedByLeader(uint64_t declaration) {
@@ -1430,8 +1442,8 @@ class CheckpointAgent::Impl {
 
   // Node 0: the newest save of this cycle it did not commit, when nothing handed off after it
   // was (a restart sealed the saves of earlier cycles; a later version supersedes it).
-  std::optional<DrainResult> NewestSaveAbandoned() const {
-    if (!newest_abandoned_ || newest_abandoned_->cycle < current_cycle_) return std::nullopt;
+  std::optional<DrainResult> NewestSaveAbandoned() {
+    if (!newest_abandoned_ || Sealed(newest_abandoned_->cycle)) return std::nullopt;
     if (!versions_.empty() && versions_.rbegin()->first > newest_abandoned_->seq) return std::nullopt;
     return DrainResult{false, "checkpoint " + newest_abandoned_->name + " was not committed: " + newest_abandoned_->why};
   }
@@ -1477,7 +1489,7 @@ class CheckpointAgent::Impl {
         return {true, "this node holds no part of checkpoint " + target};
       }
       if (answer != answered_.end() && answer->second == PartKind::kLost) {
-        if (target_cycle < current_cycle_) return {true, "the save of " + target + " was not committed: this node's part of it was lost in a restart"};
+        if (Sealed(target_cycle)) return {true, "the save of " + target + " was not committed: this node's part of it was lost in a restart"};
         return {false, "the save of " + target + " was not committed: this node's part of it was written over or "
                        "removed before it was handed off"};
       }
@@ -1563,6 +1575,7 @@ class CheckpointAgent::Impl {
   std::optional<int64_t> requested_cycle_;  // BeginCycle's, for the agent's thread (mutex_)
   int64_t applied_cycle_ = -1;              // the newest the agent's thread took (mutex_)
   bool running_ = true;                     // the agent's thread runs (mutex_)
+  int64_t sealed_through_ = -1;             // a restart's decision sealed the saves of this cycle and before (mutex_)
   std::condition_variable cycle_applied_;
   int64_t resumed_read_ns_ = 0;  // when a follower first read one of node 0's resumed declarations
   std::string last_destination_error_;
@@ -1601,5 +1614,7 @@ DrainResult CheckpointAgent::Drain(bool training_succeeded, std::chrono::steady_
 }
 
 void CheckpointAgent::BeginCycle(int64_t cycle) { impl_->BeginCycle(cycle); }
+
+void CheckpointAgent::RestartDecided(int64_t cycle) { impl_->RestartDecided(cycle); }
 
 }  // namespace bt::checkpoint

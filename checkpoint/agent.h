@@ -133,6 +133,10 @@ class CheckpointAgent {
   // stopped. Returns once the agent judged what the last cycle left as that cycle's (at most
   // a few seconds): a part written from now on never answers an earlier cycle's save.
   void BeginCycle(int64_t cycle);
+  // Node 0 decided a restart into `cycle`: every save of the cycles before it that is not
+  // committed is sealed (never committed), and the drain counts none of them as lost, even
+  // when the job ends before `cycle` begins (a SIGTERM during the restart).
+  void RestartDecided(int64_t cycle);
 
  private:
   class Impl;

@@ -242,10 +242,12 @@ void MarkUnhealthy(HealthWatch& health, JobOutcome& outcome) {
     outcome.exit_code = kExitUnhealthy;
     return;
   }
-  if (outcome.exit_code == 0 || outcome.shutdown_signal || outcome.stop_reason) return;
+  if (outcome.shutdown_signal || (outcome.exit_code == 0 && !outcome.stop_reason)) return;
+  // Stopped because another node failed, too: a GPU that fell off the bus makes this node
+  // leave even when a peer's failure reached node 0 first.
   health.Recheck();
   const std::vector<health::Finding> fatal = health.Fatal();
-  if (!fatal.empty()) outcome.cause = "health: " + DescribeFatal(fatal);
+  if (!fatal.empty() && !outcome.stop_reason) outcome.cause = "health: " + DescribeFatal(fatal);
 }
 
 // Each cycle's commands under a fresh supervisor (a stopped one stays stopped), watched
@@ -274,6 +276,7 @@ CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, const std
     if (health) MarkUnhealthy(*health, outcome);
     return outcome;
   };
+  if (checkpoints) hooks.restart_decided = [checkpoints](int64_t cycle) { checkpoints->RestartDecided(cycle); };
   if (health) {
     hooks.leave = [health]() -> std::optional<std::string> {
       std::vector<health::Finding> fatal = health->Fatal();

@@ -103,10 +103,13 @@ bool RestartsEnabled(const env::JobConfig& config, Peers* peers) {
 // After a cycle's commands: the restart the leader pushed, or nullopt when this outcome
 // ends the job. A failed or finished node reports and waits for the leader's answer; a
 // signal from the orchestrator never restarts.
-std::optional<PeerEvent> NextRestart(Peers& peers, SignalRouter& signals, JobOutcome& outcome) {
+std::optional<PeerEvent> NextRestart(Peers& peers, SignalRouter& signals, const CycleHooks& hooks, JobOutcome& outcome) {
   if (outcome.shutdown_signal) {
     // Its report must belong to the leader's current cycle, or the leader drops it as stale.
-    if (auto restart = peers.TakeRestart()) peers.BeginCycle(restart->cycle);
+    if (auto restart = peers.TakeRestart()) {
+      peers.BeginCycle(restart->cycle);
+      if (hooks.restart_decided) hooks.restart_decided(restart->cycle);
+    }
     return std::nullopt;
   }
   if (auto restart = peers.TakeRestart()) return restart;
@@ -330,10 +333,11 @@ JobOutcome RunCycles(const env::JobConfig& config, Peers* peers, SignalRouter& s
     if (!restart) {
       outcome = hooks.run(cycle, resume);
       if (!RestartsEnabled(config, peers)) return outcome;
-      restart = NextRestart(*peers, signals, outcome);
+      restart = NextRestart(*peers, signals, hooks, outcome);
       if (!restart) return outcome;
       if (auto reason = hooks.leave ? hooks.leave() : std::nullopt) return LeaveTheJob(outcome, *reason);
     }
+    if (hooks.restart_decided) hooks.restart_decided(restart->cycle);
     restart = MeetAtBarrier(config, *peers, signals, hooks, *restart, first_cycle_here, outcome, cycles);
     if (!restart) return outcome;
     first_cycle_here = false;

@@ -113,6 +113,9 @@ struct CycleHooks {
   // Before this node meets the others at a restart's barrier: why it leaves the job instead
   // (its hardware cannot train, launcher.health), or nullopt. May be empty.
   std::function<std::optional<std::string>()> leave;
+  // Node 0 decided a restart into `cycle` (before this node meets the others): the saves of
+  // the cycles before it are sealed, whether or not `cycle` ever begins. May be empty.
+  std::function<void(int64_t cycle)> restart_decided;
 };
 
 // Runs cycle after cycle until one ends the job, and returns that cycle's outcome (already

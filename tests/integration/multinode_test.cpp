@@ -618,6 +618,29 @@ TEST(Restart, ASaveLeftOpenByALostNodeIsAbandonedAndTheJobEnds69) {
             std::string::npos) << leader.err;
 }
 
+// Soak seeds 21 and 91: node 1's launcher is lost while node 0's checkpoint-1 waits for its
+// answer (abandoned at once), node 0 decides a restart, and the orchestrator SIGTERMs the job
+// while the barrier waits for node 1. The restart's decision sealed that save: node 0 exits
+// 143 as the follower does, not 74 for a "lost" last checkpoint.
+TEST(Restart, ASigtermWhileARestartWaitsDoesNotCountItsSealedSavesAsLost) {
+  TempDir scratch;
+  nlohmann::json settings = RestartSettings(scratch, 2, 3);
+  const std::string commands = nlohmann::json::array(
+      {"if [ $BT_NODE_RANK = 0 ] && [ $BT_RESTART_COUNT = 0 ]; then " + Save(1) + "; fi; exec sleep 60"}).dump();
+  Job job(3, commands, "", true, settings, FreePort());
+  auto processes = job.StartAll();
+  ASSERT_TRUE(processes[0]->WaitForLog("checkpoints: uploaded checkpoint-1", 30s)) << processes[0]->Finish().err;
+  processes[1]->Signal(SIGKILL);  // its guard stops its training; nobody replaces it
+  processes[1]->Finish();
+  ASSERT_TRUE(processes[0]->WaitForLog("restart: cycle 1: waiting", 30s)) << processes[0]->Finish().err;
+  for (int rank : {0, 2}) processes[rank]->Signal(SIGTERM);
+  const ProcessResult leader = processes[0]->Finish();
+  const ProcessResult follower = processes[2]->Finish();
+  EXPECT_NE(leader.err.find("the save of checkpoint-1 (cycle 0) is not committed"), std::string::npos) << leader.err;
+  EXPECT_EQ(leader.exit_code, 143) << leader.err;
+  EXPECT_EQ(follower.exit_code, 143) << follower.err;
+}
+
 // Node 2's launcher is lost while node 0 still seeds the cache: the job never ran, so the
 // loss ends it (69, naming node 2) instead of spending a restart on a cycle that never ran.
 TEST(Restart, ALauncherLostBeforeTheRunEndsTheJobWithoutARestart) {
