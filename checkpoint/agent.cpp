@@ -95,7 +95,7 @@ class CheckpointAgent::Impl {
     if (wake_fd_ < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
     StartUploader();
     LeaveWhatWasOnDiskAlone();
-    KeepInJournal([&] { journal_.RecordStart(); });
+    RecordStart();
     Resume();
     watcher_ = std::make_unique<TreeWatcher>(options_.checkpoint_dir, options_.settings.watch, options_.settings.marker);
     if (watcher_->polling()) {
@@ -228,6 +228,22 @@ class CheckpointAgent::Impl {
     }
     spdlog::info("checkpoints: {} checkpoint(s) on disk from before this launcher started are committed under their own "
                  "names once complete; `latest` stays what the job resumed from", left);
+  }
+
+  // A start is journaled so that a retry of this job tells the last run's saves from a
+  // first start's (LeaveWhatWasOnDiskAlone). A full disk refuses it: it is tried again at
+  // every evaluation until written (review 5, R5-3), warned about once.
+  void RecordStart() {
+    if (start_recorded_) return;
+    try {
+      journal_.RecordStart();
+      start_recorded_ = true;
+    } catch (const std::runtime_error& error) {
+      if (start_record_warned_) return;
+      start_record_warned_ = true;
+      spdlog::warn("checkpoints: cannot journal this launcher's start ({}); tried again until there is room: a retry "
+                   "before then would take the checkpoints on disk for a first start's", error.what());
+    }
   }
 
   // What a killed launcher left: snapshots still to upload, uploads still to commit, and
@@ -616,6 +632,7 @@ class CheckpointAgent::Impl {
   // a checkpoint saved right after a handoff would wait twice that handoff's time.
   Clock::duration Evaluate(bool draining) {
     const auto started = Clock::now();
+    RecordStart();
     Clock::duration handing_off{};
     const std::string& root = options_.checkpoint_dir;
     DirectoryTree tree = ScanCheckpoints();
@@ -697,7 +714,7 @@ class CheckpointAgent::Impl {
                    "save cannot be committed", name);
       return PartKind::kLost;
     }
-    spdlog::info("checkpoints: node 0 committed {}; this node holds no part of it", name);
+    spdlog::info("checkpoints: node 0 saved {}; this node holds no part of it", name);
     return PartKind::kNoPart;
   }
 
@@ -855,20 +872,26 @@ class CheckpointAgent::Impl {
   // is the job's lost checkpoint only while no newer one is handed off (soak seed 5: 74
   // though later ones were committed). A save node 0 declares of it is answered lost.
   void ForgetFailedHandoffsOfRemoved(const std::set<std::string>& present) {
-    for (auto it = failed_handoffs_.begin(); it != failed_handoffs_.end();) {
-      if (present.contains(it->first)) {
-        ++it;
-        continue;
-      }
-      spdlog::warn("checkpoints: {} was removed before it could be handed off ({}); it is not uploaded", it->first,
-                   it->second.reason);
-      lost_parts_.insert(it->first);
-      if (!lost_handoff_ || it->second.seq >= lost_handoff_->seq) {
-        lost_handoff_ = NotUploaded{it->second.seq, it->first,
-                                    "it was removed before it could be handed off (" + it->second.reason + ")"};
-      }
-      it = failed_handoffs_.erase(it);
+    std::vector<std::string> removed;
+    for (const auto& [name, failed] : failed_handoffs_) {
+      if (!present.contains(name)) removed.push_back(name);
     }
+    for (const std::string& name : removed) ForgetFailedHandoff(name, "it was removed before it could be handed off");
+  }
+
+  // The part this failed handoff was complete with is gone for good (removed, or its files
+  // changed: a rotation deleting it file by file, a save started over it): a save node 0
+  // declares of the name is answered lost until a later handoff of it succeeds (review 5,
+  // R5-1: a scan mid-deletion forgot it, and node 0 committed without this rank's shard).
+  void ForgetFailedHandoff(const std::string& name, const std::string& why) {
+    auto failed = failed_handoffs_.find(name);
+    if (failed == failed_handoffs_.end()) return;
+    spdlog::warn("checkpoints: {}: {} ({}); this version is not uploaded", name, why, failed->second.reason);
+    lost_parts_.insert(name);
+    if (!lost_handoff_ || failed->second.seq >= lost_handoff_->seq) {
+      lost_handoff_ = NotUploaded{failed->second.seq, name, why + " (" + failed->second.reason + ")"};
+    }
+    failed_handoffs_.erase(failed);
   }
 
   // A failed handoff the evaluation did not try again (its checkpoint deleted, or not judged
@@ -884,8 +907,8 @@ class CheckpointAgent::Impl {
   bool WaitingToRetry(const std::string& name, const std::string& fingerprint) {
     auto failed = failed_handoffs_.find(name);
     if (failed == failed_handoffs_.end()) return false;
-    if (failed->second.fingerprint != fingerprint) {  // written again: judged afresh
-      failed_handoffs_.erase(failed);
+    if (failed->second.fingerprint != fingerprint) {  // written again, or being deleted: judged afresh
+      ForgetFailedHandoff(name, "its files changed before it could be handed off");
       return false;
     }
     return Clock::now() < failed->second.retry_at;
@@ -1486,6 +1509,10 @@ class CheckpointAgent::Impl {
     if (target_declaration) {
       auto answer = answered_.find(*target_declaration);
       if (answer != answered_.end() && answer->second == PartKind::kNoPart) {
+        if (!Sealed(target_cycle) && AbandonedByLeader(*target_declaration)) {
+          return {false, "the save of " + target + " was not committed: node 0 abandoned it (another node's part never "
+                         "came); this node holds no part of it"};
+        }
         return {true, "this node holds no part of checkpoint " + target};
       }
       if (answer != answered_.end() && answer->second == PartKind::kLost) {
@@ -1575,6 +1602,8 @@ class CheckpointAgent::Impl {
   std::optional<int64_t> requested_cycle_;  // BeginCycle's, for the agent's thread (mutex_)
   int64_t applied_cycle_ = -1;              // the newest the agent's thread took (mutex_)
   bool running_ = true;                     // the agent's thread runs (mutex_)
+  bool start_recorded_ = false;             // RecordStart()
+  bool start_record_warned_ = false;
   int64_t sealed_through_ = -1;             // a restart's decision sealed the saves of this cycle and before (mutex_)
   std::condition_variable cycle_applied_;
   int64_t resumed_read_ns_ = 0;  // when a follower first read one of node 0's resumed declarations

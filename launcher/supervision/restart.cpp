@@ -168,6 +168,16 @@ void LoadForCycle(Peers& peers, SignalRouter& signals, const CycleHooks& hooks, 
   }
 }
 
+// A node whose hardware cannot train does not restart on it: it leaves, and the others
+// await a launcher in its slot at the barrier, as for a lost node.
+static JobOutcome LeaveTheJob(JobOutcome outcome, const std::string& reason) {
+  spdlog::error("restart: this node leaves the job instead of restarting on it; the others wait for a launcher in its "
+                "slot (launcher.restart.rejoin_timeout_s): {}", reason);
+  outcome.exit_code = kExitUnhealthy;
+  outcome.left_job = reason;
+  return outcome;
+}
+
 // Between two cycles: load, then the barrier. A newer restart while waiting (a node lost
 // or failed again) starts the wait over for that cycle; a verdict or a signal ends the job.
 // Returns the restart whose barrier passed, or nullopt with `outcome` saying why not.
@@ -194,6 +204,12 @@ std::optional<PeerEvent> MeetAtBarrier(const env::JobConfig& config, Peers& peer
     // stopped before the push came: 0 too.
     const double stopped_s =
         restart.received == Clock::time_point{} ? 0 : std::max(0.0, Seconds(cycles.back().stopped - restart.received));
+    // Found unhealthy while it stopped or loaded (review 5, R5-4): it leaves before it says it
+    // is ready, or every node would start the cycle and lose it at once, a restart spent.
+    if (auto reason = !interrupted && hooks.leave ? hooks.leave() : std::nullopt) {
+      outcome = LeaveTheJob(outcome, *reason);
+      return std::nullopt;
+    }
     if (!interrupted && peers.AwaitCycleStart(restart.cycle, stopped_s, Clock::now() + wait, signals, signal_number)) {
       CycleRecord& record = cycles.back();
       record.all_ready = Clock::now();
@@ -306,16 +322,6 @@ std::vector<std::string> CycleEnviron(const env::JobEnvironment& environment, co
   }
   if (!resume.empty()) variables["BT_RESUME_CHECKPOINT"] = resume;
   return copy.ToEnviron();
-}
-
-// A node whose hardware cannot train does not restart on it: it leaves, and the others
-// await a launcher in its slot at the barrier, as for a lost node.
-static JobOutcome LeaveTheJob(JobOutcome outcome, const std::string& reason) {
-  spdlog::error("restart: this node leaves the job instead of restarting on it; the others wait for a launcher in its "
-                "slot (launcher.restart.rejoin_timeout_s): {}", reason);
-  outcome.exit_code = kExitUnhealthy;
-  outcome.left_job = reason;
-  return outcome;
 }
 
 JobOutcome RunCycles(const env::JobConfig& config, Peers* peers, SignalRouter& signals, const CycleHooks& hooks,

@@ -154,5 +154,21 @@ TEST_F(FullCheckpointDisk, ACheckpointRemovedBeforeThereWasRoomIsForgottenAndLat
   EXPECT_EQ(result.message.find("save-1"), std::string::npos) << result.message;
 }
 
+// Review 5, R5-3: a launcher that started on a full volume could not journal its start, and a
+// retry after it was killed took the checkpoints it left for a first start's and committed
+// them. The start is journaled once there is room.
+TEST_F(FullCheckpointDisk, AStartTheFullDiskRefusedIsJournaledOnceThereIsRoom) {
+  FillDisk();
+  StartAgent();
+  std::this_thread::sleep_for(500ms);
+  FreeDisk();
+  const std::string journal = disk_ + "/.bt-checkpoint/journal.jsonl";
+  const auto deadline = Clock::now() + 10s;
+  while (Clock::now() < deadline && testing::ReadFile(journal).find("\"started\"") == std::string::npos) {
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_NE(testing::ReadFile(journal).find("\"started\""), std::string::npos) << testing::ReadFile(journal);
+}
+
 }  // namespace
 }  // namespace bt::checkpoint

@@ -464,6 +464,49 @@ TEST_F(CommitAcrossCycles, APartRemovedBeforeItsHandoffIsLostNeverAbsent) {
   EXPECT_TRUE(follower.committed) << follower.message;
 }
 
+// Review 5, R5-2: only node 0 saves; node 2's launcher is lost before it answered the last
+// save, which node 0 abandons (its drain fails). Node 1, holding no part, reported its drain
+// fine: the job's nodes disagreed (74 and 0) about a last checkpoint that never committed.
+TEST_F(CommitAcrossCycles, AFollowerWithNoPartOfALastSaveNodeZeroAbandonedFailsItsDrain) {
+  node_count_ = 3;
+  std::atomic<bool> gone{false};
+  absent_ranks_ = [&] { return gone ? std::vector<int>{2} : std::vector<int>{}; };
+  auto node0 = Start(0);
+  auto node1 = Start(1);
+  auto node2 = Start(2);
+  SaveOnNodeZero("export-1", 1000);
+  ASSERT_TRUE(WaitForCommit("export-1").has_value());
+  Kill(node2);
+  gone = true;
+  SaveOnNodeZero("export-2", 1000);
+  auto [leader, follower] = DrainBoth(*node0, *node1);
+  EXPECT_FALSE(Committed("export-2").has_value());
+  EXPECT_FALSE(leader.committed) << leader.message;
+  EXPECT_FALSE(follower.committed) << follower.message;
+  EXPECT_NE(follower.message.find("export-2"), std::string::npos) << follower.message;
+}
+
+// Review 5, R5-1: as APartRemovedBeforeItsHandoffIsLostNeverAbsent, but a scan sees the part
+// half deleted first (a rotation removes file by file): the failed handoff was dropped as
+// "written again" and the name then answered "no part".
+TEST_F(CommitAcrossCycles, APartDeletedFileByFileBeforeItsHandoffIsLostNeverAbsent) {
+  auto node0 = Start(0);
+  auto node1 = Start(1);
+  const std::string staging = Disk(1) + "/.bt-checkpoint/staging";
+  fs::remove_all(staging);
+  testing::WriteFile(staging, "not a directory");  // every snapshot of node 1 fails
+  testing::WriteFile(Disk(1) + "/save-1/shard-1.bin", std::string(500, 's'));
+  testing::WriteFile(Disk(1) + "/save-1/shard-1b.bin", std::string(500, 't'));
+  SaveOnNodeZero("save-1", 1000);
+  WaitForUploads(0, 1);
+  std::this_thread::sleep_for(1s);  // node 1 judged its part complete and failed to hand it off
+  fs::remove(Disk(1) + "/save-1/shard-1b.bin");
+  std::this_thread::sleep_for(1s);  // scans see it half deleted
+  fs::remove_all(Disk(1) + "/save-1");
+  std::this_thread::sleep_for(6s);  // past the grace an absent part is given
+  EXPECT_FALSE(Committed("save-1").has_value()) << "save-1 was committed without rank 1's shard";
+}
+
 // Defect 12: BT_LOAD_CHECKPOINT_DIR inside BT_CHECKPOINT_DIR: what the launcher loads there
 // for the restart is not a checkpoint of this run, and `latest` never names it.
 TEST(CheckpointLoadFolder, ALoadFolderInsideTheCheckpointFolderIsNeverCommitted) {
