@@ -1,8 +1,18 @@
 // goodput.json (issue 31 §1): what node 0 writes at the end of a job and `bt-launch report`
-// reads back. Version 1; the fields are listed in docs and in GoodputToJson. Reading checks
-// every field it uses (type, range, and that the buckets add up to the wall time), so a
-// corrupt or truncated file is an error naming the file and the field, never a crash or a
-// report that lies.
+// reads back. Reading checks every field it uses (type, range, and that the buckets add up
+// to the wall time), so a corrupt or truncated file is an error naming the file and the
+// field, never a crash or a report that lies. Version 1 (times in seconds since the job's
+// first launcher start; * = required when read, the rest optional):
+//   version*, wall_s*, goodput_s*, goodput_ratio*, training_end_s,
+//   badput_s*: {prepare*, restart*, lost_work*, hang*, drain*},
+//   cycles*: [{cycle*, cause*, node*, host*, start_s*, end_s*, message, resumed_from,
+//              stall_start_s, detected_s (null unless a hang), kept, kept_s,
+//              goodput_s, lost_work_s, hang_s, restart_s}],
+//   lanes: [{node, slot, host, phases: [{name, start_s, end_s}]}],
+//   commits: [{name, saved_s, committed_s}],
+//   steps: {steps_done, steps_redone, step_p50_s, step_p95_s, straggler_node (null: none),
+//           straggler_ratio, nodes: [{node, median_s, intervals}]},
+//   notes: [string]
 #pragma once
 
 #include <stdexcept>

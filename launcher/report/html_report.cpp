@@ -71,7 +71,7 @@ bool IsFault(const Cycle& cycle) { return cycle.cause != "success"; }
 
 // When a cycle's fault was called: a hang at its detection, anything else at its end.
 double FaultTime(const Cycle& cycle) {
-  if (cycle.cause == "hang" && cycle.detected_s) return std::max(*cycle.detected_s, cycle.end_s);
+  if (cycle.cause == "hang" && cycle.detected_s) return *cycle.detected_s;
   return cycle.end_s;
 }
 
@@ -89,7 +89,10 @@ std::string NodeRanges(std::vector<int> nodes) {
     while (j + 1 < nodes.size() && nodes[j + 1] == nodes[j] + 1) ++j;
     if (!text.empty()) text += ",";
     text += std::to_string(nodes[i]);
-    if (j > i) text += "-" + std::to_string(nodes[j]);
+    if (j > i) {
+      text += '-';
+      text += std::to_string(nodes[j]);
+    }
     i = j + 1;
   }
   return text;
@@ -166,6 +169,13 @@ void AppendJobRow(std::string& svg, const Goodput& goodput, const Scale& scale, 
     segment("restart", cycle + "restart", share.restart_s);
   }
   segment("drain", "drain", goodput.badput.drain_s);
+  // Each cycle's run outlined over its buckets, so where one cycle ends reads at a glance.
+  for (const CycleShare& share : goodput.cycles) {
+    const Cycle& cycle = share.cycle;
+    if (cycle.end_s <= cycle.start_s) continue;
+    AppendRect(svg, "cycle-span", scale, cycle.start_s, cycle.end_s, y, kRowHeight,
+               Span("cycle " + std::to_string(cycle.cycle) + " (" + cycle.cause + ")", cycle.start_s, cycle.end_s));
+  }
   svg += "</g>";
 }
 
@@ -237,7 +247,9 @@ void AppendFaults(std::string& svg, const Goodput& goodput, const std::vector<La
            Fixed(layout.RowsBottom(), 1) + "\"/>";
     svg += "<path d=\"M" + Fixed(x - 5, 1) + " " + Fixed(layout.rows_top - 12, 1) + "h10l-5 7z\"/>";
     if (x - last_label_x >= kFaultLabelSpacing) {
-      svg += "<text x=\"" + Fixed(x, 1) + "\" y=\"" + Fixed(layout.rows_top - 16, 1) + "\" text-anchor=\"middle\">" +
+      // Near the right edge the label ends at its marker instead of running off the drawing.
+      const char* anchor = x > kLabelWidth + kPlotWidth - kFaultLabelSpacing / 2 ? "end" : "middle";
+      svg += "<text x=\"" + Fixed(x, 1) + "\" y=\"" + Fixed(layout.rows_top - 16, 1) + "\" text-anchor=\"" + anchor + "\">" +
              EscapeXml(cycle.cause + " " + who) + "</text>";
       last_label_x = x;
     }
@@ -261,6 +273,7 @@ double AxisStep(double wall_s) {
 }
 
 std::string AxisLabel(double seconds, double step) {
+  if (seconds == 0) return "0";
   if (step < 1) return Fixed(seconds, 1) + " s";
   if (step < 60) return Fixed(seconds, 0) + " s";
   const long long whole = std::llround(seconds);
@@ -317,7 +330,7 @@ svg text{font-size:11px;fill:#1d2630}.row-label{font-weight:600}
 .b-drain{fill:#c8a2c8}
 .commit line{stroke:#7a8794;stroke-width:1}.commit rect{fill:#44505c}.commit.kept rect{fill:#0b6e2a}
 .lane.faulted .lane-label{fill:#b02a2a;font-weight:600}
-.hang-band{fill:#8e44ad;opacity:.18}
+.hang-band{fill:#8e44ad;opacity:.18}.cycle-span{fill:none;stroke:#1d2630;stroke-width:1.2}
 .fault line{stroke-width:1.5;stroke-dasharray:4 3}.fault text{font-weight:600}
 .fault.failure line,.fault.lost line,.fault.unhealthy line{stroke:#d64545}
 .fault.failure path,.fault.lost path,.fault.unhealthy path{fill:#d64545}

@@ -229,6 +229,12 @@ TEST(Goodput, TimesOutsideTheJobAreClampedIntoIt) {
   EXPECT_NEAR(goodput.badput.drain_s, 0, kExact);
 }
 
+std::string CheckpointName(unsigned number) {
+  std::string name = "c";
+  name += std::to_string(number);
+  return name;
+}
+
 // Any job, however odd its times, adds up: random cycles, causes, hangs and commits.
 TEST(Goodput, RandomJobsAlwaysAddUp) {
   std::mt19937 random(31);
@@ -245,11 +251,11 @@ TEST(Goodput, RandomJobsAlwaysAddUp) {
         cycle.stall_start_s = time(random);
         if (random() % 2) cycle.detected_s = time(random);
       }
-      if (random() % 2) cycle.resumed_from = "c" + std::to_string(random() % 5);
+      if (random() % 2) cycle.resumed_from = CheckpointName(random() % 5);
       record.cycles.push_back(cycle);
     }
     for (int i = 0; i < int(random() % 8); ++i) {
-      record.commits.push_back(Saved("c" + std::to_string(random() % 5), time(random), time(random)));
+      record.commits.push_back(Saved(CheckpointName(random() % 5), time(random), time(random)));
     }
     const Goodput goodput = ComputeGoodput(record);
     ASSERT_NEAR(SumOfBuckets(goodput), goodput.wall_s, kExact) << "round " << round;

@@ -95,6 +95,7 @@ TEST(HtmlReport, TwoNodesHaveALaneEachAndEveryFault) {
   EXPECT_EQ(Count(html, "<g class=\"fault "), FaultsIn(goodput));
   EXPECT_EQ(Count(html, "<g class=\"fault hang\""), 1u);
   EXPECT_EQ(Count(html, "class=\"hang-band\""), 1u);
+  EXPECT_EQ(Count(html, "<rect class=\"cycle-span\""), goodput.cycles.size());
   for (const CycleShare& share : goodput.cycles) {
     EXPECT_NE(html.find("data-cycle=\"" + std::to_string(share.cycle.cycle) + "\""), std::string::npos);
   }
