@@ -302,10 +302,13 @@ CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, const std
 // The node leaves a job that goes on: no exit barrier (the others wait for a launcher in its
 // slot), its uploads not waited for (the restart's decision sealed its cycle's saves), its
 // findings in the last lines, for whoever replaces the node.
-int LeaveUnhealthy(const JobOutcome& outcome, CheckpointPhase& checkpoints, Timeline& timeline) {
+int LeaveUnhealthy(const JobOutcome& outcome, int rank, CheckpointPhase& checkpoints, Timeline& timeline) {
   if (checkpoints.agent) checkpoints.agent->Drain(false, std::chrono::steady_clock::now());
   LogTimeline(timeline);
-  spdlog::error("health: this node left the job (exit {}): replace it:\n{}", int(kExitUnhealthy), *outcome.left_job);
+  const char* others = rank == 0 ? "node 0 serves the rendezvous: the job ends with it"
+                                 : "the others wait for a launcher in its slot (launcher.restart.rejoin_timeout_s)";
+  spdlog::error("health: this node left the job (exit {}; {}): replace it:\n{}", int(kExitUnhealthy), others,
+                *outcome.left_job);
   return kExitUnhealthy;
 }
 
@@ -374,7 +377,7 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
                                               signals, checkpoints.agent.get()),
                                  resume ? resume->name : "", std::move(rejoin), cycles);
   timeline.Annotate(DescribeOutcome(outcome) + (cycles.empty() ? "" : "; restarts: " + RenderCycles(cycles)));
-  if (outcome.left_job) return LeaveUnhealthy(outcome, checkpoints, timeline);
+  if (outcome.left_job) return LeaveUnhealthy(outcome, job.identity.rank, checkpoints, timeline);
   if (peers) peers->Report(outcome);  // the other nodes stop now, not after this node's drain
   bool committed = true;
   if (checkpoints.agent) {

@@ -171,8 +171,7 @@ void LoadForCycle(Peers& peers, SignalRouter& signals, const CycleHooks& hooks, 
 // A node whose hardware cannot train does not restart on it: it leaves, and the others
 // await a launcher in its slot at the barrier, as for a lost node.
 static JobOutcome LeaveTheJob(JobOutcome outcome, const std::string& reason) {
-  spdlog::error("restart: this node leaves the job instead of restarting on it; the others wait for a launcher in its "
-                "slot (launcher.restart.rejoin_timeout_s): {}", reason);
+  spdlog::error("restart: this node leaves the job instead of restarting on it: {}", reason);
   outcome.exit_code = kExitUnhealthy;
   outcome.left_job = reason;
   return outcome;
