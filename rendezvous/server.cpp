@@ -1170,14 +1170,14 @@ class StoreServer::Loop {
     if (reported_[size_t(rank)]) return;
     if (!goodbye) return LoseNode(rank, infos_[size_t(rank)].Label() + " lost: " + why);
     // A goodbye without a report of this cycle: its report was of an earlier one, dropped as
-    // stale (a replacement that gave up while the job moved to a newer cycle). While a
-    // restart's barrier still waits for the rank, the rank is awaited again, as a lost one's:
-    // it must never stay held by a launcher that is gone.
-    const std::vector<int> awaited = last_restart_ ? cycles_.Awaited() : std::vector<int>{};
-    if (std::find(awaited.begin(), awaited.end(), rank) == awaited.end()) return;
-    awaiting_rejoin_[size_t(rank)] = true;
-    spdlog::warn("rendezvous: {} left without reporting on cycle {}: a launcher may join again with its rank",
-                 infos_[size_t(rank)].Label(), cycles_.current());
+    // stale (a replacement that gave up while the job moved to a newer cycle), or it left the
+    // barrier (its hardware cannot train). While a restart's barrier still waits, the rank is
+    // awaited again, as a lost one's, its arrival undone: it must never stay held, nor count
+    // as ready, for a launcher that is gone (review 5: a node leaving after it arrived let
+    // the cycle start without it, and its replacements were refused).
+    if (!last_restart_ || verdict_.kind != ServerVerdict::Kind::kPending) return;
+    AwaitAgain(rank, infos_[size_t(rank)].Label() + " left without reporting on cycle " +
+                         std::to_string(cycles_.current()));
   }
 
   // A launcher lost during the run: with restarts left, every node restarts and the rank

@@ -22,6 +22,8 @@ namespace {
 // How long after node 0's last `cycle_wait` (sent every 10 s while a restart's barrier
 // waits) this node still takes the barrier for alive past its own deadline.
 constexpr std::chrono::seconds kLeaderSaysItWaits{25};
+// How often a node waiting at a restart's barrier asks whether it leaves (its health).
+constexpr std::chrono::milliseconds kLeavingCheckEvery{250};
 
 using Clock = std::chrono::steady_clock;
 using rendezvous::PeerEvent;
@@ -382,21 +384,33 @@ bool TcpPeers::AwaitRestartOrVerdict(SignalRouter& signals, int& signal_number) 
 }
 
 bool TcpPeers::AwaitCycleStart(int64_t cycle, double stopped_s, Clock::time_point deadline, SignalRouter& signals,
-                               int& signal_number) {
+                               int& signal_number, const std::function<bool()>& leaving) {
   try {
     client_->ArriveAtCycle(cycle, stopped_s);
   } catch (const std::runtime_error& error) {  // StoreError, or StoreTimeout from a stalled leader
     spdlog::error("cannot tell the leader that this node is ready for cycle {}: {}", cycle, error.what());
   }
-  const auto news = [&] { return cycle_started_ || restart_.has_value() || verdict_.has_value(); };
-  bool ended = WaitUntil(news, signals, deadline, signal_number);
+  bool left = false;
+  const auto news = [&] {
+    left = left || (leaving && leaving());
+    return cycle_started_ || restart_.has_value() || verdict_.has_value() || left;
+  };
+  // `leaving` changes on another thread, which wakes no poll: it is asked every slice.
+  const auto wait = [&](Clock::time_point until) {
+    while (true) {
+      const Clock::time_point slice = leaving ? std::min(until, Clock::now() + kLeavingCheckEvery) : until;
+      if (WaitUntil(news, signals, slice, signal_number)) return true;
+      if (Clock::now() >= until) return false;
+    }
+  };
+  bool ended = wait(deadline);
   // Node 0 decides when its barrier has waited too long (a rank lost at the barrier moves
   // its deadline); this node's own deadline only covers a leader gone silent. While the
   // leader still says it waits, so does this node.
   while (!ended && Clock::now() - client_->LastCycleWait() < kLeaderSaysItWaits) {
-    ended = WaitUntil(news, signals, Clock::now() + kLeaderSaysItWaits, signal_number);
+    ended = wait(Clock::now() + kLeaderSaysItWaits);
   }
-  return ended && signal_number == 0 && cycle_started_ && !restart_ && !verdict_;
+  return ended && signal_number == 0 && cycle_started_ && !restart_ && !verdict_ && !left;
 }
 
 void TcpPeers::Report(const JobOutcome& outcome) {

@@ -78,9 +78,10 @@ class Peers : public StopRequests {
   virtual std::optional<rendezvous::PeerEvent> TakeRejoin() { return std::nullopt; }
   // Tells the leader this node is ready for `cycle` (its job took `stopped_s` to stop) and
   // waits until every node is (true), a newer restart or a verdict arrives, a shutdown
-  // signal comes or `deadline` passes (false).
+  // signal comes, `leaving` says this node leaves (checked every quarter second), or
+  // `deadline` passes (false).
   virtual bool AwaitCycleStart(int64_t, double /*stopped_s*/, std::chrono::steady_clock::time_point, SignalRouter&,
-                               int& signal_number) {
+                               int& signal_number, const std::function<bool()>& /*leaving*/ = {}) {
     signal_number = 0;
     return false;
   }
@@ -139,7 +140,7 @@ class TcpPeers final : public Peers {
   std::optional<rendezvous::PeerEvent> TakeRejoin() override;
   rendezvous::Message CycleGo() override { return cycle_go_; }
   bool AwaitCycleStart(int64_t cycle, double stopped_s, std::chrono::steady_clock::time_point deadline, SignalRouter& signals,
-                       int& signal_number) override;
+                       int& signal_number, const std::function<bool()>& leaving = {}) override;
   std::optional<std::string> Verdict() override;
   // Node 0 too: its own launcher stalled past the heartbeat timeout and the others left.
   bool LeaderLost() override { return client_->LeaderLost() || (server_ && server_->StalledItself()); }

@@ -209,7 +209,10 @@ std::optional<PeerEvent> MeetAtBarrier(const env::JobConfig& config, Peers& peer
       outcome = LeaveTheJob(outcome, *reason);
       return std::nullopt;
     }
-    if (!interrupted && peers.AwaitCycleStart(restart.cycle, stopped_s, Clock::now() + wait, signals, signal_number)) {
+    std::function<bool()> leaving;
+    if (hooks.leave) leaving = [&hooks] { return hooks.leave().has_value(); };
+    if (!interrupted &&
+        peers.AwaitCycleStart(restart.cycle, stopped_s, Clock::now() + wait, signals, signal_number, leaving)) {
       CycleRecord& record = cycles.back();
       record.all_ready = Clock::now();
       const rendezvous::Message go = peers.CycleGo();
@@ -222,6 +225,11 @@ std::optional<PeerEvent> MeetAtBarrier(const env::JobConfig& config, Peers& peer
       spdlog::info("stopped by {} while restarting: cycle {} does not start", strsignal(signal_number), restart.cycle);
       outcome.shutdown_signal = signal_number;
       outcome.exit_code = 128 + signal_number;
+      return std::nullopt;
+    }
+    // Found unhealthy while it waited: it leaves the barrier, awaited again in its slot.
+    if (auto reason = hooks.leave ? hooks.leave() : std::nullopt) {
+      outcome = LeaveTheJob(outcome, *reason);
       return std::nullopt;
     }
     if (auto newer = peers.TakeRestart()) {

@@ -1084,6 +1084,31 @@ TEST(Server, ALauncherLostLateInTheBarrierGetsAWholeRejoinTimeout) {
   EXPECT_EQ(go->cycle, 1);
 }
 
+// Review 5: a node that arrived at a restart's barrier and then left with a goodbye (its GPU
+// failed while it waited) stayed counted as ready: the cycle started without it, and every
+// launcher that came to replace it was refused. It is awaited again, its arrival undone.
+TEST(Server, ANodeThatSaysGoodbyeAfterItArrivedAtTheBarrierIsAwaitedAgain) {
+  ServerOptions options = RestartingOptions(3);
+  StoreServer server(options);
+  auto nodes = JoinAllAndStartTheRun(server, 3);
+  nodes[2].reset();
+  ASSERT_TRUE(NextEvent(*nodes[0], PeerEvent::Kind::kRestart));
+  nodes[0]->ArriveAtCycle(1);
+  nodes[1]->ArriveAtCycle(1);
+  nodes[1]->SayGoodbye();
+  nodes[1].reset();
+  auto replacement2 = Connect(server);
+  ASSERT_NO_THROW(replacement2->Join(Node(2, "new-host2"), 3));
+  replacement2->ArriveAtCycle(1);
+  EXPECT_FALSE(NextEvent(*nodes[0], PeerEvent::Kind::kCycleGo, 1s)) << "the cycle started without node 1";
+  auto replacement1 = Connect(server);
+  ASSERT_NO_THROW(replacement1->Join(Node(1, "new-host1"), 3)) << "node 1's replacement was refused";
+  replacement1->ArriveAtCycle(1);
+  auto go = NextEvent(*nodes[0], PeerEvent::Kind::kCycleGo);
+  ASSERT_TRUE(go);
+  EXPECT_EQ(go->cycle, 1);
+}
+
 // Review 4, F4: the deadline was shared, so each loss of a flapping replacement at the
 // barrier moved it for every rank, and a rank gone for good was waited for as long as
 // another kept failing. Each rank has its own deadline now.
