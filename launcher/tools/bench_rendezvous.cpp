@@ -4,7 +4,8 @@
 // on one epoll loop, doing what `run` does between its start and its first command and
 // then its exit: connect (retrying as real nodes do), authenticate, join with ~2 KiB of
 // node info, hear "complete"; publish the fabric inventory, read node 0's plan, count
-// itself a reader (fabric); publish its phase, count itself in and wait for node 0 to open
+// itself a reader (fabric); publish its health findings (none: launcher/phases/health.cpp);
+// publish its phase, count itself in and wait for node 0 to open
 // the ready barrier (ready); report success and hear the result (exit); a heartbeat after
 // each second without another frame, as the client sends them, and blocking reads re-issued in the slices `run` uses. Figures: the
 // time from the leader listening until the last node finished each phase, the bytes node 0
@@ -43,6 +44,7 @@
 #include "launcher/tools/bench_rendezvous.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/client.h"
+#include "launcher/health/findings.h"
 #include "rendezvous/fabric/inventory.h"
 #include "rendezvous/node_info.h"
 #include "rendezvous/server.h"
@@ -256,6 +258,9 @@ class Swarm {
     for (int rank = 1; rank < count_; ++rank) {
       inventory_frames_.push_back(frame({{"op", "set"}, {"id", 10}, {"key", "bt/fabric/inventory/" + std::to_string(rank)},
                                          {"value", rendezvous::BytesValue(InventoryOfNode(leader_inventory, rank))}}));
+      const std::string findings = health::NodeFindings{rank, "bench-node-" + std::to_string(rank), {}}.ToJson().dump();
+      health_frames_.push_back(frame({{"op", "set"}, {"id", 17}, {"key", "bt/health/node/" + std::to_string(rank)},
+                                      {"value", rendezvous::BytesValue(findings)}}));
       phase_frames_.push_back(frame({{"op", "set"}, {"id", 13}, {"key", "bt/phase/" + std::to_string(rank)},
                                      {"value", rendezvous::BytesValue("ready")}}));
     }
@@ -264,6 +269,8 @@ class Swarm {
         {frame({{"op", "add"}, {"id", 16}, {"key", "bt/fabric/published"}, {"delta", 1}}), 16, {}, -1},
         {frame({{"op", "get"}, {"id", 11}, {"key", "bt/fabric/plan"}, {"timeout_ms", uint64_t(kStopCheckSlice.count())}}), 11, kStopCheckSlice, -1},
         {frame({{"op", "add"}, {"id", 12}, {"key", "bt/fabric/plan/readers"}, {"delta", 1}}), 12, {}, 2},
+        {"", 17, {}, -1},  // the node's health findings (its own frame)
+        {frame({{"op", "add"}, {"id", 18}, {"key", "bt/health/published"}, {"delta", 1}}), 18, {}, -1},
         {"", 13, {}, -1},  // the node's phase, "ready" (its own frame)
         {frame({{"op", "add"}, {"id", 14}, {"key", "bt/ready"}, {"delta", 1}}), 14, {}, -1},
         {frame({{"op", "wait"}, {"id", 15}, {"key", "bt/ready/all"}, {"timeout_ms", uint64_t(kReadyCheckSlice.count())}}), 15, kReadyCheckSlice, 3},
@@ -273,6 +280,7 @@ class Swarm {
   void SendStep(SimulatedNode& node) {
     const Step& step = steps_[node.step];
     if (step.id == 10) SendBytes(node, inventory_frames_[size_t(node.rank - 1)]);
+    else if (step.id == 17) SendBytes(node, health_frames_[size_t(node.rank - 1)]);
     else if (step.id == 13) SendBytes(node, phase_frames_[size_t(node.rank - 1)]);
     else SendBytes(node, step.frame);
     node.resend_at = step.slice.count() > 0 ? Clock::now() + step.slice : Clock::time_point::max();
@@ -530,7 +538,7 @@ class Swarm {
   int count_;
   uint16_t port_;
   std::vector<SimulatedNode> nodes_;
-  std::vector<std::string> join_frames_, inventory_frames_, phase_frames_;
+  std::vector<std::string> join_frames_, inventory_frames_, health_frames_, phase_frames_;
   std::vector<Step> steps_;
   std::string add_frame_, set_frame_, wait_frame_, report_frame_, bye_frame_, heartbeat_frame_;
   std::string fail_frame_, cycle_ready_frame_;  // restart shape
