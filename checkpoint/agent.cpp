@@ -599,7 +599,9 @@ class CheckpointAgent::Impl {
         last_write_seen = false;
       }
       if (options_.board && Clock::now() >= next_board) {
-        if (draining && is_leader() && !declarations_closed) {
+        // Not while a complete checkpoint still waits to be handed off (a full disk): node 0
+        // would declare it after the followers left, and none could answer it (soak seed 166).
+        if (draining && is_leader() && !declarations_closed && failed_handoffs_.empty()) {
           declarations_closed = true;
           BoardCall([&] { options_.board->CloseDeclarations(); });
         }

@@ -507,6 +507,30 @@ TEST_F(CommitAcrossCycles, APartDeletedFileByFileBeforeItsHandoffIsLostNeverAbse
   EXPECT_FALSE(Committed("save-1").has_value()) << "save-1 was committed without rank 1's shard";
 }
 
+// Soak seed 166: node 0's last checkpoint could not be handed off when the drain began (its
+// disk full); node 0 closed its declarations anyway, node 1 left, and the save node 0
+// declared once there was room could never be answered. Node 0 keeps them open until
+// its complete checkpoints are handed off.
+TEST_F(CommitAcrossCycles, DeclarationsStayOpenWhileNodeZerosLastCheckpointWaitsForRoom) {
+  auto node0 = Start(0);
+  auto node1 = Start(1);
+  const std::string staging = Disk(0) + "/.bt-checkpoint/staging";
+  fs::remove_all(staging);
+  testing::WriteFile(staging, "not a directory");  // node 0's snapshots fail, as on a full disk
+  SaveOnNodeZero("export-1", 1000);
+  std::this_thread::sleep_for(1s);  // judged complete, its handoff failed
+  std::thread room([&] {
+    std::this_thread::sleep_for(2s);
+    fs::remove(staging);
+    fs::create_directories(staging);
+  });
+  auto [leader, follower] = DrainBoth(*node0, *node1);
+  room.join();
+  EXPECT_TRUE(Committed("export-1").has_value()) << leader.message;
+  EXPECT_TRUE(leader.committed) << leader.message;
+  EXPECT_TRUE(follower.committed) << follower.message;
+}
+
 // Defect 12: BT_LOAD_CHECKPOINT_DIR inside BT_CHECKPOINT_DIR: what the launcher loads there
 // for the restart is not a checkpoint of this run, and `latest` never names it.
 TEST(CheckpointLoadFolder, ALoadFolderInsideTheCheckpointFolderIsNeverCommitted) {
