@@ -231,11 +231,11 @@ std::unique_ptr<watchdog::Watchdog> ArmWatchdog(PreparedJob& job, Peers* peers, 
                                               peers, progress);
 }
 
-// A failed cycle: the node's health is read again before the failure is reported (and the
-// restart decided), so that a bad GPU makes the node leave rather than fail again; a job
-// the health watch stopped exits 75, blamed on this node's hardware.
-// The health watch's stop is this node's own failure, restartable elsewhere: reported with
-// its cause (node 0 names the GPU, not whichever rank's collective timed out first).
+// A job the health watch stopped failed by this node's hardware: exit 75, reported with its
+// cause (node 0 names the GPU, not whichever rank's collective timed out first), restartable
+// elsewhere. Any other failed cycle: the node's health is read again before the failure is
+// reported (and the restart decided), so that a bad GPU makes the node leave rather than
+// fail again.
 void MarkUnhealthy(HealthWatch& health, JobOutcome& outcome) {
   if (outcome.stop_reason && outcome.stop_reason->starts_with("health:")) {
     outcome.cause = std::exchange(outcome.stop_reason, std::nullopt);
