@@ -1465,11 +1465,16 @@ class CheckpointAgent::Impl {
     }
   }
 
+  // Whether no version kept here was handed off at or after journal number `seq`: a refused
+  // or lost checkpoint (whose number a later handoff takes) or an abandoned save is then
+  // the newest, and the drain reports it.
+  bool NothingHandedOffSince(uint64_t seq) const { return versions_.empty() || seq > versions_.rbegin()->first; }
+
   // Node 0: the newest save of this cycle it did not commit, when nothing handed off after it
   // was (a restart sealed the saves of earlier cycles; a later version supersedes it).
   std::optional<DrainResult> NewestSaveAbandoned() {
     if (!newest_abandoned_ || Sealed(newest_abandoned_->cycle)) return std::nullopt;
-    if (!versions_.empty() && versions_.rbegin()->first > newest_abandoned_->seq) return std::nullopt;
+    if (!NothingHandedOffSince(newest_abandoned_->seq)) return std::nullopt;
     return DrainResult{false, "checkpoint " + newest_abandoned_->name + " was not committed: " + newest_abandoned_->why};
   }
 
@@ -1489,7 +1494,7 @@ class CheckpointAgent::Impl {
       target = versions_.rbegin()->second.name;
     }
     // A refusal after the newest handed-off version (a later one takes the refused seq).
-    if (refused_ && (versions_.empty() || refused_->seq > versions_.rbegin()->first)) {
+    if (refused_ && NothingHandedOffSince(refused_->seq)) {
       return {false, "checkpoint " + refused_->name + " was not uploaded: " + refused_->reason};
     }
     if (!failed_handoffs_.empty()) {
@@ -1497,7 +1502,7 @@ class CheckpointAgent::Impl {
       return {false, "checkpoint " + name + " is complete but was not uploaded: " + failed.reason};
     }
     const bool follower = options_.board && !is_leader();
-    if (lost_handoff_ && !follower && (versions_.empty() || lost_handoff_->seq > versions_.rbegin()->first)) {
+    if (lost_handoff_ && !follower && NothingHandedOffSince(lost_handoff_->seq)) {
       return {false, "checkpoint " + lost_handoff_->name + " was not uploaded: " + lost_handoff_->reason};
     }
     if (options_.board && is_leader()) {
