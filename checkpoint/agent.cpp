@@ -1025,6 +1025,11 @@ class CheckpointAgent::Impl {
     spdlog::warn("checkpoints: {} was modified after it was declared complete ({} changed); this version is not "
                  "uploaded as committed, the checkpoint is judged again", version.name, event.message);
     JournalRecord(version.seq, version.name, HandoffState::kAbandoned, "modified after completion: " + event.message);
+    // Node 0's declaration of this version can never commit; a follower's drain waits for
+    // its outcome (AwaitsLeadersOutcome). A save judged complete again is declared anew.
+    if (is_leader() && options_.board && version.declaration) {
+      BoardCall([&] { options_.board->SetOutcome(*version.declaration, CommitBoard::Outcome::kAbandoned); });
+    }
     RemoveStaging(version);
     handled_.erase(version.name);
     versions_.erase(version.seq);
@@ -1419,7 +1424,21 @@ class CheckpointAgent::Impl {
     for (const auto& [seq, version] : versions_) {
       if (version.stage != Stage::kCommitted) return false;
     }
-    return closed && unanswered_.empty();
+    return closed && unanswered_.empty() && !AwaitsLeadersOutcome();
+  }
+
+  // A follower that answered node 0's newest save with "no part" has nothing of its own to
+  // wait for, but its drain reports that save: it waits until node 0 committed or abandoned
+  // it, or it reports success for a save node 0 abandons a moment later (review 5, R5-2,
+  // seen in CI: the follower read the outcome before node 0 set it).
+  bool AwaitsLeadersOutcome() {
+    const CommitBoard::Declaration* newest = NewestDeclarationNotSealed();
+    if (newest == nullptr || Sealed(newest->cycle)) return false;
+    auto answer = answered_.find(newest->number);
+    if (answer == answered_.end() || answer->second != PartKind::kNoPart) return false;
+    bool pending = false;
+    BoardCall([&] { pending = options_.board->GetOutcome(newest->number) == CommitBoard::Outcome::kPending; });
+    return pending && !board_error_;
   }
 
   void LogDrainProgress() {
@@ -1457,11 +1476,14 @@ class CheckpointAgent::Impl {
     return cycle < current_cycle_ || cycle <= sealed_through_;
   }
 
-  bool AbandonedByLeader(uint64_t declaration) {
+  bool AbandonedByLeader(uint64_t declaration) { return LeadersOutcome(declaration) == CommitBoard::Outcome::kAbandoned; }
+
+  // Node 0's outcome of a declaration; kCommitted when the store is gone (judged as before).
+  CommitBoard::Outcome LeadersOutcome(uint64_t declaration) {
     try {
-      return options_.board->GetOutcome(declaration) == CommitBoard::Outcome::kAbandoned;
+      return options_.board->GetOutcome(declaration);
     } catch (const std::exception&) {
-      return false;  // the store is gone: judged as before
+      return CommitBoard::Outcome::kCommitted;
     }
   }
 
@@ -1519,6 +1541,10 @@ class CheckpointAgent::Impl {
         if (!Sealed(target_cycle) && AbandonedByLeader(*target_declaration)) {
           return {false, "the save of " + target + " was not committed: node 0 abandoned it (another node's part never "
                          "came); this node holds no part of it"};
+        }
+        if (!Sealed(target_cycle) && LeadersOutcome(*target_declaration) == CommitBoard::Outcome::kPending) {
+          return {false, "the save of " + target + " was not committed before the drain deadline: node 0 had not "
+                         "committed it; this node holds no part of it"};
         }
         return {true, "this node holds no part of checkpoint " + target};
       }
