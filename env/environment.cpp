@@ -206,11 +206,12 @@ JobEnvironment BuildJobEnvironment(const JobConfig& config, const NodeIdentity& 
 
   // The resolved identity already took BT_NODE_RANK & co. into account, so it always wins.
   vars.Force("BT_NODE_RANK", std::to_string(identity.rank));
-  vars.Force("BT_GROUP_SIZE", std::to_string(identity.count));
+  // The training's node count: hot spares (launcher.spares) run no rank until promoted.
+  vars.Force("BT_GROUP_SIZE", std::to_string(identity.training_count()));
   vars.Force("BT_LEADER_ADDR", identity.leader_addr);
   vars.Offer("MASTER_ADDR", identity.leader_addr);
   vars.Offer("MASTER_PORT", std::to_string(config.launcher.master_port));
-  vars.Offer("NNODES", std::to_string(identity.count));
+  vars.Offer("NNODES", std::to_string(identity.training_count()));
   vars.Offer("NODE_RANK", std::to_string(identity.rank));
   vars.Offer("NPROC_PER_NODE", std::to_string(gpus > 0 ? gpus : 1));
 

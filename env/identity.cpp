@@ -105,11 +105,18 @@ EnvLookup ProcessEnvLookup() {
 }
 
 std::string NodeIdentity::Describe() const {
+  if (spares > 0) {
+    return "node " + std::to_string(rank) + " of " + std::to_string(count) + " launchers, " + std::to_string(spares) +
+           " of them spares (" + (rank >= count - spares ? "this one a spare" : "this one training rank " + std::to_string(rank)) +
+           "; rank from " + rank_source + ", count from " + count_source + "), leader " + leader_addr + " (from " +
+           leader_source + ")";
+  }
   return "node " + std::to_string(rank) + " of " + std::to_string(count) + " (rank from " + rank_source +
          ", count from " + count_source + "), leader " + leader_addr + " (from " + leader_source + ")";
 }
 
-NodeIdentity ResolveIdentity(const IdentityFlags& flags, const EnvLookup& env, std::optional<int> config_node_count) {
+NodeIdentity ResolveIdentity(const IdentityFlags& flags, const EnvLookup& env, std::optional<int> config_node_count,
+                             int spares) {
   // An empty variable counts as unset: container specs often declare them empty.
   EnvLookup present = [&env](const std::string& name) -> std::optional<std::string> {
     auto value = env(name);
@@ -131,7 +138,11 @@ NodeIdentity ResolveIdentity(const IdentityFlags& flags, const EnvLookup& env, s
   identity.under_mpi = IsMpiLaunched(present);
   identity.rank = rank ? ParseNonNegative(rank->first, "node rank from " + rank->second) : 0;
   identity.rank_source = rank ? rank->second : "default (single node)";
-  identity.count = count ? ParseNonNegative(count->first, "node count from " + count->second) : config_node_count.value_or(1);
+  identity.spares = spares;
+  // Every launcher counts, spares included: what the orchestrator started (its completions,
+  // srun -N, mpirun -np).
+  const std::optional<int> launchers = config_node_count ? std::optional<int>(*config_node_count + spares) : std::nullopt;
+  identity.count = count ? ParseNonNegative(count->first, "node count from " + count->second) : launchers.value_or(1);
   identity.count_source = count ? count->second : (rank && config_node_count ? "compute.node_count" : "default (single node)");
   if (identity.count < 1) throw IdentityError("node count from " + identity.count_source + " must be at least 1");
   if (identity.count > kMaxNodeCount) {
@@ -143,9 +154,17 @@ NodeIdentity ResolveIdentity(const IdentityFlags& flags, const EnvLookup& env, s
                         " but no node identity was found (give --node-rank/--node-count/--leader-addr, "
                         "BT_NODE_RANK/BT_GROUP_SIZE/BT_LEADER_ADDR, or start under mpirun, Slurm or Kubernetes)");
   }
-  if (config_node_count && identity.count != *config_node_count) {
+  if (config_node_count && identity.count != *launchers) {
+    const std::string expected = spares == 0 ? "compute.node_count " + std::to_string(*config_node_count)
+                                             : "compute.node_count " + std::to_string(*config_node_count) +
+                                                   " + launcher.spares " + std::to_string(spares) + " = " +
+                                                   std::to_string(*launchers) + " launchers";
     throw IdentityError("node count " + std::to_string(identity.count) + " from " + identity.count_source +
-                        " disagrees with compute.node_count " + std::to_string(*config_node_count));
+                        " disagrees with " + expected);
+  }
+  if (identity.count <= spares) {
+    throw IdentityError("node count " + std::to_string(identity.count) + " from " + identity.count_source +
+                        " leaves no training node beside launcher.spares " + std::to_string(spares));
   }
   if (identity.rank >= identity.count) {
     throw IdentityError("node rank " + std::to_string(identity.rank) + " from " + identity.rank_source +

@@ -26,6 +26,9 @@ struct IdentityFlags {
   std::optional<std::string> leader_addr;
 };
 
+// With hot spares (launcher.spares) `rank` is the launcher's slot and `count` every
+// launcher's; the training ranks are 0..training_count()-1, and the slot that runs each can
+// change at a restart (docs/SPARES.md).
 struct NodeIdentity {
   int rank = 0;
   int count = 1;
@@ -34,6 +37,9 @@ struct NodeIdentity {
   std::string count_source;
   std::string leader_source;
   bool under_mpi = false;  // started by mpirun: MPI variables must not reach the job
+  int spares = 0;          // launcher.spares: the last `spares` slots start as hot spares
+
+  int training_count() const { return count - spares; }
 
   std::string Describe() const;
 };
@@ -46,7 +52,10 @@ class IdentityError : public std::runtime_error {
 
 // `config_node_count` is compute.node_count: a count from any source must agree with it.
 // nullopt (no config given) means any count goes, one node when no source says.
-NodeIdentity ResolveIdentity(const IdentityFlags& flags, const EnvLookup& env, std::optional<int> config_node_count);
+// `spares` (launcher.spares): that many launchers beyond compute.node_count, counted by
+// every source as launchers are.
+NodeIdentity ResolveIdentity(const IdentityFlags& flags, const EnvLookup& env, std::optional<int> config_node_count,
+                             int spares = 0);
 
 // Expands a Slurm hostlist such as "gpu[01-03,07],cpu5" into host names, in order.
 std::vector<std::string> ExpandSlurmHostlist(const std::string& hostlist);

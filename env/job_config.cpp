@@ -542,12 +542,15 @@ FabricSettings ReadFabricSettings(const json& value, const std::string& path) {
 }
 
 RestartSettings ReadRestartSettings(const json& value, const std::string& path) {
-  StrictObject object(value, path, {"max_restarts", "rejoin_timeout_s", "max_cycles_without_progress"});
+  StrictObject object(value, path, {"max_restarts", "rejoin_timeout_s", "max_cycles_without_progress", "max_failures_per_node"});
   RestartSettings settings;
   if (const json* v = object.Find("max_restarts")) settings.max_restarts = int(ReadInt(*v, object.PathOf("max_restarts"), 0, 10000));
   if (const json* v = object.Find("rejoin_timeout_s")) settings.rejoin_timeout_s = ReadSeconds(*v, object.PathOf("rejoin_timeout_s"), 0);
   if (const json* v = object.Find("max_cycles_without_progress")) {
     settings.max_cycles_without_progress = int(ReadInt(*v, object.PathOf("max_cycles_without_progress"), 1, 10000));
+  }
+  if (const json* v = object.Find("max_failures_per_node")) {
+    settings.max_failures_per_node = int(ReadInt(*v, object.PathOf("max_failures_per_node"), 1, 10000));
   }
   return settings;
 }
@@ -610,7 +613,7 @@ HealthSettings ReadHealthSettings(const json& value, const std::string& path) {
 LauncherSettings ReadLauncherSettings(const json& value, const std::string& path) {
   StrictObject object(value, path, {"job_id", "project_id", "project_name", "grace_period_s", "peer_failure_grace_s",
                                              "master_port", "rendezvous", "checkpoint", "weights", "cache", "fabric", "restart", "watchdog",
-                                             "health"});
+                                             "health", "spares"});
   LauncherSettings launcher;
   if (const json* v = object.Find("job_id")) {
     launcher.job_id = ReadNonEmptyString(*v, object.PathOf("job_id"));
@@ -631,6 +634,7 @@ LauncherSettings ReadLauncherSettings(const json& value, const std::string& path
   if (const json* v = object.Find("restart")) launcher.restart = ReadRestartSettings(*v, object.PathOf("restart"));
   if (const json* v = object.Find("watchdog")) launcher.watchdog = ReadWatchdogSettings(*v, object.PathOf("watchdog"));
   if (const json* v = object.Find("health")) launcher.health = ReadHealthSettings(*v, object.PathOf("health"));
+  if (const json* v = object.Find("spares")) launcher.spares = int(ReadInt(*v, object.PathOf("spares"), 0, 1024));
   return launcher;
 }
 
@@ -731,6 +735,12 @@ JobConfig ParseJobConfig(const std::string& json_text, bool require_start_comman
   if (const json* v = object.Find("launcher")) config.launcher = ReadLauncherSettings(*v, "launcher");
   if (require_start_command && config.runtime.start_commands.empty()) {
     throw ConfigError("runtime.start_commands", "expected at least one command (or give one after `--`)");
+  }
+  // A spare takes a rank in a restart: without restarts it would only wait.
+  if (config.launcher.spares > 0 && config.launcher.restart.max_restarts == 0) {
+    throw ConfigError("launcher.spares", std::to_string(config.launcher.spares) +
+                                             " spare(s) need launcher.restart.max_restarts above 0 (a spare takes a "
+                                             "rank in a restart)");
   }
   return config;
 }

@@ -150,6 +150,9 @@ struct RestartSettings {
   int max_restarts = 0;                 // 0: a failure ends the job (no restart)
   double rejoin_timeout_s = 600;        // how long the nodes wait for each other between cycles
   int max_cycles_without_progress = 3;  // cycles in a row without a new committed checkpoint
+  // Cycle failures blamed on one node after which its rank moves to a hot spare (when one is
+  // ready): a node that fails every cycle though its health reads fine.
+  int max_failures_per_node = 2;
 };
 
 // launcher.watchdog: when a job that neither exits nor makes progress is called hung.
@@ -190,6 +193,9 @@ struct LauncherSettings {
   RestartSettings restart;
   WatchdogSettings watchdog;
   HealthSettings health;
+  // Hot spares (docs/SPARES.md): launchers beyond compute.node_count, slots node_count...,
+  // prepared as the others are, that take a leaving node's training rank.
+  int spares = 0;
 };
 
 struct JobConfig {

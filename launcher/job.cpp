@@ -23,7 +23,8 @@ env::NodeIdentity ResolveNode(const CliOptions& cli, const env::JobConfig& confi
   try {
     std::optional<int> config_node_count;
     if (config.compute.node_count_given) config_node_count = config.compute.node_count;
-    env::NodeIdentity identity = env::ResolveIdentity(cli.identity, env::ProcessEnvLookup(), config_node_count);
+    env::NodeIdentity identity =
+        env::ResolveIdentity(cli.identity, env::ProcessEnvLookup(), config_node_count, config.launcher.spares);
     log::SetNodeRank(identity.rank);
     spdlog::info("identity: {}", identity.Describe());
     return identity;
@@ -58,7 +59,7 @@ PreparedJob PrepareJob(const CliOptions& cli, bool require_start_command, Timeli
   PreparedJob job;
   job.config = LoadConfig(cli, require_start_command);
   job.identity = ResolveNode(cli, job.config);
-  if (!job.config.compute.node_count_given) job.config.compute.node_count = job.identity.count;
+  if (!job.config.compute.node_count_given) job.config.compute.node_count = job.identity.training_count();
   timeline.Begin("environment");
   job.environment = BuildEnvironment(cli, job.config, job.identity);
   return job;

@@ -13,6 +13,7 @@
 
 #include "launcher/exit_codes.h"
 #include "launcher/job.h"
+#include "launcher/log.h"
 #include "launcher/phases/cache_seed.h"
 #include "launcher/phases/checkpoints.h"
 #include "launcher/phases/fabric.h"
@@ -250,16 +251,41 @@ void MarkUnhealthy(HealthWatch& health, JobOutcome& outcome) {
   if (!fatal.empty() && !outcome.stop_reason) outcome.cause = "health: " + DescribeFatal(fatal);
 }
 
+// The identity the checkpoint phase works by: training rank `rank` of compute.node_count
+// (with launcher.spares a launcher's slot and its rank differ).
+env::NodeIdentity TrainingIdentity(const env::NodeIdentity& identity, int rank) {
+  env::NodeIdentity training = identity;
+  training.rank = rank;
+  training.count = identity.training_count();
+  training.spares = 0;
+  return training;
+}
+
+// The training rank this launcher runs (launcher.spares): its slot's, none for a spare
+// until the leader gives it one (CycleHooks::promote). Used on the run's thread only.
+struct TrainingRole {
+  std::optional<int> rank;
+};
+
+// What a launcher's checkpoint phase needs beyond the job, for a spare that starts its own
+// when it takes a rank.
+struct CheckpointStart {
+  const std::optional<storage::DestinationSpec>& destination;
+  CheckpointPhase& phase;
+};
+
 // Each cycle's commands under a fresh supervisor (a stopped one stays stopped), watched
 // for hangs, and the load of the checkpoint the next cycle resumes from.
-CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, const std::optional<storage::DestinationSpec>& destination,
-                        Peers* peers, watchdog::Watchdog* watch, HealthWatch* health, watchdog::Progress* progress,
-                        SignalRouter& signals, checkpoint::CheckpointAgent* checkpoints) {
+CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, CheckpointStart checkpoint_start, Peers* peers,
+                        watchdog::Watchdog* watch, HealthWatch* health, watchdog::Progress* progress, SignalRouter& signals,
+                        TrainingRole& role) {
+  const std::optional<storage::DestinationSpec>& destination = checkpoint_start.destination;
+  CheckpointPhase& checkpoint_phase = checkpoint_start.phase;
   CycleHooks hooks;
-  hooks.run = [&cli, &job, peers, watch, health, progress, &signals, checkpoints](int64_t cycle,
-                                                                                  const std::string& resume) {
+  hooks.run = [&cli, &job, peers, watch, health, progress, &signals, &checkpoint_phase, &role](int64_t cycle,
+                                                                                               const std::string& resume) {
     // What the last cycle left is that cycle's: judged before this cycle's training writes.
-    if (checkpoints) checkpoints->BeginCycle(cycle);
+    if (checkpoint_phase.agent) checkpoint_phase.agent->BeginCycle(cycle);
     auto grace = std::chrono::milliseconds(int64_t(job.config.launcher.grace_period_s * 1000));
     auto peer_grace = std::chrono::milliseconds(int64_t(job.config.launcher.peer_failure_grace_s * 1000));
     // With the watchdog on, the job's output is progress: relayed, or written to its files.
@@ -267,7 +293,8 @@ CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, const std
     StopUnion own(watch, health);
     StopUnion stops(peers, &own);
     if (watch) watch->BeginCycle(cycle);
-    JobOutcome outcome = supervisor.Run(CommandsToRun(cli, job.config), CycleEnviron(job.environment, job.config, cycle, resume),
+    JobOutcome outcome = supervisor.Run(CommandsToRun(cli, job.config),
+                                        CycleEnviron(job.environment, job.config, cycle, resume, role.rank),
                                         job.environment.working_dir, &stops);
     if (watch) {
       watch->EndCycle();
@@ -276,7 +303,9 @@ CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, const std
     if (health) MarkUnhealthy(*health, outcome);
     return outcome;
   };
-  if (checkpoints) hooks.restart_decided = [checkpoints](int64_t cycle) { checkpoints->RestartDecided(cycle); };
+  hooks.restart_decided = [&checkpoint_phase](int64_t cycle) {
+    if (checkpoint_phase.agent) checkpoint_phase.agent->RestartDecided(cycle);
+  };
   if (health) {
     hooks.leave = [health]() -> std::optional<std::string> {
       std::vector<health::Finding> fatal = health->Fatal();
@@ -284,17 +313,27 @@ CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, const std
       return DescribeFatal(fatal);
     };
   }
-  hooks.load_resume = [&job, destination](const storage::CommitRecord& commit, const std::function<void()>& check_stop) {
-    if (!destination) return;
-    LoadOwnCheckpoint(job.environment, *destination, job.identity.rank, commit, check_stop);
+  hooks.load_resume = [&job, &destination, &role](const storage::CommitRecord& commit,
+                                                  const std::function<void()>& check_stop) {
+    if (!destination || !role.rank) return;
+    LoadOwnCheckpoint(job.environment, *destination, *role.rank, commit, check_stop);
   };
   // A replacement's first cycle when nothing is committed: the job's load_checkpoint_config,
   // as every other node loaded it before cycle 0.
-  hooks.load_start = [&job, destination](const std::function<void()>& check_stop) {
-    if (!destination || !job.config.runtime.load_checkpoint_config.enabled) return;
-    ClearEarlierLoads(job.environment, job.identity.rank);
+  hooks.load_start = [&job, &destination, &role](const std::function<void()>& check_stop) {
+    if (!destination || !role.rank || !job.config.runtime.load_checkpoint_config.enabled) return;
+    ClearEarlierLoads(job.environment, *role.rank);
     spdlog::info("loading runtime.load_checkpoint_config, as the other nodes did before their first cycle");
-    LoadCheckpoints(job.config, job.environment, *destination, job.identity.rank, check_stop);
+    LoadCheckpoints(job.config, job.environment, *destination, *role.rank, check_stop);
+  };
+  // A spare that takes a rank saves that rank's parts from its first cycle on, answering for
+  // the saves its predecessor left open as a replacement does (incarnation: that cycle).
+  hooks.promote = [&job, &destination, &checkpoint_phase, &role, peers, &signals](int rank, int64_t cycle) {
+    role.rank = rank;
+    log::SetNodeRank(job.identity.rank, rank);  // only a spare is promoted
+    if (!destination) return;
+    checkpoint_phase = StartCheckpoints(job.config, job.environment, *destination, TrainingIdentity(job.identity, rank),
+                                        peers->store(), [&] { CheckStop(peers, signals); }, cycle);
   };
   return hooks;
 }
@@ -302,13 +341,14 @@ CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, const std
 // The node leaves a job that goes on: no exit barrier (the others wait for a launcher in its
 // slot), its uploads not waited for (the restart's decision sealed its cycle's saves), its
 // findings in the last lines, for whoever replaces the node.
-int LeaveUnhealthy(const JobOutcome& outcome, int rank, CheckpointPhase& checkpoints, Timeline& timeline) {
+int LeaveUnhealthy(const JobOutcome& outcome, const PreparedJob& job, CheckpointPhase& checkpoints, Timeline& timeline) {
   if (checkpoints.agent) checkpoints.agent->Drain(false, std::chrono::steady_clock::now());
   LogTimeline(timeline);
-  const char* others = rank == 0 ? "node 0 serves the rendezvous: the job ends with it"
-                                 : "the others wait for a launcher in its slot (launcher.restart.rejoin_timeout_s)";
-  spdlog::error("health: this node left the job (exit {}; {}): replace it:\n{}", int(kExitUnhealthy), others,
-                *outcome.left_job);
+  const char* others = job.identity.rank == 0 ? "node 0 serves the rendezvous: the job ends with it"
+                       : job.identity.spares > 0
+                           ? "a ready spare takes its rank, or the others wait for a launcher in its slot"
+                           : "the others wait for a launcher in its slot (launcher.restart.rejoin_timeout_s)";
+  spdlog::error("this node left the job (exit {}; {}): replace it:\n{}", int(kExitUnhealthy), others, *outcome.left_job);
   return kExitUnhealthy;
 }
 
@@ -336,14 +376,20 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   // A launcher that replaced a lost one loads what its first cycle resumes from at that
   // cycle's barrier, not the job's `latest` now.
   std::optional<rendezvous::PeerEvent> rejoin = peers ? peers->TakeRejoin() : std::nullopt;
+  // A spare (launcher.spares, or a launcher started again in a slot whose rank moved to one)
+  // loads and saves nothing until it takes a rank.
+  if (rejoin && rejoin->training_rank < 0) rejoin.reset();
+  TrainingRole role;
+  if (!peers || peers->RunsARank()) role.rank = rejoin ? rejoin->training_rank : job.identity.rank;
+  if (job.identity.spares > 0) log::SetNodeRank(job.identity.rank, role.rank.value_or(-1));
   std::optional<storage::CommitRecord> resume;
   std::unique_ptr<NodeHealth> health;
   try {
     health = NodeHealth::Open(job.config.launcher.health, job.environment, rendezvous::fabric::SysfsRoot(cli.sysfs_root));
-    if (!rejoin) resume = ResumePoint(job, destination, peers.get(), signals);
+    if (!rejoin && role.rank) resume = ResumePoint(job, destination, peers.get(), signals);
     if (node0_commits) node0_commits->Started(resume);
-    PrepareAfterRendezvous(job, std::move(inventory), destination, resume, health.get(), rejoin.has_value(), peers.get(),
-                           signals, timeline);
+    PrepareAfterRendezvous(job, std::move(inventory), destination, resume, health.get(), rejoin.has_value() || !role.rank,
+                           peers.get(), signals, timeline);
   } catch (const LaunchFailure& failure) {
     // The others are waiting in the ready barrier or for the seed: tell them now.
     if (peers) {
@@ -355,10 +401,10 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
     throw;
   }
   CheckpointPhase checkpoints;
-  if (destination) {
+  if (destination && role.rank) {
     std::function<void(const storage::CommitRecord&)> on_latest;
     if (node0_commits) on_latest = [node0_commits](const storage::CommitRecord& commit) { node0_commits->Committed(commit); };
-    checkpoints = StartCheckpoints(job.config, job.environment, *destination, job.identity,
+    checkpoints = StartCheckpoints(job.config, job.environment, *destination, TrainingIdentity(job.identity, *role.rank),
                                    peers ? peers->store() : nullptr, [&] { CheckStop(peers.get(), signals); },
                                    rejoin ? rejoin->cycle : 0, std::move(on_latest), commit_gate,
                                    AbsentRanksOf(peers.get()));
@@ -373,11 +419,11 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   timeline.Begin("run");
   std::vector<CycleRecord> cycles;
   JobOutcome outcome = RunCycles(job.config, peers.get(), signals,
-                                 CycleHooksOf(cli, job, destination, peers.get(), watch.get(), health_watch.get(), &progress,
-                                              signals, checkpoints.agent.get()),
+                                 CycleHooksOf(cli, job, {destination, checkpoints}, peers.get(), watch.get(),
+                                              health_watch.get(), &progress, signals, role),
                                  resume ? resume->name : "", std::move(rejoin), cycles);
   timeline.Annotate(DescribeOutcome(outcome) + (cycles.empty() ? "" : "; restarts: " + RenderCycles(cycles)));
-  if (outcome.left_job) return LeaveUnhealthy(outcome, job.identity.rank, checkpoints, timeline);
+  if (outcome.left_job) return LeaveUnhealthy(outcome, job, checkpoints, timeline);
   if (peers) peers->Report(outcome);  // the other nodes stop now, not after this node's drain
   bool committed = true;
   if (checkpoints.agent) {

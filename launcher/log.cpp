@@ -13,6 +13,7 @@ namespace bt::log {
 namespace {
 
 std::atomic<int> g_node_rank{-1};
+std::atomic<int> g_training_rank{kSameRank};
 std::mutex g_secrets_mutex;
 std::vector<std::string> g_secrets;
 
@@ -33,7 +34,10 @@ std::string Payload(const spdlog::details::log_msg& message) {
 
 std::string NodeLabel() {
   int rank = g_node_rank.load(std::memory_order_relaxed);
-  return rank < 0 ? "?" : std::to_string(rank);
+  if (rank < 0) return "?";
+  const int training_rank = g_training_rank.load(std::memory_order_relaxed);
+  if (training_rank == kSameRank) return std::to_string(rank);
+  return std::to_string(rank) + (training_rank < 0 ? " spare" : " rank " + std::to_string(training_rank));
 }
 
 std::string Timestamp(spdlog::log_clock::time_point time) {
@@ -67,6 +71,9 @@ class JsonFormatter final : public spdlog::formatter {
                            {"level", std::string(level.data(), level.size())},
                            {"node", g_node_rank.load(std::memory_order_relaxed)},
                            {"msg", Payload(message)}};
+    if (const int training_rank = g_training_rank.load(std::memory_order_relaxed); training_rank != kSameRank) {
+      line["rank"] = training_rank;  // -1: a spare
+    }
     std::string text = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     out.append(text.data(), text.data() + text.size());
   }
@@ -88,7 +95,10 @@ void Init(Format format, spdlog::level::level_enum level) {
   spdlog::set_default_logger(logger);
 }
 
-void SetNodeRank(int rank) { g_node_rank.store(rank, std::memory_order_relaxed); }
+void SetNodeRank(int rank, int training_rank) {
+  g_training_rank.store(training_rank, std::memory_order_relaxed);
+  g_node_rank.store(rank, std::memory_order_relaxed);
+}
 
 bool RegisterSecret(const std::string& value) {
   if (value.size() < kMinRedactedBytes) return false;

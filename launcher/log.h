@@ -12,8 +12,11 @@ enum class Format { kText, kJson };
 // Installs the default logger. Safe to call again (e.g. once the format flag is parsed).
 void Init(Format format, spdlog::level::level_enum level);
 
-// The rank is known only after identity resolution; until then lines say "node ?".
-void SetNodeRank(int rank);
+// The rank is known only after identity resolution; until then lines say "node ?". With hot
+// spares (launcher.spares) a launcher's slot and the training rank it runs differ: lines then
+// say both ("node 3 rank 1", "node 4 spare"; `training_rank` -1 for a spare).
+inline constexpr int kSameRank = -2;
+void SetNodeRank(int rank, int training_rank = kSameRank);
 
 Format ParseFormat(const std::string& text);  // throws std::invalid_argument
 

@@ -417,6 +417,8 @@ void StoreClient::ArriveAtCycle(int64_t cycle, double stopped_s) {
   Request({{"op", "cycle_ready"}, {"cycle", cycle}, {"stopped_s", stopped_s}}, kRequestTimeout);
 }
 
+void StoreClient::SpareReady(int64_t cycle) { Request({{"op", "spare_ready"}, {"cycle", cycle}}, kRequestTimeout); }
+
 void StoreClient::ReportStall(int64_t cycle, const std::string& quiet, bool stalled) {
   Request({{"op", stalled ? "stall" : "resumed"}, {"cycle", cycle}, {"quiet", quiet}}, kRequestTimeout);
 }
@@ -569,7 +571,9 @@ void StoreClient::OnMessage(const Message& message) {
   if (op == "rejoin") {
     auto restart = message.find("restart");
     if (restart == message.end() || !restart->is_object()) throw FrameError("rejoin without its restart");
-    return PushEvent(RestartEvent(*restart, PeerEvent::Kind::kRejoin));
+    PeerEvent event = RestartEvent(*restart, PeerEvent::Kind::kRejoin);
+    event.training_rank = int(IntField(message, "training_rank"));
+    return PushEvent(std::move(event));
   }
   if (op == "cycle_wait") {  // the leader's word on a restart's barrier, every 10 s while it waits
     last_cycle_wait_ns_ = std::chrono::steady_clock::now().time_since_epoch().count();

@@ -57,6 +57,9 @@ struct PeerEvent {
   Message decision{};   // kRestart: what the leader decided with it (resume checkpoint, budget);
                         // kCycleGo: the leader's figures of the restart (stopped_s, restarted_s)
   std::chrono::steady_clock::time_point received{};  // when this node had it
+  // kRejoin: the training rank this launcher runs from `cycle` on (-1: it waits as a spare;
+  // launcher.spares, docs/SPARES.md).
+  int training_rank = -1;
 };
 
 // How a node retries reaching the leader; the rendezvous benchmark's simulated nodes
@@ -114,6 +117,8 @@ class StoreClient final : public Store {
   // every node is.
   // `stopped_s`: how long this node's job took to stop after it heard of the restart.
   void ArriveAtCycle(int64_t cycle, double stopped_s = 0);
+  // This launcher is a spare, prepared, waiting in `cycle` for a rank to take.
+  void SpareReady(int64_t cycle);
   // Ends the job as failed by this node (after its report, e.g. when it stops waiting at the
   // exit barrier): the leader aborts it, so every node reports the same result.
   void GiveUp(const std::string& cause);

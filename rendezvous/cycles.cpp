@@ -4,8 +4,54 @@
 
 namespace bt::rendezvous {
 
-Cycles::Cycles(int node_count, RestartPolicy policy)
-    : policy_(std::move(policy)), arrived_(size_t(std::max(node_count, 0)), false) {}
+RankAssignment::RankAssignment(int slots, int ranks) {
+  slots = std::max(slots, 0);
+  ranks = std::clamp(ranks, 0, slots);
+  rank_of_slot_.assign(size_t(slots), -1);
+  for (int rank = 0; rank < ranks; ++rank) {
+    rank_of_slot_[size_t(rank)] = rank;
+    slot_of_rank_.push_back(rank);
+  }
+}
+
+int RankAssignment::RankOf(int slot) const {
+  if (slot < 0 || size_t(slot) >= rank_of_slot_.size()) return -1;
+  return rank_of_slot_[size_t(slot)];
+}
+
+void RankAssignment::Move(int from, int to) {
+  const int rank = RankOf(from);
+  if (rank < 0 || !IsSpare(to) || to < 0 || size_t(to) >= rank_of_slot_.size()) return;
+  rank_of_slot_[size_t(from)] = -1;
+  rank_of_slot_[size_t(to)] = rank;
+  slot_of_rank_[size_t(rank)] = to;
+}
+
+Cycles::Cycles(int slots, int ranks, RestartPolicy policy, int max_failures_per_node)
+    : policy_(std::move(policy)),
+      assignment_(slots, ranks),
+      max_failures_per_node_(max_failures_per_node),
+      failures_(size_t(std::max(slots, 0)), 0),
+      arrived_(size_t(std::max(slots, 0)), false) {}
+
+std::string Cycles::CountFailure(const CycleFailure& failure) {
+  if (failure.rank < 0 || size_t(failure.rank) >= failures_.size()) return "";
+  const int failures = ++failures_[size_t(failure.rank)];
+  if (failure.exit_code == kUnhealthyExitCode) return "its hardware cannot train";
+  if (failure.lost) return "its launcher was lost";
+  if (failures >= max_failures_per_node_) {
+    return "it failed " + std::to_string(failures) + " cycles (launcher.restart.max_failures_per_node)";
+  }
+  return "";
+}
+
+void Cycles::Promote(int from, int to) {
+  assignment_.Move(from, to);
+  if (size_t(from) < arrived_.size() && arrived_[size_t(from)]) {
+    arrived_[size_t(from)] = false;
+    --arrived_count_;
+  }
+}
 
 std::optional<Message> Cycles::Decide(const CycleFailure& failure, std::string& refusal) {
   if (!policy_) return std::nullopt;
@@ -30,9 +76,10 @@ std::optional<Message> Cycles::Decide(const CycleFailure& failure, std::string& 
 
 std::optional<Message> Cycles::Arrive(int rank, double stopped_s) {
   if (rank < 0 || size_t(rank) >= arrived_.size() || arrived_[size_t(rank)]) return std::nullopt;
+  if (assignment_.IsSpare(rank)) return std::nullopt;
   arrived_[size_t(rank)] = true;
   slowest_stop_s_ = std::max(slowest_stop_s_, stopped_s);
-  if (++arrived_count_ < int(arrived_.size())) return std::nullopt;
+  if (++arrived_count_ < assignment_.ranks()) return std::nullopt;
   const double restarted_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - decided_).count();
   return Message{{"op", "cycle_go"}, {"cycle", current_}, {"stopped_s", slowest_stop_s_}, {"restarted_s", restarted_s}};
 }
@@ -46,7 +93,7 @@ void Cycles::Leave(int rank) {
 std::vector<int> Cycles::Awaited() const {
   std::vector<int> ranks;
   for (size_t rank = 0; rank < arrived_.size(); ++rank) {
-    if (!arrived_[rank]) ranks.push_back(int(rank));
+    if (!arrived_[rank] && !assignment_.IsSpare(int(rank))) ranks.push_back(int(rank));
   }
   return ranks;
 }

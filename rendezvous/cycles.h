@@ -15,13 +15,18 @@
 
 namespace bt::rendezvous {
 
+// The exit code of a node whose hardware cannot train (launcher.health; the launcher's
+// kExitUnhealthy, EX_TEMPFAIL): it leaves, and a hot spare takes its rank.
+inline constexpr int kUnhealthyExitCode = 75;
+
 // A node's failure in a cycle, as the policy is asked about it.
 struct CycleFailure {
   int64_t cycle = 0;
-  int rank = -1;
+  int rank = -1;  // the failed launcher's slot
   std::string host;
   std::string cause;  // one line naming the node and how it failed
   int exit_code = 0;
+  bool lost = false;  // its launcher is gone (no report)
 };
 
 // The policy's answer: the fields pushed with the restart (the checkpoint to resume from,
@@ -36,11 +41,45 @@ struct RestartAnswer {
 // block (no storage I/O), or every heartbeat waits for it and the nodes declare the leader lost.
 using RestartPolicy = std::function<RestartAnswer(const CycleFailure&)>;
 
+// Which launcher slot runs which training rank (launcher.spares, docs/SPARES.md): slots
+// 0..ranks-1 start with their own rank, the others are hot spares. A slot's rank moves to a
+// spare when its node leaves; slot 0 (the store's server) keeps rank 0.
+class RankAssignment {
+ public:
+  RankAssignment(int slots, int ranks);
+
+  int slots() const { return int(rank_of_slot_.size()); }
+  int ranks() const { return int(slot_of_rank_.size()); }
+  int RankOf(int slot) const;  // -1: a spare (or out of range)
+  int SlotOf(int rank) const { return slot_of_rank_.at(size_t(rank)); }
+  bool IsSpare(int slot) const { return RankOf(slot) < 0; }
+  // Moves `from`'s rank to `to` (a spare); `from` becomes a spare slot.
+  void Move(int from, int to);
+  // [slot of rank 0, slot of rank 1, ...]: what a restart tells every node.
+  std::vector<int> Slots() const { return slot_of_rank_; }
+
+ private:
+  std::vector<int> rank_of_slot_;
+  std::vector<int> slot_of_rank_;
+};
+
 class Cycles {
  public:
-  Cycles(int node_count, RestartPolicy policy);
+  // `ranks`: the training ranks (compute.node_count), `slots` every launcher's, spares
+  // included; `max_failures_per_node`: failures blamed on one slot after which its rank
+  // moves to a ready spare.
+  Cycles(int slots, int ranks, RestartPolicy policy, int max_failures_per_node = 2);
+  explicit Cycles(int node_count, RestartPolicy policy = {}) : Cycles(node_count, node_count, std::move(policy)) {}
 
   int64_t current() const { return current_; }
+  const RankAssignment& assignment() const { return assignment_; }
+  bool HasSpares() const { return assignment_.slots() > assignment_.ranks(); }
+  // Why `failure`'s slot must leave its rank when a spare is ready ("": it restarts in place):
+  // its hardware cannot train, its launcher is gone, or it failed max_failures_per_node
+  // cycles. Counts the failure against the slot.
+  std::string CountFailure(const CycleFailure& failure);
+  // Gives `from`'s rank to the spare `to` in the current cycle; the barrier awaits `to`.
+  void Promote(int from, int to);
   // A message of an earlier cycle: it must never change the job's state.
   bool IsStale(int64_t cycle) const { return cycle < current_; }
 
@@ -48,7 +87,8 @@ class Cycles {
   // set when the policy gave a reason) when the job must end instead.
   std::optional<Message> Decide(const CycleFailure& failure, std::string& refusal);
 
-  // Records `rank` at the barrier of the current cycle (`stopped_s`: how long its job took to
+  // Records slot `rank` at the barrier of the current cycle (a spare's arrival counts for
+  // nothing) (`stopped_s`: how long its job took to
   // stop after the push); the "cycle_go" frame once every node has arrived, exactly once per
   // cycle, with the restart's figures: the decision to every job stopped (`stopped_s`) and
   // to every node ready (`restarted_s`).
@@ -56,11 +96,14 @@ class Cycles {
   // `rank` is no longer at the current cycle's barrier (its launcher was lost while the
   // barrier waited): it is awaited again, and the cycle stays the same.
   void Leave(int rank);
-  // The ranks not yet at the current cycle's barrier.
+  // The slots running a rank that are not yet at the current cycle's barrier.
   std::vector<int> Awaited() const;
 
  private:
   RestartPolicy policy_;
+  RankAssignment assignment_;
+  int max_failures_per_node_;
+  std::vector<int> failures_;  // by slot: cycle failures blamed on it
   int64_t current_ = 0;
   std::vector<bool> arrived_;
   int arrived_count_ = 0;

@@ -11,6 +11,7 @@ namespace {
 enum class Writer {
   kServer,   // the leader's server itself (bt/roster): no connection
   kOwner,    // the node whose rank the key names ({rank} below)
+  kTrainer,  // the node that runs the training rank the key names (a spare once it took it)
   kCounter,  // a counter every joined node adds to (the leader alone may set it)
 };
 
@@ -33,8 +34,8 @@ constexpr std::array kRules = {
     KeyRule{"bt/fabric/probe/qp/*/*/{rank}", Writer::kOwner},
     KeyRule{"bt/nccl/gpus/{rank}", Writer::kOwner},
     KeyRule{"bt/nccl/result/{rank}", Writer::kOwner},
-    KeyRule{"bt/ckpt/answer/*/rank-{rank}/*", Writer::kOwner},  // launcher/phases/commit_board.cpp
-    KeyRule{"bt/ckpt/launchers/rank-{rank}", Writer::kOwner},
+    KeyRule{"bt/ckpt/answer/*/rank-{rank}/*", Writer::kTrainer},  // launcher/phases/commit_board.cpp
+    KeyRule{"bt/ckpt/launchers/rank-{rank}", Writer::kTrainer},
     KeyRule{"bt/hang/*/stacks/{rank}", Writer::kOwner},
     KeyRule{"bt/hang/*/answered", Writer::kCounter},
     KeyRule{"bt/health/node/{rank}", Writer::kOwner},  // launcher/phases/health.cpp
@@ -91,7 +92,7 @@ std::string Quoted(std::string_view key) { return "\"" + std::string(key) + "\""
 
 }  // namespace
 
-std::optional<std::string> WriteRefusal(std::string_view key, KeyWrite write, int rank) {
+std::optional<std::string> WriteRefusal(std::string_view key, KeyWrite write, int rank, std::optional<int> training_rank) {
   if (!key.starts_with(kLauncherKeyPrefix)) return std::nullopt;
   if (rank < 0) return "writes " + Quoted(key) + " without having joined: the launcher's keys (" +
                        std::string(kLauncherKeyPrefix) + ") are written by the job's nodes only";
@@ -105,6 +106,10 @@ std::optional<std::string> WriteRefusal(std::string_view key, KeyWrite write, in
         if (write == KeyWrite::kRead || *owner == rank) return std::nullopt;
         return "node " + std::to_string(rank) + " writes " + Quoted(key) + ", which belongs to node " +
                std::to_string(*owner);
+      case Writer::kTrainer:
+        if (write == KeyWrite::kRead || *owner == training_rank.value_or(rank)) return std::nullopt;
+        return "node " + std::to_string(rank) + " writes " + Quoted(key) + ", which belongs to the node running rank " +
+               std::to_string(*owner) + (training_rank ? " (it runs " + (*training_rank < 0 ? std::string("none, a spare") : "rank " + std::to_string(*training_rank)) + ")" : "");
       case Writer::kCounter:
         if (write != KeyWrite::kSet || rank == 0) return std::nullopt;
         return "node " + std::to_string(rank) + " sets the counter " + Quoted(key) + ", which nodes only add to";

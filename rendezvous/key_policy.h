@@ -38,7 +38,10 @@ enum class KeyWrite { kSet, kAdd, kRead };
 // Why a connection whose node joined as `rank` (-1: not joined) may not write `key` this
 // way, or nullopt when it may. kRead is an add of 0 (a counter read): any joined node may
 // read any counter except the ones the leader's server writes itself.
-std::optional<std::string> WriteRefusal(std::string_view key, KeyWrite write, int rank);
+// `training_rank`: the training rank the node runs, where it differs from its node rank (a
+// hot spare's: -1 until it takes one); the checkpoint keys are that rank's.
+std::optional<std::string> WriteRefusal(std::string_view key, KeyWrite write, int rank,
+                                        std::optional<int> training_rank = std::nullopt);
 
 // Why `key` (or `value`) cannot be stored, or nullopt when it can.
 std::optional<std::string> KeySizeRefusal(std::string_view key);

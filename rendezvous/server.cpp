@@ -222,6 +222,8 @@ class StoreServer::Loop {
     infos_.resize(size_t(options_.node_count));
     reported_.resize(size_t(options_.node_count), false);
     awaiting_rejoin_.resize(size_t(options_.node_count), false);
+    spare_ready_.resize(size_t(options_.node_count), false);
+    rank_slots_ = cycles_.assignment().Slots();
     join_deadline_ = start_ + options_.join_timeout;
     next_tick_ = start_ + options_.heartbeat_interval;
   }
@@ -345,19 +347,20 @@ class StoreServer::Loop {
   std::vector<int> absent() const {
     std::lock_guard lock(mutex_);
     std::vector<int> ranks;
-    for (size_t rank = 0; rank < joined_.size(); ++rank) {
-      if (joined_[rank] < 0) ranks.push_back(int(rank));
+    for (size_t rank = 0; rank < rank_slots_.size(); ++rank) {
+      if (joined_[size_t(rank_slots_[rank])] < 0) ranks.push_back(int(rank));
     }
     return ranks;
   }
 
   std::vector<int> unreported() const {
     std::lock_guard lock(mutex_);
-    std::vector<int> ranks;
-    for (size_t rank = 0; rank < reported_.size(); ++rank) {
-      if (!reported_[rank]) ranks.push_back(int(rank));
+    std::vector<int> slots;
+    for (int slot : rank_slots_) {
+      if (!reported_[size_t(slot)]) slots.push_back(slot);
     }
-    return ranks;
+    std::sort(slots.begin(), slots.end());
+    return slots;
   }
 
  private:
@@ -492,6 +495,7 @@ class StoreServer::Loop {
     if (op == "report") return OnReport(connection, message);
     if (op == "give_up") return OnGiveUp(connection, message);
     if (op == "cycle_ready") return OnCycleReady(connection, message);
+    if (op == "spare_ready") return OnSpareReady(connection, message);
     if (op == "stall" || op == "resumed") return OnStall(connection, message, op == "stall");
     if (op == "hang") return OnHang(connection, message);
     if (op == "bye") {
@@ -572,7 +576,9 @@ class StoreServer::Loop {
     std::string value = BytesField(message, "value");
     if (auto why = KeySizeRefusal(key)) return Refuse(connection, message, *why);
     if (auto why = ValueSizeRefusal(key, value.size())) return Refuse(connection, message, *why);
-    if (auto why = WriteRefusal(key, KeyWrite::kSet, connection.rank)) return Refuse(connection, message, *why);
+    if (auto why = WriteRefusal(key, KeyWrite::kSet, connection.rank, TrainingRankOf(connection))) {
+      return Refuse(connection, message, *why);
+    }
     StoreValue(key, std::move(value));
     Reply(connection, message, {{"op", "ok"}});
     WakeWaiters(key);
@@ -580,6 +586,12 @@ class StoreServer::Loop {
 
   // A request the leader does not accept: the node is told why, then its connection is
   // closed (a joined node's loss aborts the job, and the abort names the refusal).
+  // The training rank a joined node runs, where hot spares make it differ from its slot.
+  std::optional<int> TrainingRankOf(const Connection& connection) const {
+    if (connection.rank < 0 || !cycles_.HasSpares()) return std::nullopt;
+    return cycles_.assignment().RankOf(connection.rank);
+  }
+
   void Refuse(Connection& connection, const Message& request, const std::string& why) {
     spdlog::warn("rendezvous: refused a request from {}{}: {}", connection.peer,
                  connection.rank >= 0 ? " (node " + std::to_string(connection.rank) + ")" : "", why);
@@ -669,7 +681,8 @@ class StoreServer::Loop {
     const std::string key = StringField(message, "key");
     const int64_t delta = IntField(message, "delta");
     if (auto why = KeySizeRefusal(key)) return Refuse(connection, message, *why);
-    if (auto why = WriteRefusal(key, delta == 0 ? KeyWrite::kRead : KeyWrite::kAdd, connection.rank)) {
+    if (auto why = WriteRefusal(key, delta == 0 ? KeyWrite::kRead : KeyWrite::kAdd, connection.rank,
+                                TrainingRankOf(connection))) {
       return Refuse(connection, message, *why);
     }
     auto it = values_.find(key);
@@ -760,12 +773,25 @@ class StoreServer::Loop {
       infos_[rank] = info;
     }
     awaiting_rejoin_[rank] = false;
-    rejoined_.push_back(info.rank);
     Reply(connection, message, {{"op", "ok"}});
+    if (cycles_.assignment().IsSpare(info.rank)) return JoinAsSpare(connection, info, before);
+    rejoined_.push_back(info.rank);
     spdlog::warn("rendezvous: {} joined again from {} (was {}): it meets the others in cycle {}", info.Label(),
                  info.seen_from, before, cycles_.current());
     // The cycle first: once the launcher has seen "complete", it knows it rejoined.
-    Send(connection, {{"op", "rejoin"}, {"restart", *last_restart_}});
+    Send(connection, {{"op", "rejoin"}, {"restart", *last_restart_}, {"training_rank", cycles_.assignment().RankOf(info.rank)}});
+    Send(connection, {{"op", "complete"}, {"count", options_.node_count}});
+  }
+
+  // A launcher in a slot that runs no rank (a spare's, or one whose rank moved to a spare):
+  // it prepares and waits as a spare, in the job's current cycle.
+  void JoinAsSpare(Connection& connection, const NodeInfo& info, const std::string& before) {
+    spdlog::warn("rendezvous: {} joined again from {} (was {}): it is a spare from cycle {}", info.Label(), info.seen_from,
+                 before, cycles_.current());
+    const Message now = last_restart_ ? *last_restart_
+                                      : Message{{"op", "restart"}, {"cycle", cycles_.current()}, {"rank", -1}, {"host", ""},
+                                                {"message", "joined as a spare"}, {"code", 0}, {"decision", Message::object()}};
+    Send(connection, {{"op", "rejoin"}, {"restart", now}, {"training_rank", -1}});
     Send(connection, {{"op", "complete"}, {"count", options_.node_count}});
   }
 
@@ -825,6 +851,7 @@ class StoreServer::Loop {
     const int64_t cycle = message.contains("cycle") ? IntField(message, "cycle") : cycles_.current();
     Reply(connection, message, {{"op", "ok"}});
     if (connection.rank < 0 || IgnoredAsStale(connection, "report", cycle) || reported_[size_t(connection.rank)]) return;
+    if (cycles_.assignment().IsSpare(connection.rank)) return;  // a spare runs nothing: its outcome decides nothing
     {
       std::lock_guard lock(mutex_);
       reported_[size_t(connection.rank)] = true;
@@ -834,7 +861,7 @@ class StoreServer::Loop {
       return FailCycle(connection.rank, infos_[size_t(connection.rank)].Label() + " failed: " + cause, int(code), restartable);
     }
     CollectStacksIfHung(connection.rank);  // the others may be stalled, waiting for nothing but this node
-    if (reported_count_ == options_.node_count && verdict_.kind == ServerVerdict::Kind::kPending) {
+    if (reported_count_ == cycles_.assignment().ranks() && verdict_.kind == ServerVerdict::Kind::kPending) {
       SetVerdict(ServerVerdict::Kind::kResult, -1, "every node succeeded");
       Broadcast({{"op", "result"}, {"code", 0}});
     }
@@ -851,10 +878,13 @@ class StoreServer::Loop {
 
   // A failed job with restarts left: every node is told to run the next cycle; otherwise
   // (no budget, no progress, a launcher's own failure) the job is aborted as before.
-  void FailCycle(int rank, const std::string& message, int exit_code, bool restartable) {
+  // With spares, a node that must leave (CountFailure) gives its rank to a ready spare in
+  // the new cycle; the decision's "slots" tells every node who runs which rank.
+  void FailCycle(int rank, const std::string& message, int exit_code, bool restartable, bool lost = false) {
     std::string refusal;
     if (restartable && verdict_.kind == ServerVerdict::Kind::kPending) {
-      const CycleFailure failure{cycles_.current(), rank, infos_[size_t(rank)].host, message, exit_code};
+      const CycleFailure failure{cycles_.current(), rank, infos_[size_t(rank)].host, message, exit_code, lost};
+      const std::string leaves = cycles_.HasSpares() ? cycles_.CountFailure(failure) : "";
       std::optional<Message> restart;
       try {
         restart = cycles_.Decide(failure, refusal);
@@ -863,9 +893,76 @@ class StoreServer::Loop {
         // failure ends the job as a refusal would, and is not blamed on the reporting node.
         refusal = std::string("no restart: the restart policy failed: ") + error.what();
       }
-      if (restart) return BeginCycle(*restart);
+      if (restart) {
+        std::optional<int> spare = leaves.empty() ? std::nullopt : ChooseSpare(rank, leaves);
+        if (spare) {
+          (*restart)["decision"]["promoted"] = {{"rank", cycles_.assignment().RankOf(rank)}, {"from", rank},
+                                                {"to", *spare}, {"why", leaves}};
+          MoveRank(rank, *spare);
+        }
+        if (cycles_.HasSpares()) (*restart)["decision"]["slots"] = cycles_.assignment().Slots();
+        BeginCycle(*restart);
+        if (lost && spare) rejoined_.push_back(rank);  // its job's stop is not known (no launcher rejoins it)
+        if (spare) TellPromoted(*spare);
+        return;
+      }
     }
     Abort(rank, refusal.empty() ? message : message + "; " + refusal, exit_code);
+  }
+
+  // The first spare ready to take `from`'s rank, or nullopt (then `from` restarts in place,
+  // or its rank waits for a launcher in its slot). Slot 0 keeps rank 0: its launcher serves
+  // the store and commits the job's checkpoints.
+  std::optional<int> ChooseSpare(int from, const std::string& why) {
+    const std::string node = infos_[size_t(from)].Label();
+    if (from == 0) {
+      spdlog::warn("rendezvous: {} must leave ({}) but keeps rank 0: it serves the rendezvous (docs/SPARES.md)", node, why);
+      return std::nullopt;
+    }
+    for (int slot = 0; slot < options_.node_count; ++slot) {
+      if (cycles_.assignment().IsSpare(slot) && joined_[size_t(slot)] >= 0 && spare_ready_[size_t(slot)]) return slot;
+    }
+    spdlog::warn("rendezvous: {} must leave ({}); no spare is ready, so its rank waits for a launcher in its slot", node,
+                 why);
+    return std::nullopt;
+  }
+
+  // `from`'s rank runs on the spare `to` from the current cycle on; `from` is a spare slot
+  // now (a launcher started again in it joins as one).
+  void MoveRank(int from, int to) {
+    const int rank = cycles_.assignment().RankOf(from);
+    spdlog::warn("rendezvous: rank {} moves from {} to the spare {} in cycle {}", rank, infos_[size_t(from)].Label(),
+                 infos_[size_t(to)].Label(), cycles_.current());
+    cycles_.Promote(from, to);
+    spare_ready_[size_t(to)] = false;
+    std::lock_guard lock(mutex_);
+    rank_slots_ = cycles_.assignment().Slots();
+  }
+
+  // The promoted spare meets the others at the current barrier, as a launcher that joined
+  // again in place of a lost one does.
+  void TellPromoted(int spare) {
+    auto connection = connections_.find(joined_[size_t(spare)]);
+    if (connection == connections_.end() || !last_restart_) return;
+    Send(*connection->second,
+         {{"op", "rejoin"}, {"restart", *last_restart_}, {"training_rank", cycles_.assignment().RankOf(spare)}});
+  }
+
+  // A spare said it is prepared and waits (its weights, fabric, health and load are done).
+  // A rank already awaited at a barrier (its launcher lost, no spare ready then) is given to
+  // it at once.
+  void OnSpareReady(Connection& connection, const Message& message) {
+    if (connection.rank < 0) return Refuse(connection, message, "spare_ready from a connection that never joined");
+    Reply(connection, message, {{"op", "ok"}});
+    if (!cycles_.assignment().IsSpare(connection.rank) || spare_ready_[size_t(connection.rank)]) return;
+    spare_ready_[size_t(connection.rank)] = true;
+    spdlog::info("rendezvous: {} is a ready spare", infos_[size_t(connection.rank)].Label());
+    if (!last_restart_ || verdict_.kind != ServerVerdict::Kind::kPending) return;
+    for (int slot : cycles_.Awaited()) {
+      if (slot == 0 || !awaiting_rejoin_[size_t(slot)]) continue;
+      MoveRank(slot, connection.rank);
+      return TellPromoted(connection.rank);
+    }
   }
 
   // Every node reports again in the new cycle; the push is the only way a node learns of it.
@@ -955,6 +1052,7 @@ class StoreServer::Loop {
     Reply(connection, message, {{"op", "ok"}});
     const int64_t cycle = IntField(message, "cycle");
     if (IgnoredAsStale(connection, "stall", cycle) || cycle != cycles_.current()) return;
+    if (cycles_.assignment().IsSpare(connection.rank)) return;  // a spare runs no job
     if (stalled_cycle_ != cycle) {
       stalled_cycle_ = cycle;
       stalled_.assign(size_t(options_.node_count), false);
@@ -975,6 +1073,7 @@ class StoreServer::Loop {
     if (stalled_cycle_ != cycle || stacks_asked_in_ == cycle || verdict_.kind != ServerVerdict::Kind::kPending) return;
     int stalled = 0;
     for (size_t rank = 0; rank < stalled_.size(); ++rank) {
+      if (cycles_.assignment().IsSpare(int(rank))) continue;
       if (stalled_[rank]) {
         ++stalled;
       } else if (!reported_[rank]) {
@@ -984,7 +1083,7 @@ class StoreServer::Loop {
     if (stalled == 0) return;
     stacks_asked_in_ = cycle;
     const std::string what = "no node's job made progress (" + std::to_string(stalled) + " stalled, the last: " +
-                             infos_[size_t(last_rank)].Label() + "; " + std::to_string(options_.node_count - stalled) +
+                             infos_[size_t(last_rank)].Label() + "; " + std::to_string(cycles_.assignment().ranks() - stalled) +
                              " finished): collecting every node's stacks";
     spdlog::warn("rendezvous: cycle {}: {}", cycle, what);
     Broadcast({{"op", "collect_stacks"}, {"cycle", cycle}, {"rank", last_rank}, {"message", what}});
@@ -1167,6 +1266,7 @@ class StoreServer::Loop {
       std::lock_guard lock(mutex_);
       joined_[size_t(rank)] = -1;
     }
+    if (cycles_.assignment().IsSpare(rank)) return SpareGone(rank, goodbye ? "it left" : why);
     if (reported_[size_t(rank)]) return;
     if (!goodbye) return LoseNode(rank, infos_[size_t(rank)].Label() + " lost: " + why);
     // A goodbye without a report of this cycle: its report was of an earlier one, dropped as
@@ -1186,7 +1286,25 @@ class StoreServer::Loop {
   void LoseNode(int rank, const std::string& message) {
     if (!values_.count(kRunStartedKey)) return Abort(rank, message);
     if (last_restart_ && verdict_.kind == ServerVerdict::Kind::kPending) return AwaitAgain(rank, message);
-    FailCycle(rank, message, 0, true);
+    FailCycle(rank, message, 0, true, true);
+  }
+
+  // A spare's launcher went away: the job goes on without it, and a launcher started again
+  // in its slot joins as a spare. Until it said it is ready a spare prepares as every node
+  // does (the others read its fabric and health keys, count it at the ready barrier): its
+  // loss then ends the start, as any node's.
+  void SpareGone(int slot, const std::string& why) {
+    const bool was_ready = spare_ready_[size_t(slot)];
+    spare_ready_[size_t(slot)] = false;
+    if (verdict_.kind != ServerVerdict::Kind::kPending) return;
+    if (!was_ready && !values_.count(kRunStartedKey)) {
+      return Abort(slot, infos_[size_t(slot)].Label() + " (a spare) lost while the nodes prepared: " + why);
+    }
+    awaiting_rejoin_[size_t(slot)] = true;
+    int ready = 0;
+    for (int other = 0; other < options_.node_count; ++other) ready += spare_ready_[size_t(other)] ? 1 : 0;
+    spdlog::warn("rendezvous: the spare {} is gone ({}): the job goes on, {} spare(s) ready", infos_[size_t(slot)].Label(),
+                 why, ready);
   }
 
   // A launcher lost while a restart's barrier waits: no cycle runs, so no work failed that
@@ -1198,6 +1316,7 @@ class StoreServer::Loop {
   // because another keeps failing (review 4, F4), and a rank lost again and again holds
   // the barrier at most twice rejoin_timeout_s from its opening.
   void AwaitAgain(int rank, const std::string& message) {
+    if (PromotedAtBarrier(rank, message)) return;
     const Clock::time_point bound = barrier_opened_ + 2 * options_.rejoin_timeout;
     awaited_until_[size_t(rank)] = std::min(bound, Clock::now() + options_.rejoin_timeout);
     cycles_.Leave(rank);
@@ -1205,6 +1324,21 @@ class StoreServer::Loop {
     rejoined_.erase(std::remove(rejoined_.begin(), rejoined_.end(), rank), rejoined_.end());
     spdlog::warn("rendezvous: {} while cycle {} waits to start: its rank is awaited again (no restart spent)", message,
                  cycles_.current());
+  }
+
+  // A node lost (or gone) while a restart's barrier waits, with a spare ready: the spare
+  // takes its rank in this same cycle, as a launcher that joined again in its slot would.
+  bool PromotedAtBarrier(int slot, const std::string& message) {
+    if (!cycles_.HasSpares() || cycles_.assignment().IsSpare(slot)) return false;
+    std::optional<int> spare = ChooseSpare(slot, message);
+    if (!spare) return false;
+    cycles_.Leave(slot);
+    rejoined_.erase(std::remove(rejoined_.begin(), rejoined_.end(), slot), rejoined_.end());
+    MoveRank(slot, *spare);
+    awaiting_rejoin_[size_t(slot)] = true;  // a launcher started again there joins as a spare
+    awaited_until_[size_t(*spare)] = Clock::now() + options_.rejoin_timeout;
+    TellPromoted(*spare);
+    return true;
   }
 
   // Queued, and sent with whatever else the connection gets in this turn of the loop
@@ -1354,7 +1488,10 @@ class StoreServer::Loop {
   bool verdict_stalled_itself_ = false;  // mutex_: read by node 0's launcher
   Clock::time_point verdict_time_;
   ServerVerdict verdict_;
-  Cycles cycles_{options_.node_count, options_.restart_policy};
+  Cycles cycles_{options_.node_count, options_.node_count - options_.spares, options_.restart_policy,
+                 options_.max_failures_per_node};
+  std::vector<bool> spare_ready_;  // by slot: a spare that said it is prepared (OnSpareReady)
+  std::vector<int> rank_slots_;    // mutex_: cycles_.assignment().Slots(), for absent() and unreported()
   int64_t stacks_asked_in_ = -1;  // the cycle whose hang the nodes were asked for stacks
   int64_t stalled_cycle_ = -1;    // the cycle stalled_ counts
   std::vector<bool> stalled_;     // by rank: its job made no progress within its limit

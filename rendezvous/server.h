@@ -37,6 +37,11 @@ struct ServerOptions {
   // How long a restart's barrier waits (for a lost node's launcher to join again, for every
   // node to stop its job) before the job is aborted naming the ranks still awaited.
   std::chrono::milliseconds rejoin_timeout{600'000};
+  // Hot spares (docs/SPARES.md): the last `spares` of the node_count launchers run no
+  // training rank until a leaving node's rank moves to one; max_failures_per_node cycle
+  // failures blamed on one node make it leave when a spare is ready.
+  int spares = 0;
+  int max_failures_per_node = 2;
 };
 
 // Node 0 sets it as it starts the job's commands (with restarts on): a launcher lost before
@@ -80,9 +85,10 @@ class StoreServer {
   // The same without each node's addresses (rank, host, seen_from, pid): what node 0's own
   // phases need, at a fraction of the copy (2 KiB a node, 32 MB at 16,384 nodes, for roster()).
   std::vector<NodeInfo> brief_roster() const;
-  std::vector<int> unreported() const;   // joined ranks that have not reported an outcome
-  // Ranks with no launcher connected now: lost (closed, or silent past the heartbeat
-  // timeout, after which their connection is closed), left, or not joined yet.
+  std::vector<int> unreported() const;   // nodes running a rank that have not reported an outcome
+  // Training ranks whose launcher is not connected now: lost (closed, or silent past the
+  // heartbeat timeout, after which their connection is closed), left, or not joined yet.
+  // Without spares a rank is its node's slot.
   std::vector<int> absent() const;
   // Node 0's own reads of its table, in-process (thread-safe): the values now, nullopt for
   // a key not set, as `mget` answers; and a wait until the integer counter `key` is at

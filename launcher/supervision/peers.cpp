@@ -161,7 +161,7 @@ RendezvousEndpoint ResolveEndpoint(const env::JobConfig& config, const std::stri
 }
 
 TcpPeers::TcpPeers(const env::JobConfig& config, const env::NodeIdentity& identity)
-    : config_(config), identity_(identity) {}
+    : config_(config), identity_(identity), training_rank_(identity.rank < identity.training_count() ? identity.rank : -1) {}
 
 // Closing a socket that still holds unread data sends RST, which can destroy a verdict
 // still in flight: so say goodbye, and on node 0 keep serving until the others have.
@@ -192,7 +192,8 @@ std::unique_ptr<TcpPeers> TcpPeers::Join(const env::JobConfig& config, const env
                                       Millis(settings.heartbeat_interval_s), Millis(settings.heartbeat_timeout_s),
                                       // after the verdict, serve every node still reachable until it has said goodbye
                                       std::chrono::seconds(settings.exit_barrier_timeout_s), checked_job_id,
-                                      std::move(restart_policy), Millis(config.launcher.restart.rejoin_timeout_s)};
+                                      std::move(restart_policy), Millis(config.launcher.restart.rejoin_timeout_s),
+                                      identity.spares, config.launcher.restart.max_failures_per_node};
     try {
       peers->server_ = std::make_unique<rendezvous::StoreServer>(options);
     } catch (const rendezvous::StoreError& error) {
@@ -262,9 +263,12 @@ void TcpPeers::DrainEvents() {
       complete_ = true;
     } else if (event->kind == PeerEvent::Kind::kRejoin) {
       // This launcher's reports and barrier arrivals belong to the cycle it meets the others
-      // in, and until it begins one it has no job for a newer restart to stop.
+      // in, and until it begins one it has no job for a newer restart to stop. A spare given
+      // a rank has heard that cycle's restart too: it is this rejoin, not one more.
       cycle_ = event->cycle;
       preparing_rejoin_ = true;
+      training_rank_ = event->training_rank;
+      if (restart_ && restart_->cycle <= event->cycle) restart_.reset();
       rejoin_ = std::move(*event);
     } else if (event->kind == PeerEvent::Kind::kRestart || event->kind == PeerEvent::Kind::kCycleGo) {
       OnCycleEvent(std::move(*event));
@@ -296,6 +300,13 @@ void TcpPeers::OnCycleEvent(PeerEvent event) {
   }
   // A replacement still preparing had no job for the push to stop: its stop took no time.
   if (preparing_rejoin_) event.received = {};
+  // With spares, who runs which rank from that cycle on: a node whose rank moved leaves.
+  if (auto slots = event.decision.find("slots"); slots != event.decision.end() && slots->is_array()) {
+    training_rank_ = -1;
+    for (size_t rank = 0; rank < slots->size(); ++rank) {
+      if ((*slots)[rank].is_number_integer() && (*slots)[rank].get<int>() == identity_.rank) training_rank_ = int(rank);
+    }
+  }
   restart_ = std::move(event);
   stop_delivered_ = false;  // the job of this cycle (when one runs) is stopped for the restart
 }
@@ -381,6 +392,27 @@ bool TcpPeers::AwaitRestartOrVerdict(SignalRouter& signals, int& signal_number) 
   const auto deadline = Clock::now() + std::chrono::seconds(config_.launcher.rendezvous.exit_barrier_timeout_s);
   WaitUntil([&] { return verdict_.has_value() || restart_.has_value(); }, signals, deadline, signal_number);
   return signal_number == 0 && !verdict_ && restart_;
+}
+
+bool TcpPeers::AwaitRank(SignalRouter& signals, int& signal_number, const std::function<bool()>& leaving) {
+  try {
+    client_->SpareReady(cycle_);
+  } catch (const std::runtime_error& error) {  // StoreError, or StoreTimeout from a stalled leader
+    spdlog::error("cannot tell the leader that this spare is ready: {}", error.what());
+  }
+  bool left = false;
+  const auto news = [&] {
+    left = left || (leaving && leaving());
+    return rejoin_.has_value() || restart_.has_value() || verdict_.has_value() || left;
+  };
+  while (true) {
+    // `leaving` changes on another thread, which wakes no poll: it is asked every slice.
+    WaitUntil(news, signals, Clock::now() + kLeavingCheckEvery, signal_number);
+    if (signal_number != 0 || left || verdict_) return false;
+    if (rejoin_) return true;
+    // The others restart without this spare: it waits on in their cycle.
+    if (restart_) cycle_ = std::exchange(restart_, std::nullopt)->cycle;
+  }
 }
 
 bool TcpPeers::AwaitCycleStart(int64_t cycle, double stopped_s, Clock::time_point deadline, SignalRouter& signals,

@@ -87,6 +87,16 @@ class Peers : public StopRequests {
   }
   // The leader's go for the cycle AwaitCycleStart passed, with the restart's figures.
   virtual rendezvous::Message CycleGo() { return {}; }
+  // Hot spares (launcher.spares, docs/SPARES.md). Whether this launcher runs a training rank
+  // now: false for a spare, and for a node whose rank the newest restart moved to one.
+  virtual bool RunsARank() { return true; }
+  // A spare, prepared: tells the leader so and waits until it is given a rank (true: then
+  // TakeRejoin says which, and the cycle), the job's verdict comes, a shutdown signal
+  // (`signal_number`), or `leaving` says it leaves (checked every quarter second).
+  virtual bool AwaitRank(SignalRouter&, int& signal_number, const std::function<bool()>& /*leaving*/ = {}) {
+    signal_number = 0;
+    return false;
+  }
   // The job's verdict (abort, lost leader) when one came.
   virtual std::optional<std::string> Verdict() { return std::nullopt; }
   // Node 0 cannot be reached any more (cut off, or gone): nothing this node sends it counts,
@@ -139,6 +149,11 @@ class TcpPeers final : public Peers {
   std::optional<rendezvous::PeerEvent> TakeRestart() override;
   std::optional<rendezvous::PeerEvent> TakeRejoin() override;
   rendezvous::Message CycleGo() override { return cycle_go_; }
+  bool RunsARank() override {
+    DrainEvents();
+    return training_rank_ >= 0;
+  }
+  bool AwaitRank(SignalRouter& signals, int& signal_number, const std::function<bool()>& leaving = {}) override;
   bool AwaitCycleStart(int64_t cycle, double stopped_s, std::chrono::steady_clock::time_point deadline, SignalRouter& signals,
                        int& signal_number, const std::function<bool()>& leaving = {}) override;
   std::optional<std::string> Verdict() override;
@@ -173,6 +188,7 @@ class TcpPeers final : public Peers {
   bool preparing_rejoin_ = false;                 // it did, and has begun no cycle yet (no job to stop)
   bool cycle_started_ = false;                    // the leader's go for cycle_ came
   rendezvous::Message cycle_go_;                  // that go
+  int training_rank_;                             // -1: none (RunsARank)
   std::mutex stack_request_mutex_;
   StackRequestHandler stack_request_handler_;
 };

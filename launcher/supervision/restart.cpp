@@ -177,6 +177,47 @@ static JobOutcome LeaveTheJob(JobOutcome outcome, const std::string& reason) {
   return outcome;
 }
 
+// Why this node's rank moved to a spare in `restart` (the leader's "promoted").
+std::string RankMovedAway(const PeerEvent& restart) {
+  const auto promoted = restart.decision.find("promoted");
+  if (promoted == restart.decision.end() || !promoted->is_object()) return "its rank moved to a spare";
+  return "rank " + std::to_string(promoted->value("rank", -1)) + " moved to the spare node " +
+         std::to_string(promoted->value("to", -1)) + ": " + promoted->value("why", std::string("this node must leave"));
+}
+
+// A hot spare (launcher.spares): prepared as every node is, it runs nothing until the leader
+// gives it a leaving node's rank. Returns that rank's first restart, which it meets the others
+// in as a launcher that replaced a lost one does; nullopt with `outcome` saying why not (the
+// job's verdict, a signal, or its own hardware: it leaves).
+std::optional<PeerEvent> WaitAsSpare(Peers& peers, SignalRouter& signals, const CycleHooks& hooks, JobOutcome& outcome) {
+  spdlog::info("this node is a hot spare: prepared, it waits for a node's rank to take (launcher.spares)");
+  int signal_number = 0;
+  std::function<bool()> leaving;
+  if (hooks.leave) leaving = [&hooks] { return hooks.leave().has_value(); };
+  if (peers.AwaitRank(signals, signal_number, leaving)) {
+    PeerEvent promoted = *peers.TakeRejoin();
+    spdlog::warn("this spare takes rank {} from cycle {}: {}", promoted.training_rank, promoted.cycle, promoted.message);
+    if (hooks.promote) hooks.promote(promoted.training_rank, promoted.cycle);
+    promoted.received = {};  // it had no job to stop
+    return promoted;
+  }
+  if (signal_number != 0) {
+    outcome.shutdown_signal = signal_number;
+    outcome.exit_code = 128 + signal_number;
+    return std::nullopt;
+  }
+  if (auto reason = hooks.leave ? hooks.leave() : std::nullopt) {
+    outcome = LeaveTheJob(outcome, *reason);
+    return std::nullopt;
+  }
+  if (auto verdict = peers.Verdict()) {
+    outcome.stop_reason = *verdict;
+    return std::nullopt;
+  }
+  spdlog::info("the job has ended without needing this spare");
+  return std::nullopt;
+}
+
 // Between two cycles: load, then the barrier. A newer restart while waiting (a node lost
 // or failed again) starts the wait over for that cycle; a verdict or a signal ends the job.
 // Returns the restart whose barrier passed, or nullopt with `outcome` saying why not.
@@ -314,9 +355,15 @@ std::string RenderCycles(const std::vector<CycleRecord>& cycles) {
 }
 
 std::vector<std::string> CycleEnviron(const env::JobEnvironment& environment, const env::JobConfig& config, int64_t cycle,
-                                      const std::string& resume) {
+                                      const std::string& resume, std::optional<int> training_rank) {
   env::JobEnvironment copy = environment;
   auto& variables = copy.variables;
+  if (training_rank) {
+    // NODE_RANK only where the launcher set it (to the slot, as BT_NODE_RANK): one the user
+    // set is theirs.
+    if (variables["NODE_RANK"] == variables["BT_NODE_RANK"]) variables["NODE_RANK"] = std::to_string(*training_rank);
+    variables["BT_NODE_RANK"] = std::to_string(*training_rank);
+  }
   if (config.launcher.restart.max_restarts > 0) {
     variables["BT_RESTART_COUNT"] = std::to_string(cycle);
     variables["TORCHELASTIC_RESTART_COUNT"] = std::to_string(cycle);
@@ -337,11 +384,15 @@ JobOutcome RunCycles(const env::JobConfig& config, Peers* peers, SignalRouter& s
   std::string resume = first_resume;
   std::optional<PeerEvent> restart = std::move(rejoin);
   bool first_cycle_here = restart.has_value();  // a replacement has loaded nothing yet
-  if (restart) {
+  JobOutcome outcome;
+  if (!restart && peers && !peers->RunsARank()) {
+    restart = WaitAsSpare(*peers, signals, hooks, outcome);
+    if (!restart) return outcome;
+    first_cycle_here = true;
+  } else if (restart) {
     spdlog::warn("this launcher replaces a lost one: it meets the other nodes in cycle {}", restart->cycle);
     restart->received = {};  // it had no job for the push to stop (not the time its preparation took)
   }
-  JobOutcome outcome;
   while (true) {
     if (!restart) {
       outcome = hooks.run(cycle, resume);
@@ -349,6 +400,7 @@ JobOutcome RunCycles(const env::JobConfig& config, Peers* peers, SignalRouter& s
       restart = NextRestart(*peers, signals, hooks, outcome);
       if (!restart) return outcome;
       if (auto reason = hooks.leave ? hooks.leave() : std::nullopt) return LeaveTheJob(outcome, *reason);
+      if (!peers->RunsARank()) return LeaveTheJob(outcome, RankMovedAway(*restart));
     }
     if (hooks.restart_decided) hooks.restart_decided(restart->cycle);
     restart = MeetAtBarrier(config, *peers, signals, hooks, *restart, first_cycle_here, outcome, cycles);

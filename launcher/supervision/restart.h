@@ -96,9 +96,11 @@ inline constexpr int kMasterPortCycles = 16;
 
 // The cycle's environment: BT_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT, the checkpoint
 // it resumes from, and (where the launcher chose it) a MASTER_PORT of its own, so that a
-// store torchrun left in TIME_WAIT never holds the next cycle's port.
+// store torchrun left in TIME_WAIT never holds the next cycle's port. `training_rank`
+// (BT_NODE_RANK, and NODE_RANK where the launcher set it) is the launcher's slot unless a
+// spare took another node's rank.
 std::vector<std::string> CycleEnviron(const env::JobEnvironment& environment, const env::JobConfig& config, int64_t cycle,
-                                      const std::string& resume);
+                                      const std::string& resume, std::optional<int> training_rank = std::nullopt);
 
 struct CycleHooks {
   // Runs one cycle's start commands (a fresh supervisor each time).
@@ -116,6 +118,9 @@ struct CycleHooks {
   // Node 0 decided a restart into `cycle` (before this node meets the others): the saves of
   // the cycles before it are sealed, whether or not `cycle` ever begins. May be empty.
   std::function<void(int64_t cycle)> restart_decided;
+  // A spare was given training rank `rank` from `cycle` on (launcher.spares): what it loads,
+  // saves and runs from now on is that rank's. Throws LaunchFailure. May be empty.
+  std::function<void(int rank, int64_t cycle)> promote;
 };
 
 // Runs cycle after cycle until one ends the job, and returns that cycle's outcome (already

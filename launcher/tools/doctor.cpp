@@ -128,7 +128,7 @@ class Doctor {
     try {
       std::optional<int> node_count;
       if (config_.compute.node_count_given) node_count = config_.compute.node_count;
-      identity_ = env::ResolveIdentity(cli_.identity, env::ProcessEnvLookup(), node_count);
+      identity_ = env::ResolveIdentity(cli_.identity, env::ProcessEnvLookup(), node_count, config_.launcher.spares);
     } catch (const env::IdentityError& error) {
       Add("identity", Verdict::kFail, error.what(),
           "give --node-rank/--node-count/--leader-addr or BT_NODE_RANK/BT_GROUP_SIZE/BT_LEADER_ADDR, or start under "

@@ -234,4 +234,22 @@ TEST(SlurmHostlist, RejectsMalformed) {
 }
 
 }  // namespace
+
+// Hot spares: every launcher counts (launcher.spares), and a count of the training nodes
+// alone is refused naming both settings.
+TEST(Identity, WithSparesTheCountIsEveryLauncher) {
+  NodeIdentity identity = ResolveIdentity({"3", "4", "10.0.0.1"}, Env({}), 3, 1);
+  EXPECT_EQ(identity.count, 4);
+  EXPECT_EQ(identity.training_count(), 3);
+  EXPECT_NE(identity.Describe().find("this one a spare"), std::string::npos) << identity.Describe();
+  try {
+    ResolveIdentity({"0", "3", "10.0.0.1"}, Env({}), 3, 1);
+    FAIL() << "a count without the spares was accepted";
+  } catch (const IdentityError& error) {
+    EXPECT_NE(std::string(error.what()).find("compute.node_count 3 + launcher.spares 1 = 4 launchers"), std::string::npos)
+        << error.what();
+  }
+  EXPECT_THROW(ResolveIdentity({"0", "1", "10.0.0.1"}, Env({}), std::nullopt, 1), IdentityError);  // no training node
+}
+
 }  // namespace bt::env

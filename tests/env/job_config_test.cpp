@@ -180,6 +180,11 @@ std::vector<BadConfig> BadConfigs() {
        "launcher.health.expect_gpus: expected an integer in [0, 1024], got -1"},
       {keep(std::string(R"({"launcher": {"health": {"on_unhealthy": "reboot"}}, )") + kOk + "}"),
        "launcher.health.on_unhealthy"},
+      {keep(std::string(R"({"launcher": {"spares": -1}, )") + kOk + "}"), "launcher.spares: expected an integer in [0, 1024]"},
+      {keep(std::string(R"({"launcher": {"spares": 1}, )") + kOk + "}"),
+       "launcher.spares: 1 spare(s) need launcher.restart.max_restarts above 0"},
+      {keep(std::string(R"({"launcher": {"restart": {"max_failures_per_node": 0}}, )") + kOk + "}"),
+       "launcher.restart.max_failures_per_node: expected an integer in [1, 10000], got 0"},
   };
 }
 

@@ -1475,5 +1475,172 @@ TEST(Health, AGpuOffTheBusStopsItsNodeWhichLeavesAndAReplacementFinishesTheJob) 
   EXPECT_NE(leader.err.find("Xid 79"), std::string::npos) << "node 0 did not name the cause: " << leader.err;
 }
 
+
+// Issue 30, point 3: hot spares (launcher.spares). The job's launchers are node_count +
+// spares; the last ones prepare and wait, and take a leaving node's training rank.
+namespace spares {
+
+using restart::Commands;
+using restart::kJobId;
+using restart::kReportResume;
+using restart::Save;
+using restart::WaitFor;
+
+// Node `slot`'s launcher of a job with `spares` spares: every launcher counts in BT_GROUP_SIZE.
+LaunchSpec SpareJobSpec(Job& job, int slot, int launchers, std::map<std::string, std::string> env = {}) {
+  env["BT_GROUP_SIZE"] = std::to_string(launchers);
+  return job.Spec(slot, {}, env);
+}
+
+// Xid 79 on GPU 3 of node 1 while it trains: node 1 leaves (75) naming the GPU, and the
+// spare (slot 3) runs rank 1 from the committed checkpoint in the next cycle; then a
+// launcher started again in slot 1 joins as a new spare, and the job finishes.
+TEST(Spares, AGpuOffTheBusMovesItsRankToTheSpareWhichResumesFromTheCommittedCheckpoint) {
+  TempDir scratch;
+  const std::string latest = scratch.path() + "/remote/" + kJobId + "/latest";
+  const std::string go_on = scratch.path() + "/go-on";
+  const std::string cycle0 = Save(4) + " && " + WaitFor(latest) + " && echo started; exec sleep 60";
+  const std::string later = std::string(kReportResume) + "; echo \"rank $BT_NODE_RANK of $BT_GROUP_SIZE NNODES=$NNODES "
+                            "MASTER_ADDR=$MASTER_ADDR\"; " + WaitFor(go_on);
+  nlohmann::json settings = restart::RestartSettings(scratch, 2);
+  settings["health"] = {{"interval_s", 1}};
+  settings["spares"] = 1;
+  Job job(3, Commands(cycle0, later), "", true, settings);
+  std::vector<std::string> states;
+  std::vector<std::unique_ptr<LauncherProcess>> processes;
+  for (int slot = 0; slot < 4; ++slot) {
+    states.push_back(scratch.path() + "/nvml-" + std::to_string(slot));
+    WriteNvmlState(states.back(), "gpus 4\ngpu 3 uuid GPU-falling-3\n");
+    processes.push_back(std::make_unique<LauncherProcess>(SpareJobSpec(job, slot, 4, FakeNvml(states.back()))));
+  }
+  ASSERT_TRUE(processes[1]->WaitForOutput("started", 40s)) << processes[1]->Finish().err;
+  ASSERT_TRUE(processes[0]->WaitForLog("is a ready spare", 10s)) << processes[0]->Finish().err;
+  const auto xid = std::chrono::steady_clock::now();
+  WriteNvmlState(states[1], "gpus 4\ngpu 3 uuid GPU-falling-3\nxid 1 3 79\n");
+  ProcessResult left = processes[1]->Finish();
+  EXPECT_LT(std::chrono::steady_clock::now() - xid, 15s);
+  EXPECT_EQ(left.exit_code, 75) << left.err;
+  const size_t last = left.err.rfind("this node left the job");
+  ASSERT_NE(last, std::string::npos) << left.err;
+  EXPECT_NE(left.err.find("GPU 3 (GPU-falling-3", last), std::string::npos) << left.err;
+  EXPECT_NE(left.err.find("Xid 79", last), std::string::npos) << left.err;
+  // The spare runs rank 1 from checkpoint-4, its part of rank 1 loaded, within seconds.
+  ASSERT_TRUE(processes[3]->WaitForOutput("rank 1 of 3", 20s)) << processes[3]->Finish().err;
+  EXPECT_LT(std::chrono::steady_clock::now() - xid, 20s);
+  // A launcher started again in slot 1 (the replaced pod) is a spare now.
+  const std::string healthy = scratch.path() + "/nvml-replacement";
+  WriteNvmlState(healthy, "gpus 4\n");
+  LauncherProcess replacement(SpareJobSpec(job, 1, 4, FakeNvml(healthy)));
+  EXPECT_TRUE(replacement.WaitForLog("this node is a hot spare", 30s));
+  WriteFile(go_on, "1");
+  std::vector<ProcessResult> results;
+  for (int slot : {0, 2, 3}) results.push_back(processes[size_t(slot)]->Finish());
+  ProcessResult again = replacement.Finish();
+  for (const ProcessResult& result : results) {
+    EXPECT_EQ(result.exit_code, 0) << result.err;
+    EXPECT_NE(result.out.find("cycle 1 torchelastic 1 resume checkpoint-4 {\"global_step\": 4}"), std::string::npos)
+        << result.out << result.err;
+    EXPECT_NE(result.out.find("NNODES=3 MASTER_ADDR=127.0.0.1"), std::string::npos) << result.out;
+  }
+  EXPECT_NE(results[0].out.find("rank 0 of 3"), std::string::npos) << results[0].out;
+  EXPECT_NE(results[1].out.find("rank 2 of 3"), std::string::npos) << results[1].out;
+  EXPECT_NE(results[2].out.find("rank 1 of 3"), std::string::npos) << results[2].out;
+  EXPECT_NE(results[2].err.find("this spare takes rank 1 from cycle 1"), std::string::npos) << results[2].err;
+  EXPECT_NE(results[2].err.find("[node 3 rank 1]"), std::string::npos) << "logs name the slot and the rank: " << results[2].err;
+  EXPECT_NE(results[0].err.find("rank 1 moves from node 1"), std::string::npos) << results[0].err;
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(again.out.find("cycle"), std::string::npos) << "the new spare ran a rank: " << again.out;
+}
+
+// A node whose job fails every cycle though its health reads fine: it restarts in place
+// until it has failed launcher.restart.max_failures_per_node cycles, then its rank moves to
+// the spare and it leaves (75).
+TEST(Spares, ANodeFailingEveryCycleIsExcludedAfterMaxFailuresPerNode) {
+  TempDir scratch;
+  const std::string commands = nlohmann::json::array(
+      {"if [ -n \"$BAD_NODE\" ]; then sleep 0.3; exit 3; fi; echo \"rank $BT_NODE_RANK cycle $BT_RESTART_COUNT ok\"; "
+       "sleep 1"}).dump();
+  nlohmann::json settings = restart::RestartSettings(scratch, 3);
+  settings["restart"]["max_failures_per_node"] = 2;
+  settings["spares"] = 1;
+  Job job(2, commands, "", false, settings);
+  std::vector<std::unique_ptr<LauncherProcess>> processes;
+  for (int slot = 0; slot < 3; ++slot) {
+    std::map<std::string, std::string> env;
+    if (slot == 1) env["BAD_NODE"] = "1";
+    processes.push_back(std::make_unique<LauncherProcess>(SpareJobSpec(job, slot, 3, env)));
+  }
+  auto results = Job::FinishAll(processes);
+  EXPECT_EQ(results[1].exit_code, 75) << results[1].err;
+  EXPECT_NE(results[1].err.find("rank 1 moved to the spare node 2: it failed 2 cycles"), std::string::npos)
+      << results[1].err;
+  EXPECT_EQ(results[0].exit_code, 0) << results[0].err;
+  EXPECT_EQ(results[2].exit_code, 0) << results[2].err;
+  EXPECT_NE(results[0].out.find("rank 0 cycle 2 ok"), std::string::npos) << results[0].out;
+  EXPECT_NE(results[2].out.find("rank 1 cycle 2 ok"), std::string::npos) << results[2].out << results[2].err;
+  EXPECT_EQ(results[2].out.find("cycle 0"), std::string::npos) << "the spare ran before it was promoted";
+}
+
+// A node's launcher lost (SIGKILL) while a spare waits: the spare takes its rank in the
+// restart at once, nobody waits rejoin_timeout_s (60 s) for a replacement.
+TEST(Spares, ALostNodesRankGoesToTheSpareWithoutWaitingForAReplacement) {
+  TempDir scratch;
+  const std::string commands = Commands("echo started; exec sleep 60", "echo \"rank $BT_NODE_RANK cycle $BT_RESTART_COUNT ok\"");
+  nlohmann::json settings = restart::RestartSettings(scratch, 2);
+  settings["spares"] = 1;
+  Job job(2, commands, "", false, settings);
+  std::vector<std::unique_ptr<LauncherProcess>> processes;
+  for (int slot = 0; slot < 3; ++slot) processes.push_back(std::make_unique<LauncherProcess>(SpareJobSpec(job, slot, 3)));
+  ASSERT_TRUE(processes[1]->WaitForOutput("started", 40s)) << processes[1]->Finish().err;
+  ASSERT_TRUE(processes[0]->WaitForLog("is a ready spare", 10s)) << processes[0]->Finish().err;
+  const auto killed = std::chrono::steady_clock::now();
+  processes[1]->Signal(SIGKILL);
+  processes[1]->Finish();
+  ProcessResult leader = processes[0]->Finish();
+  ProcessResult spare = processes[2]->Finish();
+  EXPECT_LT(std::chrono::steady_clock::now() - killed, 20s);
+  EXPECT_EQ(leader.exit_code, 0) << leader.err;
+  EXPECT_EQ(spare.exit_code, 0) << spare.err;
+  EXPECT_NE(spare.out.find("rank 1 cycle 1 ok"), std::string::npos) << spare.out << spare.err;
+  EXPECT_NE(leader.err.find("rank 1 moves from node 1"), std::string::npos) << leader.err;
+}
+
+// A spare killed while it waits is logged; the job goes on and ends as it would have.
+TEST(Spares, ASpareKilledWhileWaitingIsLoggedAndTheJobGoesOn) {
+  TempDir scratch;
+  const std::string go_on = scratch.path() + "/go-on";
+  const std::string commands = nlohmann::json::array({"echo started; " + WaitFor(go_on) + "; echo done"}).dump();
+  nlohmann::json settings = restart::RestartSettings(scratch, 2);
+  settings["spares"] = 1;
+  Job job(2, commands, "", false, settings);
+  std::vector<std::unique_ptr<LauncherProcess>> processes;
+  for (int slot = 0; slot < 3; ++slot) processes.push_back(std::make_unique<LauncherProcess>(SpareJobSpec(job, slot, 3)));
+  ASSERT_TRUE(processes[0]->WaitForLog("is a ready spare", 40s)) << processes[0]->Finish().err;
+  processes[2]->Signal(SIGKILL);
+  processes[2]->Finish();
+  ASSERT_TRUE(processes[0]->WaitForLog("the spare node 2", 15s));
+  WriteFile(go_on, "1");
+  ProcessResult leader = processes[0]->Finish();
+  ProcessResult follower = processes[1]->Finish();
+  EXPECT_EQ(leader.exit_code, 0) << leader.err;
+  EXPECT_EQ(follower.exit_code, 0) << follower.err;
+  EXPECT_NE(leader.err.find("is gone"), std::string::npos) << leader.err;
+}
+
+// The count every launcher is given must be node_count + spares: a launcher counting only
+// the training nodes fails at once, naming both settings.
+TEST(Spares, ACountWithoutTheSparesIsAConfigErrorNamingBoth) {
+  TempDir scratch;
+  nlohmann::json settings = restart::RestartSettings(scratch, 2);
+  settings["spares"] = 1;
+  Job job(2, R"(["true"])", "", false, settings);
+  LauncherProcess launcher(job.Spec(0));  // BT_GROUP_SIZE=2
+  ProcessResult result = launcher.Finish();
+  EXPECT_EQ(result.exit_code, 65) << result.err;
+  EXPECT_NE(result.err.find("compute.node_count 2 + launcher.spares 1 = 3 launchers"), std::string::npos) << result.err;
+}
+
+}  // namespace spares
+
 }  // namespace
 }  // namespace bt::testing

@@ -95,5 +95,57 @@ TEST(Cycles, WithoutAPolicyNothingRestarts) {
   EXPECT_FALSE(cycles.Decide({0, 1, "h", "c", 1}, refusal));
 }
 
+
+// Hot spares (launcher.spares): 3 slots, 2 ranks. Slot 2 runs nothing until a rank moves to it.
+TEST(RankAssignment, SlotsStartWithTheirOwnRankAndTheRestAreSpares) {
+  RankAssignment assignment(3, 2);
+  EXPECT_EQ(assignment.RankOf(0), 0);
+  EXPECT_EQ(assignment.RankOf(1), 1);
+  EXPECT_TRUE(assignment.IsSpare(2));
+  EXPECT_TRUE(assignment.IsSpare(3));  // out of range: no rank
+  EXPECT_EQ(assignment.Slots(), (std::vector<int>{0, 1}));
+  assignment.Move(1, 2);
+  EXPECT_TRUE(assignment.IsSpare(1));
+  EXPECT_EQ(assignment.RankOf(2), 1);
+  EXPECT_EQ(assignment.SlotOf(1), 2);
+  EXPECT_EQ(assignment.Slots(), (std::vector<int>{0, 2}));
+  assignment.Move(0, 2);  // 2 is no spare now: nothing moves
+  EXPECT_EQ(assignment.RankOf(0), 0);
+  EXPECT_EQ(assignment.RankOf(2), 1);
+}
+
+TEST(Cycles, ASparesArrivalNeitherOpensNorHoldsTheBarrier) {
+  Cycles cycles(3, 2, Always());
+  std::string refusal;
+  ASSERT_TRUE(cycles.Decide({0, 1, "h", "c", 1}, refusal));
+  EXPECT_EQ(cycles.Awaited(), (std::vector<int>{0, 1}));
+  EXPECT_FALSE(cycles.Arrive(2));
+  EXPECT_FALSE(cycles.Arrive(0));
+  EXPECT_TRUE(cycles.Arrive(1));
+}
+
+// The rank moves while the barrier waits: the spare is awaited, the slot that left is not,
+// and its arrival (were it there) no longer counts.
+TEST(Cycles, APromotedSpareIsAwaitedInsteadOfTheSlotItReplaces) {
+  Cycles cycles(3, 2, Always());
+  std::string refusal;
+  ASSERT_TRUE(cycles.Decide({0, 1, "h", "c", 1}, refusal));
+  EXPECT_FALSE(cycles.Arrive(1));
+  cycles.Promote(1, 2);
+  EXPECT_EQ(cycles.Awaited(), (std::vector<int>{0, 2}));
+  EXPECT_FALSE(cycles.Arrive(0));
+  EXPECT_TRUE(cycles.Arrive(2));
+}
+
+TEST(Cycles, ANodeLeavesForItsHardwareItsLossOrItsFailuresOverTheLimit) {
+  Cycles cycles(3, 2, Always(), 2);
+  EXPECT_EQ(cycles.CountFailure({0, 1, "h", "c", kUnhealthyExitCode}), "its hardware cannot train");
+  EXPECT_EQ(cycles.CountFailure({0, 0, "h", "c", 0, true}), "its launcher was lost");
+  EXPECT_EQ(cycles.CountFailure({0, 0, "h", "c", 3}), "it failed 2 cycles (launcher.restart.max_failures_per_node)");
+  Cycles fresh(3, 2, Always(), 2);
+  EXPECT_EQ(fresh.CountFailure({0, 1, "h", "c", 3}), "");  // the first failure restarts in place
+  EXPECT_NE(fresh.CountFailure({1, 1, "h", "c", 3}), "");
+}
+
 }  // namespace
 }  // namespace bt::rendezvous

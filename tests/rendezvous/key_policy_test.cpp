@@ -44,6 +44,20 @@ TEST(KeyPolicy, AWriteThatIsAllowedIsCheckedWithoutAllocating) {
   EXPECT_EQ(AllocationsOf("job/anything/at/all", KeyWrite::kSet, 5), 0);
 }
 
+// With hot spares the checkpoint keys are the training rank's, whichever node runs it: the
+// spare that took rank 1 writes them, the node that ran it before (and a spare) cannot.
+TEST(KeyPolicy, CheckpointKeysBelongToTheNodeRunningTheirRank) {
+  EXPECT_FALSE(WriteRefusal("bt/ckpt/launchers/rank-1", KeyWrite::kSet, 3, 1));
+  EXPECT_FALSE(WriteRefusal("bt/ckpt/answer/7/rank-1/joined-2", KeyWrite::kSet, 3, 1));
+  const auto before = WriteRefusal("bt/ckpt/launchers/rank-1", KeyWrite::kSet, 1, -1);
+  ASSERT_TRUE(before);
+  EXPECT_NE(before->find("belongs to the node running rank 1 (it runs none, a spare)"), std::string::npos) << *before;
+  EXPECT_TRUE(WriteRefusal("bt/ckpt/answer/7/rank-1/joined-0", KeyWrite::kSet, 2, -1));
+  // The node's own keys stay its slot's.
+  EXPECT_FALSE(WriteRefusal("bt/phase/3", KeyWrite::kSet, 3, 1));
+  EXPECT_TRUE(WriteRefusal("bt/phase/1", KeyWrite::kSet, 3, 1));
+}
+
 TEST(KeyPolicy, EachSegmentOfTheKeyMatchesOneOfThePattern) {
   EXPECT_FALSE(WriteRefusal("bt/phase/3", KeyWrite::kSet, 3));
   const auto other = WriteRefusal("bt/phase/4", KeyWrite::kSet, 3);
