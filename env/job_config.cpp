@@ -742,6 +742,10 @@ JobConfig ParseJobConfig(const std::string& json_text, bool require_start_comman
                                              " spare(s) need launcher.restart.max_restarts above 0 (a spare takes a "
                                              "rank in a restart)");
   }
+  if (config.launcher.spares > 0 && config.launcher.rendezvous.backend == RendezvousBackend::kMpi) {
+    throw ConfigError("launcher.spares", "the mpi rendezvous backend (launcher.rendezvous.backend) has no leader that "
+                                         "restarts: spares need the tcp backend");
+  }
   return config;
 }
 

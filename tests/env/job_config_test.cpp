@@ -183,6 +183,9 @@ std::vector<BadConfig> BadConfigs() {
       {keep(std::string(R"({"launcher": {"spares": -1}, )") + kOk + "}"), "launcher.spares: expected an integer in [0, 1024]"},
       {keep(std::string(R"({"launcher": {"spares": 1}, )") + kOk + "}"),
        "launcher.spares: 1 spare(s) need launcher.restart.max_restarts above 0"},
+      {keep(std::string(R"({"launcher": {"spares": 1, "restart": {"max_restarts": 1}, "rendezvous": {"backend": "mpi"}}, )") +
+            kOk + "}"),
+       "launcher.spares: the mpi rendezvous backend"},
       {keep(std::string(R"({"launcher": {"restart": {"max_failures_per_node": 0}}, )") + kOk + "}"),
        "launcher.restart.max_failures_per_node: expected an integer in [1, 10000], got 0"},
   };
