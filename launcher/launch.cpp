@@ -93,16 +93,23 @@ std::vector<health::UsedPort> PortsInUse(const FabricResult& fabric, int rank) {
   return health::UsedPorts(node->selection, fabric.inventory);
 }
 
-// Every phase between the rendezvous and the run, through PreRunPeers: a failed peer or a
+// The phases between the rendezvous and the run go through PreRunPeers: a failed peer or a
 // lost leader ends any of them at once, and a store failure names the phase it hit.
-void PrepareAfterRendezvous(PreparedJob& job, std::optional<rendezvous::fabric::Inventory> inventory,
-                            const std::optional<storage::DestinationSpec>& destination,
-                            const std::optional<storage::CommitRecord>& resume, NodeHealth* health,
-                            bool rejoining, Peers* peers, SignalRouter& signals, Timeline& timeline) {
+template <typename Phases>
+void BeforeTheRun(Peers* peers, SignalRouter& signals, Timeline& timeline, Phases phases) {
   std::optional<PreRunPeers> pre_run;
   if (peers) pre_run.emplace(*peers, signals);
   Peers* phase_peers = pre_run ? &*pre_run : nullptr;
-  NameStoreFailures(timeline, [&] {
+  NameStoreFailures(timeline, [&] { phases(phase_peers); });
+}
+
+// The fabric, then every node's health. Returns who runs which rank from the first cycle
+// when hot spares are on (an unhealthy node's rank starts on a spare; nullopt: no spares).
+std::optional<std::vector<int>> CheckFabricAndHealth(PreparedJob& job, std::optional<rendezvous::fabric::Inventory> inventory,
+                                                     NodeHealth* health, Peers* peers, SignalRouter& signals,
+                                                     Timeline& timeline) {
+  std::optional<std::vector<int>> start_ranks;
+  BeforeTheRun(peers, signals, timeline, [&](Peers* phase_peers) {
     if (inventory) {
       timeline.Begin("fabric");
       FabricResult fabric = PlanFabricPhase(job.config, job.identity, phase_peers, std::move(*inventory), job.environment);
@@ -110,8 +117,17 @@ void PrepareAfterRendezvous(PreparedJob& job, std::optional<rendezvous::fabric::
     }
     if (health) {
       timeline.Begin("health");
-      CheckHealthBeforeStart(job.config, job.identity, phase_peers, *health);
+      start_ranks = CheckHealthBeforeStart(job.config, job.identity, phase_peers, *health);
     }
+  });
+  return start_ranks;
+}
+
+// The NCCL preflight, then what the node runs from (PrepareNode).
+void PrepareToRun(PreparedJob& job, const std::optional<storage::DestinationSpec>& destination,
+                  const std::optional<storage::CommitRecord>& resume, bool rejoining, Peers* peers, SignalRouter& signals,
+                  Timeline& timeline) {
+  BeforeTheRun(peers, signals, timeline, [&](Peers* phase_peers) {
     if (job.config.launcher.fabric.nccl_preflight) {
       timeline.Begin("nccl preflight");
       RunNcclPreflight(job.config, job.identity, phase_peers, job.environment, [&] { CheckStop(phase_peers, signals); });
@@ -352,6 +368,14 @@ int LeaveUnhealthy(const JobOutcome& outcome, const PreparedJob& job, Checkpoint
   return kExitUnhealthy;
 }
 
+// The training rank this launcher runs in the first cycle: its slot's, or the one node 0
+// gave it from every node's health (`start_ranks`, hot spares).
+int RankAtStart(const env::NodeIdentity& identity, const std::optional<std::vector<int>>& start_ranks) {
+  if (!start_ranks) return identity.rank;
+  auto slot = std::find(start_ranks->begin(), start_ranks->end(), identity.rank);
+  return int(slot - start_ranks->begin());
+}
+
 int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) {
   PreparedJob job = PrepareJob(cli, cli.command.empty(), timeline);
   try {
@@ -375,21 +399,24 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   }
   // A launcher that replaced a lost one loads what its first cycle resumes from at that
   // cycle's barrier, not the job's `latest` now.
-  std::optional<rendezvous::PeerEvent> rejoin = peers ? peers->TakeRejoin() : std::nullopt;
-  // A spare (launcher.spares, or a launcher started again in a slot whose rank moved to one)
-  // loads and saves nothing until it takes a rank.
-  if (rejoin && rejoin->training_rank < 0) rejoin.reset();
+  // A launcher started again in a slot whose rank moved to a spare is a spare itself.
+  const std::optional<rendezvous::PeerEvent> joined_late = peers ? peers->TakeRejoin() : std::nullopt;
+  std::optional<rendezvous::PeerEvent> rejoin;
+  if (joined_late && joined_late->training_rank >= 0) rejoin = joined_late;
+  // A spare (launcher.spares) loads and saves nothing until it takes a rank.
   TrainingRole role;
-  if (!peers || peers->RunsARank()) role.rank = rejoin ? rejoin->training_rank : job.identity.rank;
-  if (job.identity.spares > 0) log::SetNodeRank(job.identity.rank, role.rank.value_or(-1));
   std::optional<storage::CommitRecord> resume;
   std::unique_ptr<NodeHealth> health;
   try {
     health = NodeHealth::Open(job.config.launcher.health, job.environment, rendezvous::fabric::SysfsRoot(cli.sysfs_root));
+    std::optional<std::vector<int>> start_ranks =
+        CheckFabricAndHealth(job, std::move(inventory), health.get(), peers.get(), signals, timeline);
+    if (start_ranks && !joined_late) peers->StartWithRanks(*start_ranks);
+    if (!peers || peers->RunsARank()) role.rank = rejoin ? rejoin->training_rank : RankAtStart(job.identity, start_ranks);
+    if (job.identity.spares > 0) log::SetNodeRank(job.identity.rank, role.rank.value_or(-1));
     if (!rejoin && role.rank) resume = ResumePoint(job, destination, peers.get(), signals);
     if (node0_commits) node0_commits->Started(resume);
-    PrepareAfterRendezvous(job, std::move(inventory), destination, resume, health.get(), rejoin.has_value() || !role.rank,
-                           peers.get(), signals, timeline);
+    PrepareToRun(job, destination, resume, rejoin.has_value() || !role.rank, peers.get(), signals, timeline);
   } catch (const LaunchFailure& failure) {
     // The others are waiting in the ready barrier or for the seed: tell them now.
     if (peers) {
@@ -414,6 +441,9 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   std::unique_ptr<watchdog::Watchdog> watch = ArmWatchdog(job, peers.get(), progress);
   std::unique_ptr<HealthWatch> health_watch;
   if (health && health->checks_anything()) health_watch = std::make_unique<HealthWatch>(*health, job.identity.rank);
+  // A node that runs no rank asks whether it must leave before it waits as a spare: what the
+  // health phase found must be known then, not at the watch's first sample.
+  if (health_watch && !role.rank) health_watch->Recheck();
   MarkRunStarted(job, peers.get());
 
   timeline.Begin("run");

@@ -27,6 +27,39 @@ void RankAssignment::Move(int from, int to) {
   slot_of_rank_[size_t(rank)] = to;
 }
 
+RankAssignment RankAssignment::FromSlots(int slots, const std::vector<int>& slot_of_rank) {
+  RankAssignment assignment(slots, 0);
+  assignment.slot_of_rank_ = slot_of_rank;
+  for (size_t rank = 0; rank < slot_of_rank.size(); ++rank) assignment.rank_of_slot_[size_t(slot_of_rank[rank])] = int(rank);
+  return assignment;
+}
+
+std::vector<int> ParseStartRanks(const std::string& text, int slots, int ranks) {
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& error) {
+    throw FrameError(std::string(kStartRanksKey) + " is not JSON: " + error.what());
+  }
+  if (!json.is_array() || int(json.size()) != ranks) {
+    throw FrameError(std::string(kStartRanksKey) + " must list the slot of each of the " + std::to_string(ranks) + " ranks");
+  }
+  std::vector<int> slot_of_rank;
+  std::vector<bool> taken(size_t(std::max(slots, 0)), false);
+  for (const nlohmann::json& slot : json) {
+    if (!slot.is_number_integer() || slot.get<int64_t>() < 0 || slot.get<int64_t>() >= slots || taken[slot.get<size_t>()]) {
+      throw FrameError(std::string(kStartRanksKey) + ": " + slot.dump() + " is not a free slot in [0, " +
+                       std::to_string(slots) + ")");
+    }
+    taken[slot.get<size_t>()] = true;
+    slot_of_rank.push_back(slot.get<int>());
+  }
+  if (!slot_of_rank.empty() && slot_of_rank.front() != 0) throw FrameError(std::string(kStartRanksKey) + ": rank 0 is slot 0's");
+  return slot_of_rank;
+}
+
+void Cycles::StartWith(const std::vector<int>& slots) { assignment_ = RankAssignment::FromSlots(assignment_.slots(), slots); }
+
 Cycles::Cycles(int slots, int ranks, RestartPolicy policy, int max_failures_per_node)
     : policy_(std::move(policy)),
       assignment_(slots, ranks),

@@ -57,11 +57,21 @@ class RankAssignment {
   void Move(int from, int to);
   // [slot of rank 0, slot of rank 1, ...]: what a restart tells every node.
   std::vector<int> Slots() const { return slot_of_rank_; }
+  // The assignment `slots` ([slot of rank 0, ...], ParseStartRanks' checks passed) names.
+  static RankAssignment FromSlots(int slots, const std::vector<int>& slot_of_rank);
 
  private:
   std::vector<int> rank_of_slot_;
   std::vector<int> slot_of_rank_;
 };
+
+// With hot spares, the slot of each rank from the first cycle, set by node 0 once it has
+// read every node's health (a node that cannot train starts as a spare; launcher/phases/health.cpp).
+inline constexpr const char* kStartRanksKey = "bt/ranks";
+
+// kStartRanksKey's value: a JSON array, one distinct slot in [0, slots) per rank, rank 0 on
+// slot 0. Throws FrameError naming what is wrong.
+std::vector<int> ParseStartRanks(const std::string& text, int slots, int ranks);
 
 class Cycles {
  public:
@@ -80,6 +90,8 @@ class Cycles {
   std::string CountFailure(const CycleFailure& failure);
   // Gives `from`'s rank to the spare `to` in the current cycle; the barrier awaits `to`.
   void Promote(int from, int to);
+  // Before the first cycle: the slot of each rank (ParseStartRanks' checks passed).
+  void StartWith(const std::vector<int>& slots);
   // A message of an earlier cycle: it must never change the job's state.
   bool IsStale(int64_t cycle) const { return cycle < current_; }
 

@@ -579,19 +579,20 @@ class StoreServer::Loop {
     if (auto why = WriteRefusal(key, KeyWrite::kSet, connection.rank, TrainingRankOf(connection))) {
       return Refuse(connection, message, *why);
     }
+    if (key == kStartRanksKey && !StartWithRanks(connection, message, value)) return;
     StoreValue(key, std::move(value));
     Reply(connection, message, {{"op", "ok"}});
     WakeWaiters(key);
   }
 
-  // A request the leader does not accept: the node is told why, then its connection is
-  // closed (a joined node's loss aborts the job, and the abort names the refusal).
   // The training rank a joined node runs, where hot spares make it differ from its slot.
   std::optional<int> TrainingRankOf(const Connection& connection) const {
     if (connection.rank < 0 || !cycles_.HasSpares()) return std::nullopt;
     return cycles_.assignment().RankOf(connection.rank);
   }
 
+  // A request the leader does not accept: the node is told why, then its connection is
+  // closed (a joined node's loss aborts the job, and the abort names the refusal).
   void Refuse(Connection& connection, const Message& request, const std::string& why) {
     spdlog::warn("rendezvous: refused a request from {}{}: {}", connection.peer,
                  connection.rank >= 0 ? " (node " + std::to_string(connection.rank) + ")" : "", why);
@@ -908,6 +909,24 @@ class StoreServer::Loop {
       }
     }
     Abort(rank, refusal.empty() ? message : message + "; " + refusal, exit_code);
+  }
+
+  // Node 0's start ranks (kStartRanksKey, once it read every node's health): taken before
+  // the first cycle only, and only when they are a valid assignment.
+  bool StartWithRanks(Connection& connection, const Message& message, const std::string& value) {
+    if (values_.count(kRunStartedKey) || cycles_.current() > 0 || values_.count(kStartRanksKey)) {
+      Refuse(connection, message, std::string(kStartRanksKey) + " is set once, before the run");
+      return false;
+    }
+    try {
+      cycles_.StartWith(ParseStartRanks(value, options_.node_count, cycles_.assignment().ranks()));
+    } catch (const FrameError& error) {
+      Refuse(connection, message, error.what());
+      return false;
+    }
+    std::lock_guard lock(mutex_);
+    rank_slots_ = cycles_.assignment().Slots();
+    return true;
   }
 
   // The first spare ready to take `from`'s rank, or nullopt (then `from` restarts in place,
@@ -1289,6 +1308,18 @@ class StoreServer::Loop {
     FailCycle(rank, message, 0, true, true);
   }
 
+  // Every launcher passed the ready barrier (launcher/phases/ready.cpp's counter): none of
+  // the phases before the run waits for a node any more.
+  bool EveryNodeReady() const {
+    auto ready = values_.find(kReadyCounterKey);
+    if (ready == values_.end()) return false;
+    try {
+      return std::stoll(ready->second) >= options_.node_count;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+
   // A spare's launcher went away: the job goes on without it, and a launcher started again
   // in its slot joins as a spare. Until it said it is ready a spare prepares as every node
   // does (the others read its fabric and health keys, count it at the ready barrier): its
@@ -1297,7 +1328,7 @@ class StoreServer::Loop {
     const bool was_ready = spare_ready_[size_t(slot)];
     spare_ready_[size_t(slot)] = false;
     if (verdict_.kind != ServerVerdict::Kind::kPending) return;
-    if (!was_ready && !values_.count(kRunStartedKey)) {
+    if (!was_ready && !values_.count(kRunStartedKey) && !EveryNodeReady()) {
       return Abort(slot, infos_[size_t(slot)].Label() + " (a spare) lost while the nodes prepared: " + why);
     }
     awaiting_rejoin_[size_t(slot)] = true;

@@ -50,6 +50,10 @@ struct ServerOptions {
 // failed cycle.
 inline constexpr const char* kRunStartedKey = "bt/run/started";
 
+// The ready barrier's counter (launcher/phases/ready.cpp): every launcher adds 1 once it
+// has prepared.
+inline constexpr const char* kReadyCounterKey = "bt/ready";
+
 // What the leader concluded, once it has.
 struct ServerVerdict {
   enum class Kind { kPending, kResult, kAbort, kJoinTimeout } kind = Kind::kPending;

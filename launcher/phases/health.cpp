@@ -13,6 +13,7 @@
 
 #include "launcher/exit_codes.h"
 #include "launcher/health/gpu_checks.h"
+#include "rendezvous/cycles.h"
 
 namespace bt::launcher {
 namespace {
@@ -215,10 +216,45 @@ std::string DescribeFatal(const std::vector<Finding>& findings) {
   return text;
 }
 
-void CheckHealthBeforeStart(const env::JobConfig& config, const env::NodeIdentity& identity, Peers* peers,
-                            NodeHealth& health) {
+// Node 0, with hot spares: who runs which rank from the first cycle. A node with a fatal
+// finding gives its rank to a spare whose findings are clean (slot 0 keeps rank 0: it serves
+// the store); without such a spare it keeps it, and its own failure ends the start.
+std::vector<int> StartRanks(const env::JobConfig& config, const env::NodeIdentity& identity,
+                            const std::vector<health::NodeFindings>& nodes) {
+  rendezvous::RankAssignment assignment(identity.count, identity.training_count());
+  if (config.launcher.health.on_unhealthy == env::OnUnhealthy::kWarn) return assignment.Slots();
+  std::vector<bool> published(size_t(identity.count), false), fatal(size_t(identity.count), false);
+  for (const health::NodeFindings& node : nodes) {
+    if (node.node < 0 || node.node >= identity.count) continue;
+    published[size_t(node.node)] = true;
+    fatal[size_t(node.node)] = health::HasFatal(node.findings);
+  }
+  for (int slot = 1; slot < identity.training_count(); ++slot) {
+    if (!fatal[size_t(slot)]) continue;
+    for (int spare = identity.training_count(); spare < identity.count; ++spare) {
+      if (!assignment.IsSpare(spare) || !published[size_t(spare)] || fatal[size_t(spare)]) continue;
+      spdlog::warn("health: node {} cannot train: its rank {} starts on the spare node {}", slot, slot, spare);
+      assignment.Move(slot, spare);
+      break;
+    }
+  }
+  return assignment.Slots();
+}
+
+// Every node, with hot spares: the start's ranks as node 0 decided them (rendezvous::kStartRanksKey).
+std::vector<int> ReadStartRanks(rendezvous::Store& store, const env::NodeIdentity& identity) {
+  const std::string text = store.Get(rendezvous::kStartRanksKey, kExchangeTimeout + kExchangeTimeout);
+  try {
+    return rendezvous::ParseStartRanks(text, identity.count, identity.training_count());
+  } catch (const std::exception& error) {
+    throw LaunchFailure(kExitInternal, std::string("health: node 0's start ranks: ") + error.what());
+  }
+}
+
+std::optional<std::vector<int>> CheckHealthBeforeStart(const env::JobConfig& config, const env::NodeIdentity& identity,
+                                                       Peers* peers, NodeHealth& health) {
   rendezvous::Store* store = peers ? peers->store() : nullptr;
-  if (store == nullptr && !health.checks_anything()) return;  // said at Open: nothing to read here
+  if (store == nullptr && !health.checks_anything()) return std::nullopt;  // said at Open: nothing to read here
   const auto started = Clock::now();
   const std::vector<Finding> findings = health.Sample();
   for (const Finding& finding : findings) LogFinding(finding);
@@ -226,21 +262,36 @@ void CheckHealthBeforeStart(const env::JobConfig& config, const env::NodeIdentit
                std::chrono::duration<double, std::milli>(Clock::now() - started).count(),
                health.gpus_checked() ? "" : " (no NVML: NIC ports only)");
   const health::NodeFindings own = Shown(identity.rank, findings);
+  const bool spares = store != nullptr && identity.spares > 0;
+  std::optional<std::vector<int>> start_ranks;
   if (store == nullptr) {
     PrintTable({own});
   } else if (identity.rank == 0) {
     store->Set(FindingsKey(0), own.ToJson().dump());
     store->Add(kPublishedKey, 1);
-    PrintTable(CollectFindings(*store, identity.count, own));
+    const std::vector<health::NodeFindings> nodes = CollectFindings(*store, identity.count, own);
+    PrintTable(nodes);
+    if (spares) {
+      start_ranks = StartRanks(config, identity, nodes);
+      store->Set(rendezvous::kStartRanksKey, nlohmann::json(*start_ranks).dump());
+    }
     store->Add(kReadKey, 1);
   } else {
     store->Set(FindingsKey(identity.rank), own.ToJson().dump());
     store->Add(kPublishedKey, 1);
+    if (spares) start_ranks = ReadStartRanks(*store, identity);
   }
-  if (!health::HasFatal(findings)) return;
+  if (!health::HasFatal(findings)) return start_ranks;
   if (config.launcher.health.on_unhealthy == env::OnUnhealthy::kWarn) {
     spdlog::warn("health: this node has a fatal finding, and launcher.health.on_unhealthy is \"warn\": it trains anyway");
-    return;
+    return start_ranks;
+  }
+  // Its rank starts on a spare (or it is a spare): it passes the ready barrier with the
+  // others, runs nothing, and leaves (75) once they start (RunCycles).
+  if (start_ranks && std::find(start_ranks->begin(), start_ranks->end(), identity.rank) == start_ranks->end()) {
+    spdlog::error("health: this node cannot train; it runs no rank and leaves once every node is ready:\n{}",
+                  DescribeFatal(findings));
+    return start_ranks;
   }
   if (store != nullptr && identity.rank != 0) AwaitTableRead(*store);
   throw LaunchFailure(kExitUnhealthy, "health: this node cannot train; replace it:\n" + DescribeFatal(findings));

@@ -72,9 +72,11 @@ std::string DescribeFatal(const std::vector<health::Finding>& findings);
 // Before the first command: this node's findings are logged and published; node 0 prints
 // every node's in one table (as it does the fabric's mismatches). Throws LaunchFailure(75)
 // naming this node's fatal findings when launcher.health.on_unhealthy is "leave" (after node
-// 0 read them, or 5 s).
-void CheckHealthBeforeStart(const env::JobConfig& config, const env::NodeIdentity& identity, Peers* peers,
-                            NodeHealth& health);
+// 0 read them, or 5 s). With hot spares (launcher.spares), returns who runs which rank from
+// the first cycle (the slot of each rank): node 0 gives an unhealthy node's rank to a
+// healthy spare, and that node then runs nothing and leaves once every node is ready.
+std::optional<std::vector<int>> CheckHealthBeforeStart(const env::JobConfig& config, const env::NodeIdentity& identity,
+                                                       Peers* peers, NodeHealth& health);
 
 // While the job runs: Xid events and a sample every interval_s on a thread of its own. A
 // fatal finding (with on_unhealthy "leave") makes fd() readable: the supervisor stops the

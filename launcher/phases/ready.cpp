@@ -13,7 +13,7 @@ using Clock = std::chrono::steady_clock;
 constexpr std::chrono::seconds kPublishEvery{1};
 constexpr std::chrono::seconds kWaitLogEvery{10};
 constexpr std::chrono::milliseconds kReadyCheck{500};
-constexpr const char* kReadyCount = "bt/ready";
+constexpr const char* kReadyCount = rendezvous::kReadyCounterKey;
 constexpr const char* kAllReady = "bt/ready/all";
 // Node 0's summary of the nodes not ready yet, for the others' progress lines.
 constexpr const char* kWaitingSummary = "bt/ready/waiting";

@@ -394,6 +394,14 @@ bool TcpPeers::AwaitRestartOrVerdict(SignalRouter& signals, int& signal_number) 
   return signal_number == 0 && !verdict_ && restart_;
 }
 
+int TcpPeers::StartWithRanks(const std::vector<int>& slots) {
+  training_rank_ = -1;
+  for (size_t rank = 0; rank < slots.size(); ++rank) {
+    if (slots[rank] == identity_.rank) training_rank_ = int(rank);
+  }
+  return training_rank_;
+}
+
 bool TcpPeers::AwaitRank(SignalRouter& signals, int& signal_number, const std::function<bool()>& leaving) {
   try {
     client_->SpareReady(cycle_);

@@ -90,6 +90,10 @@ class Peers : public StopRequests {
   // Hot spares (launcher.spares, docs/SPARES.md). Whether this launcher runs a training rank
   // now: false for a spare, and for a node whose rank the newest restart moved to one.
   virtual bool RunsARank() { return true; }
+  // Before the first cycle: the slot of each rank as node 0 decided it from every node's
+  // health (a node that cannot train starts as a spare). Returns this node's training rank
+  // (-1: none).
+  virtual int StartWithRanks(const std::vector<int>& /*slots*/) { return 0; }
   // A spare, prepared: tells the leader so and waits until it is given a rank (true: then
   // TakeRejoin says which, and the cycle), the job's verdict comes, a shutdown signal
   // (`signal_number`), or `leaving` says it leaves (checked every quarter second).
@@ -154,6 +158,7 @@ class TcpPeers final : public Peers {
     return training_rank_ >= 0;
   }
   bool AwaitRank(SignalRouter& signals, int& signal_number, const std::function<bool()>& leaving = {}) override;
+  int StartWithRanks(const std::vector<int>& slots) override;
   bool AwaitCycleStart(int64_t cycle, double stopped_s, std::chrono::steady_clock::time_point deadline, SignalRouter& signals,
                        int& signal_number, const std::function<bool()>& leaving = {}) override;
   std::optional<std::string> Verdict() override;

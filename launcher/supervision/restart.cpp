@@ -190,6 +190,12 @@ std::string RankMovedAway(const PeerEvent& restart) {
 // in as a launcher that replaced a lost one does; nullopt with `outcome` saying why not (the
 // job's verdict, a signal, or its own hardware: it leaves).
 std::optional<PeerEvent> WaitAsSpare(Peers& peers, SignalRouter& signals, const CycleHooks& hooks, JobOutcome& outcome) {
+  // Unhealthy already (a node whose rank started on a spare, a spare found bad): it leaves
+  // before it says it is ready, or the leader could give it a rank.
+  if (auto reason = hooks.leave ? hooks.leave() : std::nullopt) {
+    outcome = LeaveTheJob(outcome, *reason);
+    return std::nullopt;
+  }
   spdlog::info("this node is a hot spare: prepared, it waits for a node's rank to take (launcher.spares)");
   int signal_number = 0;
   std::function<bool()> leaving;

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <cstdlib>
 #include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -1625,6 +1626,40 @@ TEST(Spares, ASpareKilledWhileWaitingIsLoggedAndTheJobGoesOn) {
   EXPECT_EQ(leader.exit_code, 0) << leader.err;
   EXPECT_EQ(follower.exit_code, 0) << follower.err;
   EXPECT_NE(leader.err.find("is gone"), std::string::npos) << leader.err;
+}
+
+// Uncorrectable ECC on node 2 at the start, with a spare: node 0's table names it before any
+// command runs, rank 2 starts on the spare (slot 3), and node 2 runs nothing and leaves (75)
+// once every node is ready; the job finishes on the others and the spare.
+TEST(Spares, AnUnhealthyNodeAtTheStartGivesItsRankToTheSpareBeforeAnyCommandRuns) {
+  TempDir scratch;
+  const std::string ran = scratch.path() + "/ran-";
+  nlohmann::json settings = restart::RestartSettings(scratch, 1);
+  settings["spares"] = 1;
+  Job job(3, "[\"echo $BT_NODE_RANK > " + ran + "$(cat /proc/sys/kernel/random/uuid)\"]", "", false, settings);
+  std::vector<std::unique_ptr<LauncherProcess>> processes;
+  for (int slot = 0; slot < 4; ++slot) {
+    const std::string state = scratch.path() + "/nvml-" + std::to_string(slot);
+    WriteNvmlState(state, "gpus 2\ngpu 1 uuid GPU-node" + std::to_string(slot) + "-1\n" +
+                              (slot == 2 ? "gpu 1 ecc_uncorrected 3\n" : ""));
+    processes.push_back(std::make_unique<LauncherProcess>(SpareJobSpec(job, slot, 4, FakeNvml(state))));
+  }
+  auto results = Job::FinishAll(processes);
+  EXPECT_EQ(results[2].exit_code, 75) << results[2].err;
+  EXPECT_NE(results[2].err.find("this node cannot train; it runs no rank"), std::string::npos) << results[2].err;
+  for (int slot : {0, 1, 3}) EXPECT_EQ(results[size_t(slot)].exit_code, 0) << "node " << slot << ": " << results[size_t(slot)].err;
+  const std::string& leader = results[0].err;
+  const size_t table = leader.find("a node cannot train (launcher.health)");
+  ASSERT_NE(table, std::string::npos) << leader;
+  EXPECT_NE(leader.find("GPU-node2-1", table), std::string::npos) << leader;
+  EXPECT_NE(leader.find("its rank 2 starts on the spare node 3"), std::string::npos) << leader;
+  // Ranks 0, 1 and 2 ran once each; node 2 ran nothing.
+  std::multiset<std::string> ranks;
+  for (const auto& entry : fs::directory_iterator(scratch.path())) {
+    if (entry.path().filename().string().starts_with("ran-")) ranks.insert(ReadFile(entry.path().string()));
+  }
+  EXPECT_EQ(ranks, (std::multiset<std::string>{"0\n", "1\n", "2\n"}));
+  EXPECT_NE(results[3].err.find("[node 3 rank 2]"), std::string::npos) << results[3].err;
 }
 
 // The count every launcher is given must be node_count + spares: a launcher counting only
