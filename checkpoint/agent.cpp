@@ -611,6 +611,7 @@ class CheckpointAgent::Impl {
       if (!options_.board) CommitLocally();
       if (!uploader_) RestartUploaderIfDue();
       if (!draining) continue;
+      if (options_.board) DropSealedOnDrain();
       if (LeaderLost() && OwnUploadsDone()) break;
       if (Settled(declarations_closed)) break;
       if (Clock::now() >= drain_deadline_) break;
@@ -621,6 +622,34 @@ class CheckpointAgent::Impl {
     }
     result_ = Summarize();
     if (uploader_) uploader_->Stop(kUploaderStopWaitMs);
+  }
+
+  // The job ends (a SIGTERM while a restart's barrier waited) after a restart's decision
+  // sealed a cycle: no save of that cycle can commit any more, unless node 0 had begun its
+  // commit before the decision (then it is publishing, and is waited for). Node 0 abandons
+  // the rest; a follower drops a part still uploading (no commit can take it: node 0 began
+  // none without it). Without this the drain waited drain_timeout_s for them and failed
+  // (review 6, R6-4).
+  void DropSealedOnDrain() {
+    for (auto it = versions_.begin(); it != versions_.end();) {
+      const Version& version = it->second;
+      const bool sealed = version.stage != Stage::kCommitted && !publishing_.contains(it->first) && Sealed(version.cycle);
+      if (!sealed || (!is_leader() && version.stage != Stage::kQueued)) {
+        ++it;
+        continue;
+      }
+      const std::string why = "a restart's decision sealed cycle " + std::to_string(version.cycle) +
+                              " and the job ended before the next cycle: no save of it commits";
+      if (is_leader() && version.declaration) {
+        spdlog::info("checkpoints: not committing {}: {}", version.name, why);
+        JournalRecord(version.seq, version.name, HandoffState::kAbandoned, why);
+        BoardCall([&] { options_.board->SetOutcome(*version.declaration, CommitBoard::Outcome::kAbandoned); });
+      } else {
+        JournalRecord(version.seq, version.name, HandoffState::kAbandoned, why);
+      }
+      RemoveStaging(version);
+      it = versions_.erase(it);
+    }
   }
 
   bool DrainRequested() {
@@ -1403,6 +1432,7 @@ class CheckpointAgent::Impl {
     BoardCall([&] {
       closed = options_.board->DeclarationsClosed();
       if (!closed) return;
+      declarations_closed_seen_ = true;
       // Node 0 may have declared a last save just before it closed, after this node's last
       // look: read them once more now that no more can come, or this node leaves with that
       // save unanswered and it never commits (soak seed 167, only node 0 saving).
@@ -1410,7 +1440,8 @@ class CheckpointAgent::Impl {
       AnswerDeclarations();
     });
     if (board_error_) return true;
-    if (closed && unanswered_.empty()) {
+    const bool answered = AnsweredAllUnsealed();
+    if (closed && answered) {
       for (auto it = versions_.begin(); it != versions_.end();) {
         const Version& version = it->second;
         if (version.stage != Stage::kUploaded || version.declaration || !declared_.contains(version.name)) {
@@ -1424,7 +1455,14 @@ class CheckpointAgent::Impl {
     for (const auto& [seq, version] : versions_) {
       if (version.stage != Stage::kCommitted) return false;
     }
-    return closed && unanswered_.empty() && !AwaitsLeadersOutcome();
+    return closed && answered && !AwaitsLeadersOutcome();
+  }
+
+  // Whether this node answered every save it still can: one of a cycle a restart's decision
+  // sealed needs no answer while the job ends (node 0 commits none; review 6, R6-4).
+  bool AnsweredAllUnsealed() {
+    return std::all_of(unanswered_.begin(), unanswered_.end(),
+                       [this](const auto& entry) { return Sealed(entry.second.cycle); });
   }
 
   // A follower that answered node 0's newest save with "no part" has nothing of its own to
@@ -1460,11 +1498,15 @@ class CheckpointAgent::Impl {
   // here may be gone. A save of this cycle that node 0 abandoned is judged (review 4, F1: a
   // node lost before it answered the last saves left them uncommitted, and every node
   // reported its drain committed).
+  // A save of a sealed cycle this node never answered (its part still uploading when the job
+  // ended at the barrier) is not judged either: node 0 abandons it (review 6, R6-4).
   const CommitBoard::Declaration* NewestDeclarationNotSealed() {
     for (auto it = declared_order_.rbegin(); it != declared_order_.rend(); ++it) {
       auto answer = answered_.find(it->number);
-      if (answer == answered_.end() || answer->second != PartKind::kVersion) return &*it;
-      if (!Sealed(it->cycle) || !AbandonedByLeader(it->number)) return &*it;
+      const bool answered_with_part = answer != answered_.end() && answer->second == PartKind::kVersion;
+      if (!answered_with_part && answer != answered_.end()) return &*it;
+      if (!Sealed(it->cycle)) return &*it;
+      if (!AbandonedByLeader(it->number)) return &*it;
     }
     return nullptr;
   }
@@ -1478,12 +1520,13 @@ class CheckpointAgent::Impl {
 
   bool AbandonedByLeader(uint64_t declaration) { return LeadersOutcome(declaration) == CommitBoard::Outcome::kAbandoned; }
 
-  // Node 0's outcome of a declaration; kCommitted when the store is gone (judged as before).
+  // Node 0's outcome of a declaration; kPending when it cannot be read (the store is gone):
+  // unknown, never taken for a commit (review 6, R6-3).
   CommitBoard::Outcome LeadersOutcome(uint64_t declaration) {
     try {
       return options_.board->GetOutcome(declaration);
     } catch (const std::exception&) {
-      return CommitBoard::Outcome::kCommitted;
+      return CommitBoard::Outcome::kPending;
     }
   }
 
@@ -1524,6 +1567,13 @@ class CheckpointAgent::Impl {
       return {false, "checkpoint " + name + " is complete but was not uploaded: " + failed.reason};
     }
     const bool follower = options_.board && !is_leader();
+    // Node 0 never said its last save was declared (its own handoff still waited, a full disk):
+    // a save newer than `target` may be the job's last, and this node cannot say it committed
+    // (review 6, R6-2: the followers exited 0 while node 0 exited 74).
+    if (follower && !board_error_ && !leader_lost_since_ && !declarations_closed_seen_) {
+      return {false, "node 0 had not finished declaring its saves by this node's drain deadline (its own last "
+                     "checkpoint was not handed off yet): the job's last checkpoint is not known to be committed"};
+    }
     if (lost_handoff_ && !follower && NothingHandedOffSince(lost_handoff_->seq)) {
       return {false, "checkpoint " + lost_handoff_->name + " was not uploaded: " + lost_handoff_->reason};
     }
@@ -1543,8 +1593,9 @@ class CheckpointAgent::Impl {
                          "came); this node holds no part of it"};
         }
         if (!Sealed(target_cycle) && LeadersOutcome(*target_declaration) == CommitBoard::Outcome::kPending) {
-          return {false, "the save of " + target + " was not committed before the drain deadline: node 0 had not "
-                         "committed it; this node holds no part of it"};
+          return {false, "the save of " + target + " is not known to be committed: node 0 had not committed it " +
+                         (board_error_ || leader_lost_since_ ? "when it could no longer be reached" : "by the drain deadline") +
+                         "; this node holds no part of it"};
         }
         return {true, "this node holds no part of checkpoint " + target};
       }
@@ -1610,6 +1661,7 @@ class CheckpointAgent::Impl {
   std::map<std::string, std::string> last_run_on_disk_;  // name → fingerprint (LeaveWhatWasOnDiskAlone, no board)
   std::map<uint64_t, Version> versions_;
   std::set<uint64_t> publishing_;
+  bool declarations_closed_seen_ = false;  // a follower: node 0 said no more saves are coming
   uint64_t published_seq_ = 0;
   uint64_t latest_requested_seq_ = 0;
   std::set<std::string> declared_;  // names node 0 declared (a follower)

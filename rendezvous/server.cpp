@@ -1293,10 +1293,14 @@ class StoreServer::Loop {
     // barrier (its hardware cannot train). While a restart's barrier still waits, the rank is
     // awaited again, as a lost one's, its arrival undone: it must never stay held, nor count
     // as ready, for a launcher that is gone (review 5: a node leaving after it arrived let
-    // the cycle start without it, and its replacements were refused).
-    if (!last_restart_ || verdict_.kind != ServerVerdict::Kind::kPending) return;
-    AwaitAgain(rank, infos_[size_t(rank)].Label() + " left without reporting on cycle " +
-                         std::to_string(cycles_.current()));
+    // the cycle start without it, and its replacements were refused). Once the cycle runs it
+    // is lost, as a node whose connection closed (review 6, R6-1: a node that left as the go
+    // reached it was ignored, the cycle ran without its rank, and the training hung).
+    if (verdict_.kind != ServerVerdict::Kind::kPending) return;
+    const std::string message =
+        infos_[size_t(rank)].Label() + " left without reporting on cycle " + std::to_string(cycles_.current());
+    if (last_restart_) return AwaitAgain(rank, message);
+    LoseNode(rank, message);
   }
 
   // A launcher lost during the run: with restarts left, every node restarts and the rank

@@ -450,7 +450,10 @@ bool TcpPeers::AwaitCycleStart(int64_t cycle, double stopped_s, Clock::time_poin
   while (!ended && Clock::now() - client_->LastCycleWait() < kLeaderSaysItWaits) {
     ended = wait(Clock::now() + kLeaderSaysItWaits);
   }
-  return ended && signal_number == 0 && cycle_started_ && !restart_ && !verdict_ && !left;
+  // A go that came is taken even when this node found it must leave meanwhile: the others
+  // run the cycle already, so it runs it too and fails it with its cause (its health watch
+  // stops it at once), rather than leave a rank the cycle counts on (review 6, R6-1).
+  return ended && signal_number == 0 && cycle_started_ && !restart_ && !verdict_;
 }
 
 void TcpPeers::Report(const JobOutcome& outcome) {

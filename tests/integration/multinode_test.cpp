@@ -642,6 +642,33 @@ TEST(Restart, ASigtermWhileARestartWaitsDoesNotCountItsSealedSavesAsLost) {
   EXPECT_EQ(follower.exit_code, 143) << follower.err;
 }
 
+// Review 6, R6-4: as above, but node 2's part of the sealed save is still uploading (its
+// uploader frozen): both drains waited drain_timeout_s for a save no commit could take, and
+// exited 74. The decision sealed it: the job ends at once, 143 on both.
+TEST(Restart, ASigtermWhileARestartWaitsDoesNotWaitForASealedSavesUpload) {
+  TempDir scratch;
+  nlohmann::json settings = RestartSettings(scratch, 2, 3);
+  settings["checkpoint"]["drain_timeout_s"] = 30;
+  const std::string commands = nlohmann::json::array(
+      {"if [ $BT_RESTART_COUNT = 0 ]; then if [ $BT_NODE_RANK = 2 ]; then pkill -STOP -P $PPID -f 'upload-worke[r]'; fi; "
+       "if [ $BT_NODE_RANK != 1 ]; then " + Save(1) + "; fi; fi; echo saved; exec sleep 60"}).dump();
+  Job job(3, commands, "", true, settings, FreePort());
+  auto processes = job.StartAll();
+  ASSERT_TRUE(processes[0]->WaitForLog("checkpoints: uploaded checkpoint-1", 30s)) << processes[0]->Finish().err;
+  ASSERT_TRUE(processes[2]->WaitForLog("checkpoint-1 is complete", 30s)) << processes[2]->Finish().err;
+  processes[1]->Signal(SIGKILL);  // nobody replaces it
+  processes[1]->Finish();
+  ASSERT_TRUE(processes[0]->WaitForLog("restart: cycle 1: waiting", 30s)) << processes[0]->Finish().err;
+  const auto signalled = std::chrono::steady_clock::now();
+  for (int rank : {0, 2}) processes[rank]->Signal(SIGTERM);
+  const ProcessResult leader = processes[0]->Finish();
+  const ProcessResult follower = processes[2]->Finish();
+  EXPECT_LT(std::chrono::steady_clock::now() - signalled, 15s) << leader.err << follower.err;
+  EXPECT_EQ(leader.exit_code, 143) << leader.err;
+  EXPECT_EQ(follower.exit_code, 143) << follower.err;
+  EXPECT_EQ(ReadFile(scratch.path() + "/remote/" + kJobId + "/latest").find("checkpoint-1"), std::string::npos);
+}
+
 // Node 2's launcher is lost while node 0 still seeds the cache: the job never ran, so the
 // loss ends it (69, naming node 2) instead of spending a restart on a cycle that never ran.
 TEST(Restart, ALauncherLostBeforeTheRunEndsTheJobWithoutARestart) {

@@ -85,6 +85,26 @@ TEST(StoreCommitBoard, APartOfTheNextCycleNeverCompletesAnOpenSave) {
   EXPECT_EQ(node1->DeclaredSince(0).front().cycle, 0);
 }
 
+// A node's view of node 0's store that can be cut off (a partition, node 0's launcher gone):
+// every call then fails as a closed connection does.
+class CutOffStore : public rendezvous::Store {
+ public:
+  explicit CutOffStore(rendezvous::Store& store) : store_(store) {}
+  void Set(const std::string& key, const std::string& value) override { Through().Set(key, value); }
+  std::string Get(const std::string& key, std::chrono::milliseconds timeout) override { return Through().Get(key, timeout); }
+  void Wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override { Through().Wait(keys, timeout); }
+  int64_t Add(const std::string& key, int64_t delta) override { return Through().Add(key, delta); }
+  std::vector<std::optional<std::string>> Peek(const std::vector<std::string>& keys) override { return Through().Peek(keys); }
+  std::atomic<bool> cut{false};
+
+ private:
+  rendezvous::Store& Through() {
+    if (cut) throw rendezvous::StoreError("read failed: Connection reset by peer");
+    return store_;
+  }
+  rendezvous::Store& store_;
+};
+
 class CommitAcrossRestart : public ::testing::Test {
  protected:
   std::string Disk(int rank) const { return dir_.path() + "/node-" + std::to_string(rank); }
@@ -99,7 +119,8 @@ class CommitAcrossRestart : public ::testing::Test {
 
   std::unique_ptr<checkpoint::CheckpointAgent> Start(int rank, int64_t incarnation = 0, const std::string& load_dir = "",
                                                       bool resume_point_read = false) {
-    boards_.push_back(MakeStoreCommitBoard(*store_, node_count_, rank, incarnation));
+    if (rank == cut_off_rank_) cut_off_ = std::make_unique<CutOffStore>(*store_);
+    boards_.push_back(MakeStoreCommitBoard(rank == cut_off_rank_ ? *cut_off_ : *store_, node_count_, rank, incarnation));
     checkpoint::AgentOptions options;
     options.checkpoint_dir = Disk(rank);
     options.settings.scan_interval_s = 0.2;
@@ -199,6 +220,8 @@ class CommitAcrossRestart : public ::testing::Test {
 
   testing::TempDir dir_;
   std::unique_ptr<rendezvous::Store> store_;
+  int cut_off_rank_ = -1;  // this rank's board reaches the store through cut_off_
+  std::unique_ptr<CutOffStore> cut_off_;
   std::vector<std::unique_ptr<checkpoint::CommitBoard>> boards_;
   int node_count_ = 2;
   std::function<std::vector<int>()> absent_ranks_;  // node 0's server: the ranks whose launcher is gone
@@ -529,6 +552,45 @@ TEST_F(CommitAcrossCycles, DeclarationsStayOpenWhileNodeZerosLastCheckpointWaits
   EXPECT_TRUE(Committed("export-1").has_value()) << leader.message;
   EXPECT_TRUE(leader.committed) << leader.message;
   EXPECT_TRUE(follower.committed) << follower.message;
+}
+
+// Review 6, R6-2: as above, but the room never comes: node 0's drain fails, and so must the
+// follower's (it reported committed the save before, while node 0's last one, newer, never
+// reached anyone: exit codes 74 and 0 for one job).
+TEST_F(CommitAcrossCycles, AFollowerWhoseDrainEndsWithNodeZerosSavesStillOpenFailsIt) {
+  auto node0 = Start(0);
+  auto node1 = Start(1);
+  SaveOnNodeOne("export-1", 500);
+  SaveOnNodeZero("export-1", 1000);
+  ASSERT_TRUE(WaitForCommit("export-1").has_value());
+  const std::string staging = Disk(0) + "/.bt-checkpoint/staging";
+  fs::remove_all(staging);
+  testing::WriteFile(staging, "not a directory");  // node 0's snapshots fail from now on
+  SaveOnNodeOne("export-2", 500);
+  SaveOnNodeZero("export-2", 1000);
+  std::this_thread::sleep_for(1s);  // judged complete, its handoff failed
+  auto [leader, follower] = DrainBoth(*node0, *node1);
+  EXPECT_FALSE(leader.committed) << leader.message;
+  EXPECT_FALSE(follower.committed) << follower.message;
+  EXPECT_NE(follower.message.find("node 0 had not finished declaring its saves"), std::string::npos) << follower.message;
+}
+
+// Review 6, R6-3: only node 0 saves; node 1 is cut off from the store before node 0's last
+// save. Node 1 read node 0's outcome as "committed" when the store could not answer, and
+// reported its drain fine while node 0's failed. An outcome it cannot read is unknown.
+TEST_F(CommitAcrossCycles, AFollowerCutOffFromTheStoreNeverTakesAnUnknownOutcomeForACommit) {
+  cut_off_rank_ = 1;
+  auto node0 = Start(0);
+  auto node1 = Start(1);
+  SaveOnNodeZero("export-1", 1000);
+  ASSERT_TRUE(WaitForCommit("export-1").has_value());
+  std::this_thread::sleep_for(1s);  // node 1 has answered it
+  cut_off_->cut = true;
+  SaveOnNodeZero("export-2", 1000);
+  auto [leader, follower] = DrainBoth(*node0, *node1);
+  EXPECT_FALSE(leader.committed) << leader.message;
+  EXPECT_FALSE(follower.committed) << follower.message;
+  EXPECT_NE(follower.message.find("not known to be committed"), std::string::npos) << follower.message;
 }
 
 // Defect 12: BT_LOAD_CHECKPOINT_DIR inside BT_CHECKPOINT_DIR: what the launcher loads there
