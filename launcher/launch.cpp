@@ -348,8 +348,14 @@ CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, Checkpoin
     role.rank = rank;
     log::SetNodeRank(job.identity.rank, rank);  // only a spare is promoted
     if (!destination) return;
-    checkpoint_phase = StartCheckpoints(job.config, job.environment, *destination, TrainingIdentity(job.identity, rank),
-                                        peers->store(), [&] { CheckStop(peers, signals); }, cycle);
+    try {
+      checkpoint_phase = StartCheckpoints(job.config, job.environment, *destination, TrainingIdentity(job.identity, rank),
+                                          peers->store(), [&] { CheckStop(peers, signals); }, cycle);
+    } catch (const rendezvous::StoreError& error) {
+      // Node 0 cut it off meanwhile (it was frozen while chosen): a lost leader, not a bug.
+      throw LaunchFailure(kExitUnavailable, std::string("this spare cannot reach node 0's store as it takes rank ") +
+                                                std::to_string(rank) + ": " + error.what());
+    }
   };
   return hooks;
 }

@@ -80,6 +80,9 @@ std::string Cycles::CountFailure(const CycleFailure& failure) {
 
 void Cycles::Promote(int from, int to) {
   assignment_.Move(from, to);
+  // What `from`'s launcher failed is not held against the next one in its slot (a replaced
+  // pod is new hardware; review D2).
+  if (size_t(from) < failures_.size()) failures_[size_t(from)] = 0;
   if (size_t(from) < arrived_.size() && arrived_[size_t(from)]) {
     arrived_[size_t(from)] = false;
     --arrived_count_;

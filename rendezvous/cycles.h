@@ -90,6 +90,10 @@ class Cycles {
   std::string CountFailure(const CycleFailure& failure);
   // Gives `from`'s rank to the spare `to` in the current cycle; the barrier awaits `to`.
   void Promote(int from, int to);
+  // A new launcher joined in `slot`: its predecessor's failures are not held against it.
+  void ForgetFailures(int slot) {
+    if (slot >= 0 && size_t(slot) < failures_.size()) failures_[size_t(slot)] = 0;
+  }
   // Before the first cycle: the slot of each rank (ParseStartRanks' checks passed).
   void StartWith(const std::vector<int>& slots);
   // A message of an earlier cycle: it must never change the job's state.

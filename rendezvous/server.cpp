@@ -223,6 +223,7 @@ class StoreServer::Loop {
     reported_.resize(size_t(options_.node_count), false);
     awaiting_rejoin_.resize(size_t(options_.node_count), false);
     spare_ready_.resize(size_t(options_.node_count), false);
+    moved_away_.resize(size_t(options_.node_count), false);
     rank_slots_ = cycles_.assignment().Slots();
     join_deadline_ = start_ + options_.join_timeout;
     next_tick_ = start_ + options_.heartbeat_interval;
@@ -351,6 +352,13 @@ class StoreServer::Loop {
       if (joined_[size_t(rank_slots_[rank])] < 0) ranks.push_back(int(rank));
     }
     return ranks;
+  }
+
+  std::vector<int> nodes_running_ranks() const {
+    std::lock_guard lock(mutex_);
+    std::vector<int> slots = rank_slots_;
+    std::sort(slots.begin(), slots.end());
+    return slots;
   }
 
   std::vector<int> unreported() const {
@@ -585,6 +593,16 @@ class StoreServer::Loop {
     WakeWaiters(key);
   }
 
+  // "node 2 (host, address)", and with hot spares the rank it runs ("...; rank 1)", "...; a
+  // spare)"): a slot and its training rank differ once a spare took a rank.
+  std::string NodeName(int slot) const {
+    std::string label = infos_[size_t(slot)].Label();
+    if (!cycles_.HasSpares() || label.empty() || label.back() != ')') return label;
+    const int rank = cycles_.assignment().RankOf(slot);
+    label.insert(label.size() - 1, rank < 0 ? "; a spare" : "; rank " + std::to_string(rank));
+    return label;
+  }
+
   // The training rank a joined node runs, where hot spares make it differ from its slot.
   std::optional<int> TrainingRankOf(const Connection& connection) const {
     if (connection.rank < 0 || !cycles_.HasSpares()) return std::nullopt;
@@ -774,6 +792,8 @@ class StoreServer::Loop {
       infos_[rank] = info;
     }
     awaiting_rejoin_[rank] = false;
+    moved_away_[rank] = false;
+    cycles_.ForgetFailures(info.rank);  // a new launcher: what its predecessor failed is not its
     Reply(connection, message, {{"op", "ok"}});
     if (cycles_.assignment().IsSpare(info.rank)) return JoinAsSpare(connection, info, before);
     rejoined_.push_back(info.rank);
@@ -859,7 +879,7 @@ class StoreServer::Loop {
     }
     ++reported_count_;
     if (code != 0) {
-      return FailCycle(connection.rank, infos_[size_t(connection.rank)].Label() + " failed: " + cause, int(code), restartable);
+      return FailCycle(connection.rank, NodeName(connection.rank) + " failed: " + cause, int(code), restartable);
     }
     CollectStacksIfHung(connection.rank);  // the others may be stalled, waiting for nothing but this node
     if (reported_count_ == cycles_.assignment().ranks() && verdict_.kind == ServerVerdict::Kind::kPending) {
@@ -873,7 +893,7 @@ class StoreServer::Loop {
   bool IgnoredAsStale(const Connection& connection, const char* what, int64_t cycle) {
     if (!cycles_.IsStale(cycle)) return false;
     spdlog::warn("rendezvous: ignoring a {} of cycle {} from {}: the job is in cycle {}", what, cycle,
-                 infos_[size_t(connection.rank)].Label(), cycles_.current());
+                 NodeName(connection.rank), cycles_.current());
     return true;
   }
 
@@ -933,7 +953,7 @@ class StoreServer::Loop {
   // or its rank waits for a launcher in its slot). Slot 0 keeps rank 0: its launcher serves
   // the store and commits the job's checkpoints.
   std::optional<int> ChooseSpare(int from, const std::string& why) {
-    const std::string node = infos_[size_t(from)].Label();
+    const std::string node = NodeName(from);
     if (from == 0) {
       spdlog::warn("rendezvous: {} must leave ({}) but keeps rank 0: it serves the rendezvous (docs/SPARES.md)", node, why);
       return std::nullopt;
@@ -941,8 +961,9 @@ class StoreServer::Loop {
     for (int slot = 0; slot < options_.node_count; ++slot) {
       if (cycles_.assignment().IsSpare(slot) && joined_[size_t(slot)] >= 0 && spare_ready_[size_t(slot)]) return slot;
     }
-    spdlog::warn("rendezvous: {} must leave ({}); no spare is ready, so its rank waits for a launcher in its slot", node,
-                 why);
+    const bool stays = why.starts_with("it failed");  // its launcher can run again: in place
+    spdlog::warn("rendezvous: {} must leave ({}), but no spare is ready: {}", node, why,
+                 stays ? "it restarts in place" : "its rank waits for a launcher in its slot");
     return std::nullopt;
   }
 
@@ -950,10 +971,11 @@ class StoreServer::Loop {
   // now (a launcher started again in it joins as one).
   void MoveRank(int from, int to) {
     const int rank = cycles_.assignment().RankOf(from);
-    spdlog::warn("rendezvous: rank {} moves from {} to the spare {} in cycle {}", rank, infos_[size_t(from)].Label(),
-                 infos_[size_t(to)].Label(), cycles_.current());
+    spdlog::warn("rendezvous: rank {} moves from {} to the spare {} in cycle {}", rank, NodeName(from),
+                 NodeName(to), cycles_.current());
     cycles_.Promote(from, to);
     spare_ready_[size_t(to)] = false;
+    moved_away_[size_t(from)] = true;
     std::lock_guard lock(mutex_);
     rank_slots_ = cycles_.assignment().Slots();
   }
@@ -975,7 +997,7 @@ class StoreServer::Loop {
     Reply(connection, message, {{"op", "ok"}});
     if (!cycles_.assignment().IsSpare(connection.rank) || spare_ready_[size_t(connection.rank)]) return;
     spare_ready_[size_t(connection.rank)] = true;
-    spdlog::info("rendezvous: {} is a ready spare", infos_[size_t(connection.rank)].Label());
+    spdlog::info("rendezvous: {} is a ready spare", NodeName(connection.rank));
     if (!last_restart_ || verdict_.kind != ServerVerdict::Kind::kPending) return;
     for (int slot : cycles_.Awaited()) {
       if (slot == 0 || !awaiting_rejoin_[size_t(slot)]) continue;
@@ -1078,7 +1100,7 @@ class StoreServer::Loop {
     }
     if (stalled_[size_t(connection.rank)] == stalled) return;
     stalled_[size_t(connection.rank)] = stalled;
-    const std::string node = infos_[size_t(connection.rank)].Label();
+    const std::string node = NodeName(connection.rank);
     if (!stalled) return spdlog::info("rendezvous: cycle {}: {} makes progress again", cycle, node);
     spdlog::warn("rendezvous: cycle {}: {} made no progress for {}", cycle, node, Bounded(StringField(message, "quiet")));
     CollectStacksIfHung(connection.rank);
@@ -1118,7 +1140,7 @@ class StoreServer::Loop {
     if (IgnoredAsStale(connection, "hang", cycle) || cycle != cycles_.current() || rank < 0 || rank >= options_.node_count) {
       return;
     }
-    FailCycle(int(rank), infos_[size_t(rank)].Label() + " hung: " + Bounded(StringField(message, "cause")),
+    FailCycle(int(rank), NodeName(rank) + " hung: " + Bounded(StringField(message, "cause")),
               int(IntField(message, "code")), true);
   }
 
@@ -1126,7 +1148,7 @@ class StoreServer::Loop {
     const std::string cause = Bounded(StringField(message, "cause"));
     if (connection.rank < 0) return Refuse(connection, message, "give_up from a connection that never joined");
     Reply(connection, message, {{"op", "ok"}});
-    Abort(connection.rank, infos_[size_t(connection.rank)].Label() + " gave up: " + cause);
+    Abort(connection.rank, NodeName(connection.rank) + " gave up: " + cause);
   }
 
   static std::string Bounded(std::string cause) {
@@ -1287,7 +1309,7 @@ class StoreServer::Loop {
     }
     if (cycles_.assignment().IsSpare(rank)) return SpareGone(rank, goodbye ? "it left" : why);
     if (reported_[size_t(rank)]) return;
-    if (!goodbye) return LoseNode(rank, infos_[size_t(rank)].Label() + " lost: " + why);
+    if (!goodbye) return LoseNode(rank, NodeName(rank) + " lost: " + why);
     // A goodbye without a report of this cycle: its report was of an earlier one, dropped as
     // stale (a replacement that gave up while the job moved to a newer cycle), or it left the
     // barrier (its hardware cannot train). While a restart's barrier still waits, the rank is
@@ -1298,7 +1320,7 @@ class StoreServer::Loop {
     // reached it was ignored, the cycle ran without its rank, and the training hung).
     if (verdict_.kind != ServerVerdict::Kind::kPending) return;
     const std::string message =
-        infos_[size_t(rank)].Label() + " left without reporting on cycle " + std::to_string(cycles_.current());
+        NodeName(rank) + " left without reporting on cycle " + std::to_string(cycles_.current());
     if (last_restart_) return AwaitAgain(rank, message);
     LoseNode(rank, message);
   }
@@ -1333,11 +1355,15 @@ class StoreServer::Loop {
     spare_ready_[size_t(slot)] = false;
     if (verdict_.kind != ServerVerdict::Kind::kPending) return;
     if (!was_ready && !values_.count(kRunStartedKey) && !EveryNodeReady()) {
-      return Abort(slot, infos_[size_t(slot)].Label() + " (a spare) lost while the nodes prepared: " + why);
+      return Abort(slot, NodeName(slot) + " (a spare) lost while the nodes prepared: " + why);
     }
     awaiting_rejoin_[size_t(slot)] = true;
     int ready = 0;
     for (int other = 0; other < options_.node_count; ++other) ready += spare_ready_[size_t(other)] ? 1 : 0;
+    if (moved_away_[size_t(slot)]) {
+      return spdlog::warn("rendezvous: {} left after its rank moved to a spare ({}); a launcher started again in its "
+                          "slot joins as a spare", infos_[size_t(slot)].Label(), why);
+    }
     spdlog::warn("rendezvous: the spare {} is gone ({}): the job goes on, {} spare(s) ready", infos_[size_t(slot)].Label(),
                  why, ready);
   }
@@ -1526,6 +1552,7 @@ class StoreServer::Loop {
   Cycles cycles_{options_.node_count, options_.node_count - options_.spares, options_.restart_policy,
                  options_.max_failures_per_node};
   std::vector<bool> spare_ready_;  // by slot: a spare that said it is prepared (OnSpareReady)
+  std::vector<bool> moved_away_;   // by slot: its launcher's rank moved to a spare
   std::vector<int> rank_slots_;    // mutex_: cycles_.assignment().Slots(), for absent() and unreported()
   int64_t stacks_asked_in_ = -1;  // the cycle whose hang the nodes were asked for stacks
   int64_t stalled_cycle_ = -1;    // the cycle stalled_ counts
@@ -1567,6 +1594,7 @@ ServerVerdict StoreServer::verdict() const { return loop_->verdict(); }
 bool StoreServer::StalledItself() const { return loop_->StalledItself(); }
 std::vector<int> StoreServer::unreported() const { return loop_->unreported(); }
 std::vector<int> StoreServer::absent() const { return loop_->absent(); }
+std::vector<int> StoreServer::nodes_running_ranks() const { return loop_->nodes_running_ranks(); }
 std::vector<NodeInfo> StoreServer::roster() const { return loop_->roster(); }
 std::vector<NodeInfo> StoreServer::brief_roster() const { return loop_->roster(false); }
 std::vector<std::optional<std::string>> StoreServer::Peek(const std::vector<std::string>& keys) const {

@@ -94,6 +94,8 @@ class StoreServer {
   // heartbeat timeout, after which their connection is closed), left, or not joined yet.
   // Without spares a rank is its node's slot.
   std::vector<int> absent() const;
+  // The nodes (slots) running a training rank now, in slot order (hot spares run none).
+  std::vector<int> nodes_running_ranks() const;
   // Node 0's own reads of its table, in-process (thread-safe): the values now, nullopt for
   // a key not set, as `mget` answers; and a wait until the integer counter `key` is at
   // least `at_least` (true), or `timeout` passed (false). Throws StoreError once stopped.

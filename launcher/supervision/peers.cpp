@@ -63,6 +63,15 @@ std::string DescribeExit(const JobOutcome& outcome) {
 // training's, instead of 69 hiding it. A node lost without a report has no code: 69.
 int SurvivorExitCode(const PeerEvent& verdict) {
   if (verdict.kind != PeerEvent::Kind::kAbort || verdict.exit_code == 0) return kExitUnavailable;
+  // 75 says "replace this node" (launcher.health): the orchestrator recreates a pod that exits
+  // with it without counting a failure (podFailurePolicy Ignore). Only the node that cannot
+  // train says it; the others report that a peer failed (hot spares review, D3: every pod of
+  // a job that ran out of restarts exited 75 and was recreated forever).
+  if (verdict.exit_code == kExitUnhealthy) {
+    spdlog::info("node {} cannot train (exit {}): this node exits {} (a peer failed)", verdict.rank, verdict.exit_code,
+                 int(kExitUnavailable));
+    return kExitUnavailable;
+  }
   spdlog::info("exiting with node {}'s exit code {}: the job's result", verdict.rank, verdict.exit_code);
   return verdict.exit_code;
 }

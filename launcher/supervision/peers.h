@@ -90,6 +90,13 @@ class Peers : public StopRequests {
   // Hot spares (launcher.spares, docs/SPARES.md). Whether this launcher runs a training rank
   // now: false for a spare, and for a node whose rank the newest restart moved to one.
   virtual bool RunsARank() { return true; }
+  // Node 0: the nodes (slots) running a training rank now, in order; every node of
+  // `node_count` where there are no spares.
+  virtual std::vector<int> NodesRunningRanks(int node_count) {
+    std::vector<int> nodes(size_t(std::max(node_count, 0)));
+    for (int node = 0; node < node_count; ++node) nodes[size_t(node)] = node;
+    return nodes;
+  }
   // Before the first cycle: the slot of each rank as node 0 decided it from every node's
   // health (a node that cannot train starts as a spare). Returns this node's training rank
   // (-1: none).
@@ -159,6 +166,9 @@ class TcpPeers final : public Peers {
   }
   bool AwaitRank(SignalRouter& signals, int& signal_number, const std::function<bool()>& leaving = {}) override;
   int StartWithRanks(const std::vector<int>& slots) override;
+  std::vector<int> NodesRunningRanks(int node_count) override {
+    return server_ ? server_->nodes_running_ranks() : Peers::NodesRunningRanks(node_count);
+  }
   bool AwaitCycleStart(int64_t cycle, double stopped_s, std::chrono::steady_clock::time_point deadline, SignalRouter& signals,
                        int& signal_number, const std::function<bool()>& leaving = {}) override;
   std::optional<std::string> Verdict() override;

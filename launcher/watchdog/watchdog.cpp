@@ -836,15 +836,17 @@ void Watchdog::GatherAndDeclare(int64_t cycle, int stalled_rank) {
   if (store == nullptr) return;
   // Each node takes up to stack_timeout_s for the Python stacks, then as long for gdb's.
   const auto deadline = Clock::now() + 2 * std::chrono::milliseconds(int64_t(settings_.stack_timeout_s * 1000)) + kGatherSlack;
+  // Only the nodes running a rank answer: a hot spare runs no job (launcher.spares).
+  const std::vector<int> training = peers_->NodesRunningRanks(node_.node_count);
   while (!Stopping() && Clock::now() < deadline) {
-    if (store->WaitCounter(HangKey(cycle, "answered"), node_.node_count, std::chrono::milliseconds(250))) break;
+    if (store->WaitCounter(HangKey(cycle, "answered"), int64_t(training.size()), std::chrono::milliseconds(250))) break;
   }
   if (Stopping()) return;  // the cycle ended some other way meanwhile
   std::vector<std::string> keys;
-  for (int rank = 0; rank < node_.node_count; ++rank) keys.push_back(HangKey(cycle, "stacks/" + std::to_string(rank)));
+  for (int node : training) keys.push_back(HangKey(cycle, "stacks/" + std::to_string(node)));
   const std::vector<std::optional<std::string>> values = store->Peek(keys);
   std::vector<NodeStacks> nodes;
-  for (int rank = 0; rank < node_.node_count; ++rank) nodes.push_back(ParseAnswer(rank, values[size_t(rank)]));
+  for (size_t i = 0; i < training.size(); ++i) nodes.push_back(ParseAnswer(training[i], values[i]));
   HangFindings findings = Judge(nodes, stalled_rank, "launcher.watchdog");
   std::string cause = findings.cause;
   if (last_hang_ && last_hang_->second == findings.place && !findings.place.empty()) {

@@ -1689,6 +1689,56 @@ TEST(Spares, AnUnhealthyNodeAtTheStartGivesItsRankToTheSpareBeforeAnyCommandRuns
   EXPECT_NE(results[3].err.find("[node 3 rank 2]"), std::string::npos) << results[3].err;
 }
 
+// Review of spares, D1: a spare runs no job, so it never answers a stack request: node 0
+// waited 2 x stack_timeout_s + 10 s for it at every hang, and blamed it for sending none.
+TEST(Spares, AHangIsDeclaredWithoutWaitingForTheSparesStacks) {
+  TempDir scratch;
+  const std::string commands = Commands("echo started; exec sleep 60", "echo \"rank $BT_NODE_RANK cycle $BT_RESTART_COUNT ok\"");
+  nlohmann::json settings = restart::RestartSettings(scratch, 1);
+  settings["spares"] = 1;
+  settings["watchdog"] = {{"stall_timeout_s", 3}, {"startup_timeout_s", 3}, {"stack_timeout_s", 5}};
+  Job job(2, commands, "", false, settings);
+  std::vector<std::unique_ptr<LauncherProcess>> processes;
+  for (int slot = 0; slot < 3; ++slot) processes.push_back(std::make_unique<LauncherProcess>(SpareJobSpec(job, slot, 3)));
+  ASSERT_TRUE(processes[0]->WaitForLog("collecting every node's stacks", 40s)) << processes[0]->Finish().err;
+  const auto collecting = std::chrono::steady_clock::now();
+  ASSERT_TRUE(processes[0]->WaitForLog("restarting every node in cycle 1", 30s)) << processes[0]->Finish().err;
+  EXPECT_LT(std::chrono::steady_clock::now() - collecting, 8s);
+  std::vector<ProcessResult> results;
+  for (auto& process : processes) results.push_back(process->Finish());
+  EXPECT_EQ(results[0].err.find("no stacks from node(s) 2"), std::string::npos) << results[0].err;
+  for (const ProcessResult& result : results) EXPECT_EQ(result.exit_code, 0) << result.err;
+}
+
+// Review of spares, D3: 75 says "replace this node"; a job that ends because of it (no
+// restart left) ends 69 on every other node, never 75 (a podFailurePolicy that ignores 75
+// would recreate every pod forever).
+TEST(Spares, OnlyTheNodeThatCannotTrainExits75WhenTheJobEndsOnIt) {
+  TempDir scratch;
+  nlohmann::json settings = restart::RestartSettings(scratch, 1);
+  settings["spares"] = 1;
+  settings["health"] = {{"interval_s", 1}};
+  const std::string commands = Commands("if [ -n \"$BAD_NODE\" ]; then sleep 0.3; exit 3; fi; exec sleep 60",
+                                        "echo started; exec sleep 60");
+  Job job(2, commands, "", false, settings);
+  std::vector<std::string> states;
+  std::vector<std::unique_ptr<LauncherProcess>> processes;
+  for (int slot = 0; slot < 3; ++slot) {
+    states.push_back(scratch.path() + "/nvml-" + std::to_string(slot));
+    WriteNvmlState(states.back(), "gpus 4\n");
+    std::map<std::string, std::string> env = FakeNvml(states.back());
+    if (slot == 1) env["BAD_NODE"] = "1";
+    processes.push_back(std::make_unique<LauncherProcess>(SpareJobSpec(job, slot, 3, env)));
+  }
+  ASSERT_TRUE(processes[1]->WaitForOutput("started", 40s)) << processes[1]->Finish().err;
+  WriteNvmlState(states[1], "gpus 4\nxid 1 3 79\n");  // the one restart is spent: the job ends
+  std::vector<ProcessResult> results;
+  for (auto& process : processes) results.push_back(process->Finish());
+  EXPECT_EQ(results[1].exit_code, 75) << results[1].err;
+  EXPECT_EQ(results[0].exit_code, 69) << results[0].err;
+  EXPECT_EQ(results[2].exit_code, 69) << results[2].err;
+}
+
 // The count every launcher is given must be node_count + spares: a launcher counting only
 // the training nodes fails at once, naming both settings.
 TEST(Spares, ACountWithoutTheSparesIsAConfigErrorNamingBoth) {

@@ -142,6 +142,14 @@ TEST(Cycles, ANodeLeavesForItsHardwareItsLossOrItsFailuresOverTheLimit) {
   EXPECT_EQ(cycles.CountFailure({0, 1, "h", "c", kUnhealthyExitCode}), "its hardware cannot train");
   EXPECT_EQ(cycles.CountFailure({0, 0, "h", "c", 0, true}), "its launcher was lost");
   EXPECT_EQ(cycles.CountFailure({0, 0, "h", "c", 3}), "it failed 2 cycles (launcher.restart.max_failures_per_node)");
+  // A node whose rank moved leaves; the next launcher in its slot starts with no failure.
+  Cycles moved(3, 2, Always(), 2);
+  EXPECT_EQ(moved.CountFailure({0, 1, "h", "c", 3}), "");
+  moved.Promote(1, 2);
+  moved.Promote(2, 1);
+  EXPECT_EQ(moved.CountFailure({1, 1, "h", "c", 3}), "");
+  moved.ForgetFailures(1);
+  EXPECT_EQ(moved.CountFailure({2, 1, "h", "c", 3}), "");
   Cycles fresh(3, 2, Always(), 2);
   EXPECT_EQ(fresh.CountFailure({0, 1, "h", "c", 3}), "");  // the first failure restarts in place
   EXPECT_NE(fresh.CountFailure({1, 1, "h", "c", 3}), "");
