@@ -12,6 +12,7 @@ clock):
 Median of RUNS (1). Prints a table, then one JSON line. KEEP=1 keeps the work directory.
   RUNS=1 NODES=4 PART_MIB=1024 SCHEDULER_DELAY_S=30 BUILD_DIR=build ./scripts/bench_spare.sh
 """
+import datetime
 import json
 import os
 import random
@@ -82,7 +83,7 @@ def job_config(work, spares, port):
     }
 
 
-def launch(work, slot, launchers, tag):
+def launch(work, slot, launchers, tag, root="root"):
     state = os.path.join(work, f"nvml-{tag}")
     write_state(state, "gpus 4\ngpu 3 uuid GPU-bench-3\n")
     env = dict(os.environ, BT_NODE_RANK=str(slot), BT_GROUP_SIZE=str(launchers), BT_LEADER_ADDR="127.0.0.1",
@@ -91,7 +92,7 @@ def launch(work, slot, launchers, tag):
     out = open(os.path.join(work, f"out-{tag}.log"), "w")
     err = open(os.path.join(work, f"err-{tag}.log"), "w")
     process = subprocess.Popen([BINARY, "run", "--config", os.path.join(work, "job.json"), "--root",
-                                os.path.join(work, "root")], env=env, stdout=out, stderr=err, start_new_session=True)
+                                os.path.join(work, root)], env=env, stdout=out, stderr=err, start_new_session=True)
     return process, state
 
 
@@ -112,8 +113,18 @@ def text(path):
         return ""
 
 
+def logged_at(path, text_in_line):
+    """The wall time of the first log line holding `text_in_line` (the launcher's UTC stamps)."""
+    for line in text(path).splitlines():
+        if text_in_line in line:
+            stamp = datetime.datetime.strptime(line.split()[0], "%Y-%m-%dT%H:%M:%S.%fZ")
+            return stamp.replace(tzinfo=datetime.timezone.utc).timestamp()
+    return None
+
+
 def one_run(spares):
-    """Seconds from the fault to every rank's first line of cycle 1."""
+    """Seconds from the fault to every rank's first line of cycle 1, and from the fault to the
+    newcomer's load of rank 2's part starting and ending (the spare, or the replacement)."""
     work = tempfile.mkdtemp(prefix="bt-spare-bench.")
     processes = []
     try:
@@ -132,7 +143,8 @@ def one_run(spares):
         if spares == 0:
             wait_for(lambda: processes[FAILING].poll() is not None, 60, "node 2 to leave")
             time.sleep(max(0.0, fault + DELAY_S - time.time()))  # the scheduler recreates the pod
-            process, _ = launch(work, FAILING, NODES, "replacement")
+            # A new host: nothing of the part on its disk (a root of its own).
+            process, _ = launch(work, FAILING, NODES + spares, "replacement", "root-replacement")
             processes.append(process)
         outputs = [os.path.join(work, f"out-{s}.log") for s in range(launchers) if s != FAILING]
         if spares == 0:
@@ -150,13 +162,18 @@ def one_run(spares):
             return len(stamps) == NODES
 
         wait_for(every_rank_again, RUN_LIMIT_S, "every rank training again")
+        newcomer = os.path.join(work, "err-replacement.log" if spares == 0 else f"err-{NODES}.log")
+        took_rank = logged_at(newcomer, "this spare takes rank" if spares else "joined again" ) or logged_at(newcomer, "replaces a lost one")
+        loaded = logged_at(newcomer, "loaded checkpoint step-1")
         open(os.path.join(work, "go-on"), "w").close()
         for process in processes:
             try:
                 process.wait(timeout=180)
             except subprocess.TimeoutExpired:
                 process.kill()
-        return max(stamps.values()) - fault
+        return {"again": max(stamps.values()) - fault,
+                "took_rank": (took_rank - fault) if took_rank else float("nan"),
+                "load": (loaded - took_rank) if loaded and took_rank else float("nan")}
     finally:
         for process in processes:
             if process.poll() is None:
@@ -173,13 +190,21 @@ def main():
         sys.exit(f"build first: {BINARY} and {FAKE_NVML} (BUILD_DIR)")
     spare = [one_run(1) for _ in range(RUNS)]
     replaced = [one_run(0) for _ in range(RUNS)]
-    with_spare, without = statistics.median(spare), statistics.median(replaced)
-    print(f"{'setup':<48} {'fault -> every rank training again':>36}")
-    print(f"{'1 hot spare (launcher.spares 1)':<48} {with_spare:>34.2f} s")
-    print(f"{'no spare, replacement after ' + str(int(DELAY_S)) + ' s (pod recreate)':<48} {without:>34.2f} s")
-    print(f"{'ratio (no spare / spare)':<48} {without / with_spare:>35.1f}x")
+
+    def median(runs, key):
+        return statistics.median(run[key] for run in runs)
+
+    with_spare, without = median(spare, "again"), median(replaced, "again")
+    print(f"{'setup':<46} {'fault -> rank taken':>20} {'its part loaded in':>19} {'every rank training again':>26}")
+    for name, runs in (("1 hot spare (launcher.spares 1)", spare),
+                       (f"no spare, replacement after {int(DELAY_S)} s (pod recreate)", replaced)):
+        print(f"{name:<46} {median(runs, 'took_rank'):>18.3f} s {median(runs, 'load'):>17.3f} s "
+              f"{median(runs, 'again'):>24.3f} s")
+    print(f"{'ratio (no spare / spare)':<46} {'':>20} {'':>19} {without / with_spare:>25.1f}x")
     print(json.dumps({"bench": "spare", "nodes": NODES, "part_mib": PART_MIB, "scheduler_delay_s": DELAY_S, "runs": RUNS,
-                      "spare_s": round(with_spare, 3), "no_spare_s": round(without, 3),
+                      "spare_s": round(with_spare, 3), "spare_took_rank_s": round(median(spare, "took_rank"), 3),
+                      "spare_load_s": round(median(spare, "load"), 3), "no_spare_s": round(without, 3),
+                      "replacement_load_s": round(median(replaced, "load"), 3),
                       "ratio": round(without / with_spare, 1)}))
 
 
