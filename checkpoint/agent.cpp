@@ -579,6 +579,7 @@ class CheckpointAgent::Impl {
         last_evaluation = {};
         spdlog::info("checkpoints: the training has ended; committing what is complete (drain deadline in {} s)",
                      std::chrono::duration_cast<std::chrono::seconds>(drain_deadline_ - Clock::now()).count());
+        if (options_.board && is_leader()) BoardCall([&] { options_.board->StartDrain(); });
       }
       if ((fds[2].revents & POLLIN) && watcher_->ReadEvents()) {
         want_evaluation = true;
@@ -1430,6 +1431,7 @@ class CheckpointAgent::Impl {
   bool FollowerSettled() {
     bool closed = false;
     BoardCall([&] {
+      leader_draining_seen_ = leader_draining_seen_ || options_.board->LeaderDraining();
       closed = options_.board->DeclarationsClosed();
       if (!closed) return;
       declarations_closed_seen_ = true;
@@ -1567,10 +1569,12 @@ class CheckpointAgent::Impl {
       return {false, "checkpoint " + name + " is complete but was not uploaded: " + failed.reason};
     }
     const bool follower = options_.board && !is_leader();
-    // Node 0 never said its last save was declared (its own handoff still waited, a full disk):
-    // a save newer than `target` may be the job's last, and this node cannot say it committed
-    // (review 6, R6-2: the followers exited 0 while node 0 exited 74).
-    if (follower && !board_error_ && !leader_lost_since_ && !declarations_closed_seen_) {
+    // Node 0 drains but never said its last save was declared (its own handoff still waited, a
+    // full disk): a save newer than `target` may be the job's last, and this node cannot say it
+    // committed (review 6, R6-2: the followers exited 0 while node 0 exited 74). A node 0 still
+    // training when this node's drain ends (uneven ends) is judged as before: by its newest
+    // declaration (review 8, N2).
+    if (follower && !board_error_ && !leader_lost_since_ && leader_draining_seen_ && !declarations_closed_seen_) {
       return {false, "node 0 had not finished declaring its saves by this node's drain deadline (its own last "
                      "checkpoint was not handed off yet): the job's last checkpoint is not known to be committed"};
     }
@@ -1662,6 +1666,7 @@ class CheckpointAgent::Impl {
   std::map<uint64_t, Version> versions_;
   std::set<uint64_t> publishing_;
   bool declarations_closed_seen_ = false;  // a follower: node 0 said no more saves are coming
+  bool leader_draining_seen_ = false;      // a follower: node 0's training had ended
   uint64_t published_seq_ = 0;
   uint64_t latest_requested_seq_ = 0;
   std::set<std::string> declared_;  // names node 0 declared (a follower)

@@ -63,6 +63,8 @@ class CommitBoard {
   virtual Outcome GetOutcome(uint64_t declaration) = 0;
   virtual void CloseDeclarations() = 0;                                          // node 0's drain
   virtual bool DeclarationsClosed() = 0;
+  virtual void StartDrain() = 0;       // node 0: its training ended, its drain began
+  virtual bool LeaderDraining() = 0;
 };
 
 struct AgentOptions {

@@ -48,10 +48,11 @@ std::string DescribeOutcome(const JobOutcome& outcome) {
 // After the rendezvous, before the first command: weights and loaded checkpoints, the
 // ready barrier (its deadline is the weights deadline), then the cache seed. A launcher
 // that replaced a lost one (`rejoining`) loads nothing here: its first cycle's barrier
-// loads what the others run from (RunCycles).
+// loads what the others run from (RunCycles). `training_rank` is the rank whose parts it
+// loads (with hot spares, not always its slot's; none for a spare).
 void PrepareNode(const PreparedJob& job, const std::optional<storage::DestinationSpec>& destination,
-                 const std::optional<storage::CommitRecord>& resume, bool rejoining, Peers* peers, SignalRouter& signals,
-                 Timeline& timeline) {
+                 const std::optional<storage::CommitRecord>& resume, std::optional<int> training_rank, bool rejoining,
+                 Peers* peers, SignalRouter& signals, Timeline& timeline) {
   const auto ready_deadline = std::chrono::steady_clock::now() +
                               std::chrono::milliseconds(int64_t(job.config.launcher.weights.timeout_s * 1000));
   NodePhase phase(peers, job.identity.rank);
@@ -61,7 +62,7 @@ void PrepareNode(const PreparedJob& job, const std::optional<storage::Destinatio
     PrepareWeights(job.config, job.environment,
                    {[&](const std::string& line) { phase.Publish(line); }, [&] { CheckStop(peers, signals); }});
   }
-  if (resume) {
+  if (resume && training_rank) {
     // The job's own checkpoint (a retried job) is where training stands: it wins over
     // load_checkpoint_config, which names another job's starting point.
     timeline.Begin("resume");
@@ -69,12 +70,12 @@ void PrepareNode(const PreparedJob& job, const std::optional<storage::Destinatio
     spdlog::info("resuming from checkpoint {}: this job's destination already holds it as committed (latest){}",
                  resume->name,
                  job.config.runtime.load_checkpoint_config.enabled ? "; runtime.load_checkpoint_config is not loaded" : "");
-    LoadOwnCheckpoint(job.environment, *destination, job.identity.rank, *resume, [&] { CheckStop(peers, signals); });
-  } else if (job.config.runtime.load_checkpoint_config.enabled && !rejoining) {
-    ClearEarlierLoads(job.environment, job.identity.rank);
+    LoadOwnCheckpoint(job.environment, *destination, *training_rank, *resume, [&] { CheckStop(peers, signals); });
+  } else if (job.config.runtime.load_checkpoint_config.enabled && !rejoining && training_rank) {
+    ClearEarlierLoads(job.environment, *training_rank);
     timeline.Begin("load checkpoints");
     phase.Publish("loading checkpoints");
-    LoadCheckpoints(job.config, job.environment, *destination, job.identity.rank, [&] { CheckStop(peers, signals); });
+    LoadCheckpoints(job.config, job.environment, *destination, *training_rank, [&] { CheckStop(peers, signals); });
   }
   if (peers) {
     timeline.Begin("ready");
@@ -104,11 +105,11 @@ void BeforeTheRun(Peers* peers, SignalRouter& signals, Timeline& timeline, Phase
 }
 
 // The fabric, then every node's health. Returns who runs which rank from the first cycle
-// when hot spares are on (an unhealthy node's rank starts on a spare; nullopt: no spares).
-std::optional<std::vector<int>> CheckFabricAndHealth(PreparedJob& job, std::optional<rendezvous::fabric::Inventory> inventory,
-                                                     NodeHealth* health, Peers* peers, SignalRouter& signals,
-                                                     Timeline& timeline) {
-  std::optional<std::vector<int>> start_ranks;
+// when hot spares are on (an unhealthy node's rank starts on a spare), and whether this node
+// cannot train.
+StartHealth CheckFabricAndHealth(PreparedJob& job, std::optional<rendezvous::fabric::Inventory> inventory,
+                                 NodeHealth* health, Peers* peers, SignalRouter& signals, Timeline& timeline) {
+  StartHealth start_ranks;
   BeforeTheRun(peers, signals, timeline, [&](Peers* phase_peers) {
     if (inventory) {
       timeline.Begin("fabric");
@@ -125,14 +126,14 @@ std::optional<std::vector<int>> CheckFabricAndHealth(PreparedJob& job, std::opti
 
 // The NCCL preflight, then what the node runs from (PrepareNode).
 void PrepareToRun(PreparedJob& job, const std::optional<storage::DestinationSpec>& destination,
-                  const std::optional<storage::CommitRecord>& resume, bool rejoining, Peers* peers, SignalRouter& signals,
-                  Timeline& timeline) {
+                  const std::optional<storage::CommitRecord>& resume, std::optional<int> training_rank, bool rejoining,
+                  Peers* peers, SignalRouter& signals, Timeline& timeline) {
   BeforeTheRun(peers, signals, timeline, [&](Peers* phase_peers) {
     if (job.config.launcher.fabric.nccl_preflight) {
       timeline.Begin("nccl preflight");
       RunNcclPreflight(job.config, job.identity, phase_peers, job.environment, [&] { CheckStop(phase_peers, signals); });
     }
-    PrepareNode(job, destination, resume, rejoining, phase_peers, signals, timeline);
+    PrepareNode(job, destination, resume, training_rank, rejoining, phase_peers, signals, timeline);
   });
 }
 
@@ -413,16 +414,16 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   TrainingRole role;
   std::optional<storage::CommitRecord> resume;
   std::unique_ptr<NodeHealth> health;
+  StartHealth start;
   try {
     health = NodeHealth::Open(job.config.launcher.health, job.environment, rendezvous::fabric::SysfsRoot(cli.sysfs_root));
-    std::optional<std::vector<int>> start_ranks =
-        CheckFabricAndHealth(job, std::move(inventory), health.get(), peers.get(), signals, timeline);
-    if (start_ranks && !joined_late) peers->StartWithRanks(*start_ranks);
-    if (!peers || peers->RunsARank()) role.rank = rejoin ? rejoin->training_rank : RankAtStart(job.identity, start_ranks);
+    start = CheckFabricAndHealth(job, std::move(inventory), health.get(), peers.get(), signals, timeline);
+    if (start.ranks && !joined_late) peers->StartWithRanks(*start.ranks);
+    if (!peers || peers->RunsARank()) role.rank = rejoin ? rejoin->training_rank : RankAtStart(job.identity, start.ranks);
     if (job.identity.spares > 0) log::SetNodeRank(job.identity.rank, role.rank.value_or(-1));
     if (!rejoin && role.rank) resume = ResumePoint(job, destination, peers.get(), signals);
     if (node0_commits) node0_commits->Started(resume);
-    PrepareToRun(job, destination, resume, rejoin.has_value() || !role.rank, peers.get(), signals, timeline);
+    PrepareToRun(job, destination, resume, role.rank, rejoin.has_value(), peers.get(), signals, timeline);
   } catch (const LaunchFailure& failure) {
     // The others are waiting in the ready barrier or for the seed: tell them now.
     if (peers) {
@@ -430,6 +431,12 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
       outcome.exit_code = failure.code();
       outcome.launcher_failure = failure.what();
       peers->Report(outcome);
+    }
+    // A node that cannot train says so whatever ended the start meanwhile: 75 is what gets
+    // it replaced (review 8, N1: it exited 69 when another node's failure ended the start).
+    if (start.cannot_train && failure.code() != kExitUnhealthy) {
+      throw LaunchFailure(kExitUnhealthy, std::string("health: this node cannot train; replace it (the start ended "
+                                                      "meanwhile: ") + failure.what() + ")");
     }
     throw;
   }

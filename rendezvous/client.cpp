@@ -408,8 +408,9 @@ void StoreClient::Join(const NodeInfo& info, int node_count) {
   Request({{"op", "join"}, {"count", node_count}, {"info", info.ToJson()}}, kRequestTimeout);
 }
 
-void StoreClient::Report(int exit_code, const std::string& cause, int64_t cycle, bool restartable) {
-  Request({{"op", "report"}, {"code", exit_code}, {"cause", cause}, {"cycle", cycle}, {"restartable", restartable}},
+void StoreClient::Report(int exit_code, const std::string& cause, int64_t cycle, bool restartable, bool cannot_train) {
+  Request({{"op", "report"}, {"code", exit_code}, {"cause", cause}, {"cycle", cycle}, {"restartable", restartable},
+           {"cannot_train", cannot_train}},
           kRequestTimeout);
 }
 

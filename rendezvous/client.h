@@ -112,7 +112,10 @@ class StoreClient final : public Store {
   void Join(const NodeInfo& info, int node_count);
   // `cycle`: the cycle the outcome belongs to; `restartable`: this launcher can run the job
   // again (not a failure of its own), so the leader may restart instead of aborting.
-  void Report(int exit_code, const std::string& cause, int64_t cycle = 0, bool restartable = false);
+  // `cannot_train`: the launcher found this node's hardware cannot train (launcher.health),
+  // not the job's own exit code.
+  void Report(int exit_code, const std::string& cause, int64_t cycle = 0, bool restartable = false,
+              bool cannot_train = false);
   // This node has stopped its job and is ready for `cycle`: the leader pushes kCycleGo once
   // every node is.
   // `stopped_s`: how long this node's job took to stop after it heard of the restart.

@@ -70,7 +70,7 @@ Cycles::Cycles(int slots, int ranks, RestartPolicy policy, int max_failures_per_
 std::string Cycles::CountFailure(const CycleFailure& failure) {
   if (failure.rank < 0 || size_t(failure.rank) >= failures_.size()) return "";
   const int failures = ++failures_[size_t(failure.rank)];
-  if (failure.exit_code == kUnhealthyExitCode) return "its hardware cannot train";
+  if (failure.cannot_train) return "its hardware cannot train";
   if (failure.lost) return "its launcher was lost";
   if (failures >= max_failures_per_node_) {
     return "it failed " + std::to_string(failures) + " cycles (launcher.restart.max_failures_per_node)";

@@ -15,10 +15,6 @@
 
 namespace bt::rendezvous {
 
-// The exit code of a node whose hardware cannot train (launcher.health; the launcher's
-// kExitUnhealthy, EX_TEMPFAIL): it leaves, and a hot spare takes its rank.
-inline constexpr int kUnhealthyExitCode = 75;
-
 // A node's failure in a cycle, as the policy is asked about it.
 struct CycleFailure {
   int64_t cycle = 0;
@@ -26,7 +22,8 @@ struct CycleFailure {
   std::string host;
   std::string cause;  // one line naming the node and how it failed
   int exit_code = 0;
-  bool lost = false;  // its launcher is gone (no report)
+  bool lost = false;          // its launcher is gone (no report)
+  bool cannot_train = false;  // its hardware cannot train (launcher.health), as its launcher said
 };
 
 // The policy's answer: the fields pushed with the restart (the checkpoint to resume from,

@@ -869,6 +869,8 @@ class StoreServer::Loop {
     // A leader-side restart needs the node's word that its launcher can run the job again.
     const bool restartable = message.contains("restartable") && message["restartable"].is_boolean() &&
                              message["restartable"].get<bool>();
+    const bool cannot_train = message.contains("cannot_train") && message["cannot_train"].is_boolean() &&
+                              message["cannot_train"].get<bool>();
     const int64_t cycle = message.contains("cycle") ? IntField(message, "cycle") : cycles_.current();
     Reply(connection, message, {{"op", "ok"}});
     if (connection.rank < 0 || IgnoredAsStale(connection, "report", cycle) || reported_[size_t(connection.rank)]) return;
@@ -879,7 +881,8 @@ class StoreServer::Loop {
     }
     ++reported_count_;
     if (code != 0) {
-      return FailCycle(connection.rank, NodeName(connection.rank) + " failed: " + cause, int(code), restartable);
+      return FailCycle(connection.rank, NodeName(connection.rank) + " failed: " + cause, int(code), restartable, false,
+                       cannot_train);
     }
     CollectStacksIfHung(connection.rank);  // the others may be stalled, waiting for nothing but this node
     if (reported_count_ == cycles_.assignment().ranks() && verdict_.kind == ServerVerdict::Kind::kPending) {
@@ -901,10 +904,12 @@ class StoreServer::Loop {
   // (no budget, no progress, a launcher's own failure) the job is aborted as before.
   // With spares, a node that must leave (CountFailure) gives its rank to a ready spare in
   // the new cycle; the decision's "slots" tells every node who runs which rank.
-  void FailCycle(int rank, const std::string& message, int exit_code, bool restartable, bool lost = false) {
+  void FailCycle(int rank, const std::string& message, int exit_code, bool restartable, bool lost = false,
+                 bool cannot_train = false) {
     std::string refusal;
     if (restartable && verdict_.kind == ServerVerdict::Kind::kPending) {
-      const CycleFailure failure{cycles_.current(), rank, infos_[size_t(rank)].host, message, exit_code, lost};
+      const CycleFailure failure{cycles_.current(), rank, infos_[size_t(rank)].host, message, exit_code, lost,
+                                 cannot_train};
       const std::string leaves = cycles_.HasSpares() ? cycles_.CountFailure(failure) : "";
       std::optional<Message> restart;
       try {
@@ -943,6 +948,9 @@ class StoreServer::Loop {
     } catch (const FrameError& error) {
       Refuse(connection, message, error.what());
       return false;
+    }
+    for (int slot = 0; slot < cycles_.assignment().ranks(); ++slot) {
+      if (cycles_.assignment().IsSpare(slot)) moved_away_[size_t(slot)] = true;  // it cannot train: it leaves
     }
     std::lock_guard lock(mutex_);
     rank_slots_ = cycles_.assignment().Slots();

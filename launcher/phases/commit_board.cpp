@@ -17,6 +17,7 @@ using checkpoint::PartKind;
 constexpr std::chrono::seconds kStoreGetTimeout{10};
 constexpr const char* kDeclaredKey = "bt/ckpt/declared";
 constexpr const char* kClosedKey = "bt/ckpt/closed";
+constexpr const char* kDrainingKey = "bt/ckpt/draining";  // node 0's drain began
 
 // Keyed by the declaration's number, not the checkpoint's name: a name saved again is a new
 // declaration, and an answer to the first can never complete the second.
@@ -100,6 +101,8 @@ class StoreCommitBoard final : public CommitBoard {
   }
   void CloseDeclarations() override { store_.Add(kClosedKey, 1); }
   bool DeclarationsClosed() override { return store_.Add(kClosedKey, 0) > 0; }
+  void StartDrain() override { store_.Add(kDrainingKey, 1); }
+  bool LeaderDraining() override { return store_.Add(kDrainingKey, 0) > 0; }
 
  private:
   // The rank's launchers in the order they joined; one launcher joins a rank at a time.

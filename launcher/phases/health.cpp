@@ -251,10 +251,10 @@ std::vector<int> ReadStartRanks(rendezvous::Store& store, const env::NodeIdentit
   }
 }
 
-std::optional<std::vector<int>> CheckHealthBeforeStart(const env::JobConfig& config, const env::NodeIdentity& identity,
-                                                       Peers* peers, NodeHealth& health) {
+StartHealth CheckHealthBeforeStart(const env::JobConfig& config, const env::NodeIdentity& identity, Peers* peers,
+                                   NodeHealth& health) {
   rendezvous::Store* store = peers ? peers->store() : nullptr;
-  if (store == nullptr && !health.checks_anything()) return std::nullopt;  // said at Open: nothing to read here
+  if (store == nullptr && !health.checks_anything()) return {};  // said at Open: nothing to read here
   const auto started = Clock::now();
   const std::vector<Finding> findings = health.Sample();
   for (const Finding& finding : findings) LogFinding(finding);
@@ -281,17 +281,17 @@ std::optional<std::vector<int>> CheckHealthBeforeStart(const env::JobConfig& con
     store->Add(kPublishedKey, 1);
     if (spares) start_ranks = ReadStartRanks(*store, identity);
   }
-  if (!health::HasFatal(findings)) return start_ranks;
+  if (!health::HasFatal(findings)) return {start_ranks};
   if (config.launcher.health.on_unhealthy == env::OnUnhealthy::kWarn) {
     spdlog::warn("health: this node has a fatal finding, and launcher.health.on_unhealthy is \"warn\": it trains anyway");
-    return start_ranks;
+    return {start_ranks};
   }
   // Its rank starts on a spare (or it is a spare): it passes the ready barrier with the
   // others, runs nothing, and leaves (75) once they start (RunCycles).
   if (start_ranks && std::find(start_ranks->begin(), start_ranks->end(), identity.rank) == start_ranks->end()) {
     spdlog::error("health: this node cannot train; it runs no rank and leaves once every node is ready:\n{}",
                   DescribeFatal(findings));
-    return start_ranks;
+    return {start_ranks, true};
   }
   if (store != nullptr && identity.rank != 0) AwaitTableRead(*store);
   throw LaunchFailure(kExitUnhealthy, "health: this node cannot train; replace it:\n" + DescribeFatal(findings));

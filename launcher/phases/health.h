@@ -75,8 +75,12 @@ std::string DescribeFatal(const std::vector<health::Finding>& findings);
 // 0 read them, or 5 s). With hot spares (launcher.spares), returns who runs which rank from
 // the first cycle (the slot of each rank): node 0 gives an unhealthy node's rank to a
 // healthy spare, and that node then runs nothing and leaves once every node is ready.
-std::optional<std::vector<int>> CheckHealthBeforeStart(const env::JobConfig& config, const env::NodeIdentity& identity,
-                                                       Peers* peers, NodeHealth& health);
+struct StartHealth {
+  std::optional<std::vector<int>> ranks;  // the slot of each rank (nullopt: no spares)
+  bool cannot_train = false;              // this node's rank moved away (or it is a spare): it leaves
+};
+StartHealth CheckHealthBeforeStart(const env::JobConfig& config, const env::NodeIdentity& identity, Peers* peers,
+                                   NodeHealth& health);
 
 // While the job runs: Xid events and a sample every interval_s on a thread of its own. A
 // fatal finding (with on_unhealthy "leave") makes fd() readable: the supervisor stops the

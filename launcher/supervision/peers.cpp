@@ -472,7 +472,9 @@ void TcpPeers::Report(const JobOutcome& outcome) {
     // A launcher's own failure (bad config, weights, a load) is not mended by running again,
     // a signal from the orchestrator asks for a stop, and a stopped node did not fail.
     const bool restartable = !outcome.launcher_failure && !outcome.shutdown_signal && !outcome.stop_reason;
-    client_->Report(outcome.exit_code, DescribeExit(outcome), cycle_, restartable);
+    // The health watch's 75, not a job that exits 75 itself (review 8, N3).
+    const bool cannot_train = outcome.exit_code == kExitUnhealthy && outcome.cause && outcome.cause->starts_with("health:");
+    client_->Report(outcome.exit_code, DescribeExit(outcome), cycle_, restartable, cannot_train);
   } catch (const std::runtime_error& error) {  // StoreError, or StoreTimeout from a stalled leader
     spdlog::warn("cannot report this node's result to the leader: {}", error.what());
   }

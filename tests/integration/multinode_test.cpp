@@ -1741,6 +1741,61 @@ TEST(Spares, OnlyTheNodeThatCannotTrainExits75WhenTheJobEndsOnIt) {
   EXPECT_EQ(results[2].exit_code, 69) << results[2].err;
 }
 
+// Review 8, N5: a retried job (every launcher started again) whose rank 1 starts on the spare
+// because node 1 cannot train: the spare loads rank 1's part of `latest`, not its slot's
+// (there is none), and resumes rank 1 from it.
+TEST(Spares, ASpareGivenARankAtTheStartOfARetryLoadsThatRanksPart) {
+  TempDir scratch;
+  const std::string latest = scratch.path() + "/remote/" + kJobId + "/latest";
+  const std::string commands = nlohmann::json::array(
+      {"if [ -n \"$BT_RESUME_CHECKPOINT\" ]; then echo \"rank $BT_NODE_RANK resumed $(cat "
+       "$BT_LOAD_CHECKPOINT_DIR/rank-$BT_NODE_RANK/$BT_RESUME_CHECKPOINT/trainer_state.json)\"; else " + Save(4) +
+       " && " + WaitFor(latest) + "; fi"}).dump();
+  nlohmann::json settings = restart::RestartSettings(scratch, 1);
+  settings["spares"] = 1;
+  Job job(2, commands, "", true, settings);
+  auto run = [&](const std::string& bad_slot_state) {
+    std::vector<std::unique_ptr<LauncherProcess>> processes;
+    for (int slot = 0; slot < 3; ++slot) {
+      const std::string state = scratch.path() + "/nvml-" + std::to_string(slot);
+      WriteNvmlState(state, "gpus 2\n" + std::string(slot == 1 ? bad_slot_state : ""));
+      processes.push_back(std::make_unique<LauncherProcess>(SpareJobSpec(job, slot, 3, FakeNvml(state))));
+    }
+    return Job::FinishAll(processes);
+  };
+  auto first = run("");
+  ASSERT_EQ(first[0].exit_code, 0) << first[0].err;
+  ASSERT_EQ(ReadFile(latest), "checkpoint-4\n");
+  auto retry = run("gpu 1 ecc_uncorrected 3\n");
+  EXPECT_EQ(retry[1].exit_code, 75) << retry[1].err;
+  EXPECT_EQ(retry[0].exit_code, 0) << retry[0].err;
+  EXPECT_EQ(retry[2].exit_code, 0) << retry[2].err;
+  EXPECT_NE(retry[0].out.find("rank 0 resumed {\"global_step\": 4}"), std::string::npos) << retry[0].out << retry[0].err;
+  EXPECT_NE(retry[2].out.find("rank 1 resumed {\"global_step\": 4}"), std::string::npos) << retry[2].out << retry[2].err;
+}
+
+// Review 8, N1: two nodes cannot train at the start and one spare: rank 1 starts on the spare,
+// rank 2 has none and the start fails. Both unhealthy nodes exit 75 (replace them); the
+// others 69.
+TEST(Spares, EveryNodeThatCannotTrainExits75WhenTheStartFails) {
+  TempDir scratch;
+  nlohmann::json settings = restart::RestartSettings(scratch, 1);
+  settings["spares"] = 1;
+  Job job(3, R"(["echo ran"])", "", false, settings);
+  std::vector<std::unique_ptr<LauncherProcess>> processes;
+  for (int slot = 0; slot < 4; ++slot) {
+    const std::string state = scratch.path() + "/nvml-" + std::to_string(slot);
+    WriteNvmlState(state, std::string("gpus 2\n") + (slot == 1 || slot == 2 ? "gpu 1 ecc_uncorrected 3\n" : ""));
+    processes.push_back(std::make_unique<LauncherProcess>(SpareJobSpec(job, slot, 4, FakeNvml(state))));
+  }
+  auto results = Job::FinishAll(processes);
+  EXPECT_EQ(results[1].exit_code, 75) << results[1].err;
+  EXPECT_EQ(results[2].exit_code, 75) << results[2].err;
+  EXPECT_EQ(results[0].exit_code, 69) << results[0].err;
+  EXPECT_EQ(results[3].exit_code, 69) << results[3].err;
+  for (const ProcessResult& result : results) EXPECT_EQ(result.out.find("ran"), std::string::npos) << result.out;
+}
+
 // The count every launcher is given must be node_count + spares: a launcher counting only
 // the training nodes fails at once, naming both settings.
 TEST(Spares, ACountWithoutTheSparesIsAConfigErrorNamingBoth) {

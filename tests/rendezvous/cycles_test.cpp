@@ -139,7 +139,9 @@ TEST(Cycles, APromotedSpareIsAwaitedInsteadOfTheSlotItReplaces) {
 
 TEST(Cycles, ANodeLeavesForItsHardwareItsLossOrItsFailuresOverTheLimit) {
   Cycles cycles(3, 2, Always(), 2);
-  EXPECT_EQ(cycles.CountFailure({0, 1, "h", "c", kUnhealthyExitCode}), "its hardware cannot train");
+  EXPECT_EQ(cycles.CountFailure({0, 1, "h", "c", 75, false, true}), "its hardware cannot train");
+  EXPECT_EQ(cycles.CountFailure({0, 1, "h", "c", 75}), "it failed 2 cycles (launcher.restart.max_failures_per_node)")
+      << "a job that exits 75 itself is a failure as any other";
   EXPECT_EQ(cycles.CountFailure({0, 0, "h", "c", 0, true}), "its launcher was lost");
   EXPECT_EQ(cycles.CountFailure({0, 0, "h", "c", 3}), "it failed 2 cycles (launcher.restart.max_failures_per_node)");
   // A node whose rank moved leaves; the next launcher in its slot starts with no failure.

@@ -575,6 +575,22 @@ TEST_F(CommitAcrossCycles, AFollowerWhoseDrainEndsWithNodeZerosSavesStillOpenFai
   EXPECT_NE(follower.message.find("node 0 had not finished declaring its saves"), std::string::npos) << follower.message;
 }
 
+// Review 8, N2: node 0 trains on long after node 1's training ended (a final evaluation):
+// node 1's drain ends before node 0's begins. It judges node 0's newest declaration as
+// before (committed), not as a drain that node 0 left open.
+TEST_F(CommitAcrossCycles, AFollowerWhoseDrainEndsWhileNodeZeroStillTrainsJudgesTheNewestSave) {
+  auto node0 = Start(0);
+  auto node1 = Start(1);
+  SaveOnNodeOne("export-1", 500);
+  SaveOnNodeZero("export-1", 1000);
+  ASSERT_TRUE(WaitForCommit("export-1").has_value());
+  std::this_thread::sleep_for(1s);  // node 1 saw the commit
+  checkpoint::DrainResult follower = node1->Drain(true, Clock::now() + 3s);
+  EXPECT_TRUE(follower.committed) << follower.message;
+  checkpoint::DrainResult leader = node0->Drain(true, Clock::now() + 10s);
+  EXPECT_TRUE(leader.committed) << leader.message;
+}
+
 // Review 6, R6-3: only node 0 saves; node 1 is cut off from the store before node 0's last
 // save. Node 1 read node 0's outcome as "committed" when the store could not answer, and
 // reported its drain fine while node 0's failed. An outcome it cannot read is unknown.
