@@ -366,6 +366,22 @@ bool SplicesTo(Stream& stream) {
   return stream.splicing == Stream::Splicing::kOn;
 }
 
+// The destination stopped taking a splice part of the way into a chunk (it said EAGAIN with
+// room, or failed; splicing is off for it now), maybe in the middle of a line: the rest of
+// the chunk's lines, `count` bytes the pipe holds, is written from the buffer before anything
+// else, or the other stream's next line lands inside that one (CI, under load: stderr's
+// "e990" inside a stdout line). False when the pipe could not be read.
+bool WriteRestOfLines(State& state, Stream& stream, size_t count) {
+  char* buffer = Buffer(state, stream);
+  while (count > 0) {
+    const size_t piece = std::min(count, state.capacity());
+    if (!ReadExactly(stream.source, buffer, piece)) return false;
+    WriteAll(state, stream, buffer, piece);
+    count -= piece;
+  }
+  return true;
+}
+
 // Up to `limit` bytes the stream's pipe holds, forwarded by splicing whole lines (see
 // above): the count taken from the pipe, 0 when this chunk is for ReadOnce.
 size_t SpliceLines(State& state, Stream& stream, size_t limit) {
@@ -385,7 +401,7 @@ size_t SpliceLines(State& state, Stream& stream, size_t limit) {
     stream.pending = 0;
   }
   const size_t through = ends->first + SpliceOut(state, stream, ends->last - ends->first);
-  if (through < ends->last) return through;  // the rest of the lines take the buffer's way
+  if (through < ends->last && !WriteRestOfLines(state, stream, ends->last - through)) return through;
   // The chunk's own partial line is held, as Consume holds one.
   stream.pending = ends->chunk - ends->last;
   stream.pending_since = now;
