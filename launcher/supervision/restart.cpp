@@ -177,6 +177,21 @@ static JobOutcome LeaveTheJob(JobOutcome outcome, const std::string& reason) {
   return outcome;
 }
 
+// What ends a wait between cycles before the leader's news is read: a shutdown signal
+// (`signal_number`), or this node's hardware (it leaves). True when `outcome` says which.
+bool StoppedOrLeaving(int signal_number, const CycleHooks& hooks, JobOutcome& outcome) {
+  if (signal_number != 0) {
+    outcome.shutdown_signal = signal_number;
+    outcome.exit_code = 128 + signal_number;
+    return true;
+  }
+  if (auto reason = hooks.leave ? hooks.leave() : std::nullopt) {
+    outcome = LeaveTheJob(outcome, *reason);
+    return true;
+  }
+  return false;
+}
+
 // Why this node's rank moved to a spare in `restart` (the leader's "promoted").
 std::string RankMovedAway(const PeerEvent& restart) {
   const auto promoted = restart.decision.find("promoted");
@@ -207,15 +222,7 @@ std::optional<PeerEvent> WaitAsSpare(Peers& peers, SignalRouter& signals, const 
     promoted.received = {};  // it had no job to stop
     return promoted;
   }
-  if (signal_number != 0) {
-    outcome.shutdown_signal = signal_number;
-    outcome.exit_code = 128 + signal_number;
-    return std::nullopt;
-  }
-  if (auto reason = hooks.leave ? hooks.leave() : std::nullopt) {
-    outcome = LeaveTheJob(outcome, *reason);
-    return std::nullopt;
-  }
+  if (StoppedOrLeaving(signal_number, hooks, outcome)) return std::nullopt;
   if (auto verdict = peers.Verdict()) {
     outcome.stop_reason = *verdict;
     return std::nullopt;
@@ -270,15 +277,9 @@ std::optional<PeerEvent> MeetAtBarrier(const env::JobConfig& config, Peers& peer
     }
     if (signal_number != 0) {
       spdlog::info("stopped by {} while restarting: cycle {} does not start", strsignal(signal_number), restart.cycle);
-      outcome.shutdown_signal = signal_number;
-      outcome.exit_code = 128 + signal_number;
-      return std::nullopt;
     }
     // Found unhealthy while it waited: it leaves the barrier, awaited again in its slot.
-    if (auto reason = hooks.leave ? hooks.leave() : std::nullopt) {
-      outcome = LeaveTheJob(outcome, *reason);
-      return std::nullopt;
-    }
+    if (StoppedOrLeaving(signal_number, hooks, outcome)) return std::nullopt;
     if (auto newer = peers.TakeRestart()) {
       restart = *newer;
       continue;
