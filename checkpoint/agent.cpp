@@ -157,6 +157,7 @@ class CheckpointAgent::Impl {
     // Without a board: a save of the job's run before this launcher started, committed under
     // its own name only (LeaveWhatWasOnDiskAlone).
     bool from_last_run = false;
+    bool moves_latest = false;  // its commit was asked to move `latest` (SendCommit)
     int64_t newest_mtime_ns = 0;  // node 0's: when its part was complete (a resumed declaration says)
     std::string snapshot_path;
     std::string staging_dir;
@@ -1232,17 +1233,21 @@ class CheckpointAgent::Impl {
   }
 
   // `latest` only moves forward: a version handed off before one whose commit was already
-  // asked for, or a save of the last run, is made current under its own name only (the
-  // uploader writes in order).
-  void SendCommit(const Version& version) {
-    const bool move_latest = !version.from_last_run && version.seq >= latest_requested_seq_;
+  // asked for, a save of the last run, or one whose files are older than those of the
+  // version that last moved it (its handoff waited for room on a full disk while newer saves
+  // committed: soak seed 1028, `latest` moved back from step-17 to step-9) is made current
+  // under its own name only (the uploader writes in order).
+  void SendCommit(Version& version) {
+    version.moves_latest = !version.from_last_run && version.seq >= latest_requested_seq_ &&
+                           version.newest_mtime_ns >= latest_requested_mtime_ns_;
     if (!version.from_last_run) latest_requested_seq_ = std::max(latest_requested_seq_, version.seq);
-    if (uploader_) uploader_->Commit(version.seq, version.commit, move_latest);
+    if (version.moves_latest) latest_requested_mtime_ns_ = version.newest_mtime_ns;
+    if (uploader_) uploader_->Commit(version.seq, version.commit, version.moves_latest);
   }
 
   void OnCommitWritten(Version& version) {
     if (!publishing_.erase(version.seq)) return;
-    const bool moved_latest = !version.from_last_run && version.seq > published_seq_;
+    const bool moved_latest = version.moves_latest && version.seq > published_seq_;
     if (!version.from_last_run) published_seq_ = std::max(published_seq_, version.seq);
     // Node 0's newest commit is known before the gate hears this one is written: a restart
     // decision waiting on the gate then reads it, not the one before (review 3, D1: the
@@ -1669,6 +1674,7 @@ class CheckpointAgent::Impl {
   bool leader_draining_seen_ = false;      // a follower: node 0's training had ended
   uint64_t published_seq_ = 0;
   uint64_t latest_requested_seq_ = 0;
+  int64_t latest_requested_mtime_ns_ = 0;  // newest_mtime_ns of the version that last moved `latest`
   std::set<std::string> declared_;  // names node 0 declared (a follower)
   std::vector<CommitBoard::Declaration> declared_order_;
   uint64_t declarations_seen_ = 0;

@@ -121,6 +121,26 @@ TEST_F(FullCheckpointDisk, ACheckpointCompletedWhileTheDiskIsFullIsUploadedOnceT
   EXPECT_TRUE(result.committed) << result.message;
 }
 
+// Soak seed 1028: save-1 completes while the disk is full; room comes back and save-2, newer,
+// commits before save-1's handoff is tried again. save-1 then commits under its own name,
+// but `latest` stays save-2 (it moved back from step-17 to step-9).
+TEST_F(FullCheckpointDisk, ASaveHandedOffLateNeverMovesLatestBackToIt) {
+  StartAgent();
+  SaveUpToTheMarker("save-1");
+  FillDisk();
+  Mark("save-1");
+  std::this_thread::sleep_for(1500ms);  // judged complete, its snapshot refused by the full disk
+  FreeDisk();
+  SaveUpToTheMarker("save-2");
+  Mark("save-2");
+  ASSERT_TRUE(WaitForCommit("save-2", 20s));
+  ASSERT_TRUE(WaitForCommit("save-1", 20s)) << "save-1 was never tried again once there was room";
+  std::this_thread::sleep_for(500ms);
+  EXPECT_EQ(testing::ReadFile(dir_.path() + "/remote/" + kJob + "/latest"), "save-2\n");
+  DrainResult result = agent_->Drain(true, Clock::now() + 10s);
+  EXPECT_TRUE(result.committed) << result.message;
+}
+
 // The disk stays full: the drain says the checkpoint was not uploaded (exit 74), never that
 // there was nothing to commit (exit 0).
 TEST_F(FullCheckpointDisk, ACheckpointNeverHandedOffIsReportedByTheDrain) {
