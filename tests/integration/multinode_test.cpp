@@ -1625,6 +1625,7 @@ TEST(Spares, ALostNodesRankGoesToTheSpareWithoutWaitingForAReplacement) {
   std::vector<std::unique_ptr<LauncherProcess>> processes;
   for (int slot = 0; slot < 3; ++slot) processes.push_back(std::make_unique<LauncherProcess>(SpareJobSpec(job, slot, 3)));
   ASSERT_TRUE(processes[1]->WaitForOutput("started", 40s)) << processes[1]->Finish().err;
+  ASSERT_TRUE(processes[0]->WaitForOutput("started", 10s)) << processes[0]->Finish().err;  // the run is marked started
   ASSERT_TRUE(processes[0]->WaitForLog("is a ready spare", 10s)) << processes[0]->Finish().err;
   const auto killed = std::chrono::steady_clock::now();
   processes[1]->Signal(SIGKILL);
