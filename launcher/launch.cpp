@@ -109,7 +109,7 @@ void BeforeTheRun(Peers* peers, SignalRouter& signals, Timeline& timeline, Phase
 // cannot train.
 StartHealth CheckFabricAndHealth(PreparedJob& job, std::optional<rendezvous::fabric::Inventory> inventory,
                                  NodeHealth* health, Peers* peers, SignalRouter& signals, Timeline& timeline) {
-  StartHealth start_ranks;
+  StartHealth start;
   BeforeTheRun(peers, signals, timeline, [&](Peers* phase_peers) {
     if (inventory) {
       timeline.Begin("fabric");
@@ -118,10 +118,10 @@ StartHealth CheckFabricAndHealth(PreparedJob& job, std::optional<rendezvous::fab
     }
     if (health) {
       timeline.Begin("health");
-      start_ranks = CheckHealthBeforeStart(job.config, job.identity, phase_peers, *health);
+      start = CheckHealthBeforeStart(job.config, job.identity, phase_peers, *health);
     }
   });
-  return start_ranks;
+  return start;
 }
 
 // The NCCL preflight, then what the node runs from (PrepareNode).
@@ -375,14 +375,6 @@ int LeaveUnhealthy(const JobOutcome& outcome, const PreparedJob& job, Checkpoint
   return kExitUnhealthy;
 }
 
-// The training rank this launcher runs in the first cycle: its slot's, or the one node 0
-// gave it from every node's health (`start_ranks`, hot spares).
-int RankAtStart(const env::NodeIdentity& identity, const std::optional<std::vector<int>>& start_ranks) {
-  if (!start_ranks) return identity.rank;
-  auto slot = std::find(start_ranks->begin(), start_ranks->end(), identity.rank);
-  return int(slot - start_ranks->begin());
-}
-
 int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) {
   PreparedJob job = PrepareJob(cli, cli.command.empty(), timeline);
   try {
@@ -418,8 +410,10 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   try {
     health = NodeHealth::Open(job.config.launcher.health, job.environment, rendezvous::fabric::SysfsRoot(cli.sysfs_root));
     start = CheckFabricAndHealth(job, std::move(inventory), health.get(), peers.get(), signals, timeline);
-    if (start.ranks && !joined_late) peers->StartWithRanks(*start.ranks);
-    if (!peers || peers->RunsARank()) role.rank = rejoin ? rejoin->training_rank : RankAtStart(job.identity, start.ranks);
+    // The first cycle's rank: the slot's, or the one node 0 gave it from every node's health.
+    int start_rank = job.identity.rank;
+    if (start.ranks && !joined_late) start_rank = peers->StartWithRanks(*start.ranks);
+    if (!peers || peers->RunsARank()) role.rank = rejoin ? rejoin->training_rank : start_rank;
     if (job.identity.spares > 0) log::SetNodeRank(job.identity.rank, role.rank.value_or(-1));
     if (!rejoin && role.rank) resume = ResumePoint(job, destination, peers.get(), signals);
     if (node0_commits) node0_commits->Started(resume);

@@ -920,7 +920,9 @@ class StoreServer::Loop {
         refusal = std::string("no restart: the restart policy failed: ") + error.what();
       }
       if (restart) {
-        std::optional<int> spare = leaves.empty() ? std::nullopt : ChooseSpare(rank, leaves);
+        // Only a node that failed too often can run again where it is when no spare is ready.
+        const bool stays = !lost && !cannot_train;
+        std::optional<int> spare = leaves.empty() ? std::nullopt : ChooseSpare(rank, leaves, stays);
         if (spare) {
           (*restart)["decision"]["promoted"] = {{"rank", cycles_.assignment().RankOf(rank)}, {"from", rank},
                                                 {"to", *spare}, {"why", leaves}};
@@ -960,7 +962,7 @@ class StoreServer::Loop {
   // The first spare ready to take `from`'s rank, or nullopt (then `from` restarts in place,
   // or its rank waits for a launcher in its slot). Slot 0 keeps rank 0: its launcher serves
   // the store and commits the job's checkpoints.
-  std::optional<int> ChooseSpare(int from, const std::string& why) {
+  std::optional<int> ChooseSpare(int from, const std::string& why, bool stays_without_spare) {
     const std::string node = NodeName(from);
     if (from == 0) {
       spdlog::warn("rendezvous: {} must leave ({}) but keeps rank 0: it serves the rendezvous (docs/SPARES.md)", node, why);
@@ -969,9 +971,8 @@ class StoreServer::Loop {
     for (int slot = 0; slot < options_.node_count; ++slot) {
       if (cycles_.assignment().IsSpare(slot) && joined_[size_t(slot)] >= 0 && spare_ready_[size_t(slot)]) return slot;
     }
-    const bool stays = why.starts_with("it failed");  // its launcher can run again: in place
     spdlog::warn("rendezvous: {} must leave ({}), but no spare is ready: {}", node, why,
-                 stays ? "it restarts in place" : "its rank waits for a launcher in its slot");
+                 stays_without_spare ? "it restarts in place" : "its rank waits for a launcher in its slot");
     return std::nullopt;
   }
 
@@ -1399,7 +1400,7 @@ class StoreServer::Loop {
   // takes its rank in this same cycle, as a launcher that joined again in its slot would.
   bool PromotedAtBarrier(int slot, const std::string& message) {
     if (!cycles_.HasSpares() || cycles_.assignment().IsSpare(slot)) return false;
-    std::optional<int> spare = ChooseSpare(slot, message);
+    std::optional<int> spare = ChooseSpare(slot, message, false);
     if (!spare) return false;
     cycles_.Leave(slot);
     rejoined_.erase(std::remove(rejoined_.begin(), rejoined_.end(), slot), rejoined_.end());

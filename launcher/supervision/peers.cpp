@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -74,6 +75,12 @@ int SurvivorExitCode(const PeerEvent& verdict) {
   }
   spdlog::info("exiting with node {}'s exit code {}: the job's result", verdict.rank, verdict.exit_code);
   return verdict.exit_code;
+}
+
+// The training rank `slot` runs in `slot_of_rank` ([slot of rank 0, ...]); -1: none.
+int RankOfSlot(const std::vector<int>& slot_of_rank, int slot) {
+  const auto found = std::find(slot_of_rank.begin(), slot_of_rank.end(), slot);
+  return found == slot_of_rank.end() ? -1 : int(found - slot_of_rank.begin());
 }
 
 // Leftovers of the job (or the uploader) that exit while the launcher waits for the other
@@ -311,10 +318,9 @@ void TcpPeers::OnCycleEvent(PeerEvent event) {
   if (preparing_rejoin_) event.received = {};
   // With spares, who runs which rank from that cycle on: a node whose rank moved leaves.
   if (auto slots = event.decision.find("slots"); slots != event.decision.end() && slots->is_array()) {
-    training_rank_ = -1;
-    for (size_t rank = 0; rank < slots->size(); ++rank) {
-      if ((*slots)[rank].is_number_integer() && (*slots)[rank].get<int>() == identity_.rank) training_rank_ = int(rank);
-    }
+    std::vector<int> slot_of_rank;
+    for (const auto& slot : *slots) slot_of_rank.push_back(slot.is_number_integer() ? slot.get<int>() : -1);
+    training_rank_ = RankOfSlot(slot_of_rank, identity_.rank);
   }
   restart_ = std::move(event);
   stop_delivered_ = false;  // the job of this cycle (when one runs) is stopped for the restart
@@ -404,10 +410,7 @@ bool TcpPeers::AwaitRestartOrVerdict(SignalRouter& signals, int& signal_number) 
 }
 
 int TcpPeers::StartWithRanks(const std::vector<int>& slots) {
-  training_rank_ = -1;
-  for (size_t rank = 0; rank < slots.size(); ++rank) {
-    if (slots[rank] == identity_.rank) training_rank_ = int(rank);
-  }
+  training_rank_ = RankOfSlot(slots, identity_.rank);
   return training_rank_;
 }
 
