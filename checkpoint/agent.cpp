@@ -25,6 +25,7 @@
 #include "checkpoint/tree.h"
 #include "checkpoint/uploader.h"
 #include "checkpoint/watcher.h"
+#include "storage/commit_record.h"
 #include "storage/durable_file.h"
 #include "storage/paths.h"
 
@@ -1422,6 +1423,9 @@ class CheckpointAgent::Impl {
   bool Settled(bool declarations_closed) {
     if (!failed_handoffs_.empty()) return false;  // tried again until the deadline
     if (options_.board && !is_leader() && !board_error_) return FollowerSettled();
+    // Cut off from node 0's store, a follower learns nothing more by waiting: once its own
+    // uploads are done, the commit records at the destination say what node 0 committed.
+    if (options_.board && !is_leader()) return OwnUploadsDone();
     for (const auto& [seq, version] : versions_) {
       if (version.stage != Stage::kCommitted) return false;
     }
@@ -1550,6 +1554,33 @@ class CheckpointAgent::Impl {
     return DrainResult{false, "checkpoint " + newest_abandoned_->name + " was not committed: " + newest_abandoned_->why};
   }
 
+  static constexpr const char* kReadFromRecord = "its commit record at the destination says so: node 0 could not be reached";
+
+  // A follower cut off from node 0's store cannot hear whether node 0 committed a save; the
+  // save's commit record at the destination says it (soak seed 3088: node 0 committed the
+  // last save, the follower partitioned a moment later exited 74 while the others exited 0).
+  // nullopt when the follower can hear node 0, or the record cannot be read.
+  std::optional<storage::CommitRecord> CommitAtDestination(const std::string& name) {
+    if (!options_.board || is_leader() || (!board_error_ && !leader_lost_since_)) return std::nullopt;
+    try {
+      std::unique_ptr<storage::Destination> destination = storage::OpenDestination(options_.destination);
+      return storage::ReadCommit(*destination, options_.job_id, name);
+    } catch (const std::exception& error) {
+      spdlog::warn("checkpoints: cannot read the commit record of {} at {}: {}", name, options_.destination.uri, error.what());
+      return std::nullopt;
+    }
+  }
+
+  // The record names this node's uploaded version: committed with its part. Only a part: a
+  // node that answered "no part" cannot tell from the destination whether node 0 saved
+  // something newer after it was cut off (review 6, R6-3), and stays unknown.
+  bool CommittedWithThisPart(const Version& version) {
+    const std::optional<storage::CommitRecord> record = CommitAtDestination(version.name);
+    if (!record) return false;
+    auto part = record->parts.find(options_.node_rank);
+    return part != record->parts.end() && part->second == version.version_id;
+  }
+
   // Whether the newest complete checkpoint reached the destination and `latest`: on a
   // follower, node 0's newest declaration; else this node's newest handoff.
   DrainResult Summarize() {
@@ -1626,6 +1657,10 @@ class CheckpointAgent::Impl {
     if (version.stage == Stage::kCommitted) {
       const std::string what = options_.board && !is_leader() ? "this node's part of checkpoint " : "checkpoint ";
       return {true, what + version.name + " committed to " + options_.destination.uri};
+    }
+    if (version.stage == Stage::kUploaded && CommittedWithThisPart(version)) {
+      return {true, "this node's part of checkpoint " + version.name + " committed to " + options_.destination.uri + " (" +
+                        kReadFromRecord + ")"};
     }
     std::string reason;
     if (version.stage == Stage::kQueued) {

@@ -14,6 +14,7 @@ constexpr const char* kUsage =
     "       bt-launch env [options] [--format shell|json]   print the job's environment, run nothing\n"
     "       bt-launch rendezvous [--serve] [options] [--format table|json]   join (or lead) and print the roster\n"
     "       bt-launch checkpoints [--destination URI] [--job-id ID] [--verify] [--format table|json]   list committed checkpoints\n"
+    "       bt-launch report [--input goodput.json | --destination URI --job-id ID] [--out FILE]   the job's goodput report as one HTML file\n"
     "       bt-launch fabric [--sysfs-root DIR] [--format text|json]   this node's RDMA devices and the NCCL variables it would set\n"
     "       bt-launch doctor [options] [--format table|json]   why a multi-node job will not start: one line per check, with the fix\n"
     "       bt-launch bench checkpoint [--dir DIR] [--format table|json]   checkpoint hashing, handoff and upload figures\n"
@@ -25,6 +26,7 @@ Subcommand ParseSubcommand(const std::string& word) {
   if (word == "env") return Subcommand::kEnv;
   if (word == "rendezvous") return Subcommand::kRendezvous;
   if (word == "checkpoints") return Subcommand::kCheckpoints;
+  if (word == "report") return Subcommand::kReport;
   if (word == "bench") return Subcommand::kBench;
   if (word == "fabric") return Subcommand::kFabric;
   if (word == "doctor") return Subcommand::kDoctor;
@@ -74,9 +76,11 @@ CliOptions ParseCommandLine(int argc, char** argv) {
       ("log-level", "trace, debug, info, warn, error", cxxopts::value<std::string>()->default_value("info"))
       ("format", "output format (env: shell|json; rendezvous: table|json)", cxxopts::value<std::string>())
       ("serve", "rendezvous: lead (serve the store) instead of joining")
-      ("destination", "checkpoints: the destination URI (default: the job's)", cxxopts::value<std::string>())
-      ("job-id", "checkpoints: whose checkpoints (default: this job's id)", cxxopts::value<std::string>())
+      ("destination", "checkpoints, report: the destination URI (default: the job's)", cxxopts::value<std::string>())
+      ("job-id", "checkpoints, report: whose checkpoints (default: this job's id)", cxxopts::value<std::string>())
       ("verify", "checkpoints: re-hash every file against its manifest")
+      ("input", "report: a goodput.json (default: <job_id>/.bt-report/goodput.json at the destination)", cxxopts::value<std::string>())
+      ("out", "report: the HTML file to write (default: bt-launch-report.html)", cxxopts::value<std::string>())
       ("dir", "bench: directory to write in (default: a new one under /tmp)", cxxopts::value<std::string>())
       ("parent-pid", "upload-worker: the launcher's pid", cxxopts::value<int>())
       ("nodes", "bench rendezvous: number of nodes, node 0 included (default 1024)", cxxopts::value<int>())
@@ -121,6 +125,8 @@ CliOptions ParseCommandLine(int argc, char** argv) {
   cli.destination = Optional(result, "destination");
   cli.job_id = Optional(result, "job-id");
   cli.verify = result.count("verify") > 0;
+  cli.input = Optional(result, "input");
+  if (result.count("out")) cli.out = result["out"].as<std::string>();
   cli.bench_dir = Optional(result, "dir");
   if (result.count("parent-pid")) cli.parent_pid = result["parent-pid"].as<int>();
   cli.sysfs_root = Optional(result, "sysfs-root");

@@ -10,7 +10,7 @@
 
 namespace bt::launcher {
 
-enum class Subcommand { kRun, kEnv, kRendezvous, kCheckpoints, kBench, kFabric, kDoctor, kUploadWorker, kNcclPreflightWorker, kHelp, kVersion };
+enum class Subcommand { kRun, kEnv, kRendezvous, kCheckpoints, kReport, kBench, kFabric, kDoctor, kUploadWorker, kNcclPreflightWorker, kHelp, kVersion };
 
 struct CliOptions {
   Subcommand subcommand = Subcommand::kHelp;
@@ -25,6 +25,8 @@ struct CliOptions {
   std::optional<std::string> destination;  // checkpoints: overrides the configured one
   std::optional<std::string> job_id;       // checkpoints, upload-worker
   bool verify = false;                     // checkpoints --verify
+  std::optional<std::string> input;        // report: a goodput.json (default: the job's, at its destination)
+  std::string out = "bt-launch-report.html";  // report: the HTML file written
   std::string bench_target;                // bench: "checkpoint" or "rendezvous"
   std::optional<std::string> bench_dir;    // bench: where to write (default: a temporary directory)
   int bench_nodes = 1024;                  // bench rendezvous --nodes

@@ -18,6 +18,7 @@
 #include "launcher/phases/checkpoints.h"
 #include "launcher/phases/fabric.h"
 #include "launcher/phases/health.h"
+#include "launcher/phases/job_report.h"
 #include "launcher/phases/nccl_preflight.h"
 #include "launcher/phases/ready.h"
 #include "launcher/phases/weights.h"
@@ -295,12 +296,12 @@ struct CheckpointStart {
 // for hangs, and the load of the checkpoint the next cycle resumes from.
 CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, CheckpointStart checkpoint_start, Peers* peers,
                         watchdog::Watchdog* watch, HealthWatch* health, watchdog::Progress* progress, SignalRouter& signals,
-                        TrainingRole& role) {
+                        TrainingRole& role, report::JobRecorder* recorder) {
   const std::optional<storage::DestinationSpec>& destination = checkpoint_start.destination;
   CheckpointPhase& checkpoint_phase = checkpoint_start.phase;
   CycleHooks hooks;
-  hooks.run = [&cli, &job, peers, watch, health, progress, &signals, &checkpoint_phase, &role](int64_t cycle,
-                                                                                               const std::string& resume) {
+  hooks.run = [&cli, &job, peers, watch, health, progress, &signals, &checkpoint_phase, &role, recorder](
+                  int64_t cycle, const std::string& resume) {
     // What the last cycle left is that cycle's: judged before this cycle's training writes.
     if (checkpoint_phase.agent) checkpoint_phase.agent->BeginCycle(cycle);
     auto grace = std::chrono::milliseconds(int64_t(job.config.launcher.grace_period_s * 1000));
@@ -310,9 +311,11 @@ CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, Checkpoin
     StopUnion own(watch, health);
     StopUnion stops(peers, &own);
     if (watch) watch->BeginCycle(cycle);
+    if (recorder) recorder->CycleRan(cycle, resume);
     JobOutcome outcome = supervisor.Run(CommandsToRun(cli, job.config),
                                         CycleEnviron(job.environment, job.config, cycle, resume, role.rank),
                                         job.environment.working_dir, &stops);
+    if (recorder) recorder->CycleEnded(cycle);
     if (watch) {
       watch->EndCycle();
       if (watch->StoppedAsHung() && !outcome.shutdown_signal) outcome.exit_code = kExitHung;
@@ -361,12 +364,46 @@ CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, Checkpoin
   return hooks;
 }
 
+// What node 0 does when `latest` moves: its restart decisions name that commit, and the job's
+// report counts it. Null where neither is wanted.
+std::function<void(const storage::CommitRecord&)> OnLatestOf(std::shared_ptr<CommittedCheckpoints> commits,
+                                                             report::JobRecorder* recorder, const report::JobClock& clock,
+                                                             const PreparedJob& job) {
+  if (!commits && !recorder) return nullptr;
+  auto dir = job.environment.variables.find("BT_CHECKPOINT_DIR");
+  const std::string checkpoint_dir = dir != job.environment.variables.end() ? dir->second : "";
+  return [commits, recorder, &clock, checkpoint_dir](const storage::CommitRecord& commit) {
+    if (commits) commits->Committed(commit);
+    if (recorder) recorder->Committed(commit.name, SavedAt(checkpoint_dir, commit.name, clock));
+  };
+}
+
+// How the job's last cycle ended, in goodput's causes (launcher/report/goodput.h).
+std::string LastCause(const JobOutcome& outcome) {
+  if (outcome.shutdown_signal) return "stopped";
+  if (outcome.exit_code == 0 && !outcome.stop_reason) return "success";
+  return report::FaultKind(outcome.exit_code == 0 ? 1 : outcome.exit_code);
+}
+
+// Node 0's cycles as its restarts' decisions named their faults (each ended the cycle before
+// it), and how the last one ended.
+void RecordCycles(report::JobRecorder& recorder, const report::JobClock& clock, const std::vector<CycleRecord>& cycles,
+                  const JobOutcome& outcome) {
+  for (const CycleRecord& record : cycles) {
+    recorder.CycleFailed(record.cycle - 1, clock.At(record.fault), report::FaultKind(record.failed_exit_code),
+                         record.failed_node, record.failed_host, record.cause);
+  }
+  recorder.JobEnded(LastCause(outcome), DescribeOutcome(outcome));
+}
+
 // The node leaves a job that goes on: no exit barrier (the others wait for a launcher in its
 // slot), its uploads not waited for (the restart's decision sealed its cycle's saves), its
 // findings in the last lines, for whoever replaces the node.
-int LeaveUnhealthy(const JobOutcome& outcome, const PreparedJob& job, CheckpointPhase& checkpoints, Timeline& timeline) {
+int LeaveUnhealthy(const JobOutcome& outcome, const PreparedJob& job, CheckpointPhase& checkpoints, Timeline& timeline,
+                   const report::LaneRecord& lane, Peers* peers) {
   if (checkpoints.agent) checkpoints.agent->Drain(false, std::chrono::steady_clock::now());
   LogTimeline(timeline);
+  SendLane(peers, lane);
   const char* others = job.identity.rank == 0 ? "node 0 serves the rendezvous: the job ends with it"
                        : job.identity.spares > 0
                            ? "a ready spare takes its rank, or the others wait for a launcher in its slot"
@@ -375,7 +412,7 @@ int LeaveUnhealthy(const JobOutcome& outcome, const PreparedJob& job, Checkpoint
   return kExitUnhealthy;
 }
 
-int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) {
+int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline, report::JobClock& clock) {
   PreparedJob job = PrepareJob(cli, cli.command.empty(), timeline);
   try {
     env::CreateDirectories(job.environment);
@@ -395,7 +432,11 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
     inventory = ReadFabricInventory(rendezvous::fabric::SysfsRoot(cli.sysfs_root));
     timeline.Begin("rendezvous");
     peers = JoinPeers(job.config, job.identity, job.job_id(), signals, RestartPolicyOf(job, node0_commits, commit_gate));
+    clock.SetLeaderOffset(peers->LeaderClockOffset());
   }
+  // Node 0's record of the job for its report at the end (launcher/phases/job_report.h).
+  std::unique_ptr<report::JobRecorder> recorder;
+  if (job.identity.rank == 0) recorder = std::make_unique<report::JobRecorder>(clock);
   // A launcher that replaced a lost one loads what its first cycle resumes from at that
   // cycle's barrier, not the job's `latest` now.
   // A launcher started again in a slot whose rank moved to a spare is a spare itself.
@@ -436,8 +477,7 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   }
   CheckpointPhase checkpoints;
   if (destination && role.rank) {
-    std::function<void(const storage::CommitRecord&)> on_latest;
-    if (node0_commits) on_latest = [node0_commits](const storage::CommitRecord& commit) { node0_commits->Committed(commit); };
+    std::function<void(const storage::CommitRecord&)> on_latest = OnLatestOf(node0_commits, recorder.get(), clock, job);
     checkpoints = StartCheckpoints(job.config, job.environment, *destination, TrainingIdentity(job.identity, *role.rank),
                                    peers ? peers->store() : nullptr, [&] { CheckStop(peers.get(), signals); },
                                    rejoin ? rejoin->cycle : 0, std::move(on_latest), commit_gate,
@@ -446,6 +486,11 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   // Until the end: after its job ended, a node still answers a stack request of the others'.
   watchdog::Progress progress;
   std::unique_ptr<watchdog::Watchdog> watch = ArmWatchdog(job, peers.get(), progress);
+  if (watch && recorder) {
+    watch->OnHangCalled([&recorder, &clock](int64_t cycle, auto stall_start, auto detected) {
+      recorder->HangCalled(cycle, clock.At(stall_start), clock.At(detected));
+    });
+  }
   std::unique_ptr<HealthWatch> health_watch;
   if (health && health->checks_anything()) health_watch = std::make_unique<HealthWatch>(*health, job.identity.rank);
   // A node that runs no rank asks whether it must leave before it waits as a spare: what the
@@ -457,10 +502,17 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   std::vector<CycleRecord> cycles;
   JobOutcome outcome = RunCycles(job.config, peers.get(), signals,
                                  CycleHooksOf(cli, job, {destination, checkpoints}, peers.get(), watch.get(),
-                                              health_watch.get(), &progress, signals, role),
+                                              health_watch.get(), &progress, signals, role, recorder.get()),
                                  resume ? resume->name : "", std::move(rejoin), cycles);
   timeline.Annotate(DescribeOutcome(outcome) + (cycles.empty() ? "" : "; restarts: " + RenderCycles(cycles)));
-  if (outcome.left_job) return LeaveUnhealthy(outcome, job, checkpoints, timeline);
+  if (recorder) RecordCycles(*recorder, clock, cycles, outcome);
+  if (outcome.left_job) {
+    return LeaveUnhealthy(outcome, job, checkpoints, timeline, LaneOf(timeline, clock, job.identity.rank, role.rank),
+                          peers.get());
+  }
+  // Its lane before its report, on the one connection: node 0 reads the lanes once every node
+  // reported, so each is there by then (its drain is not drawn; node 0's is).
+  if (peers && !recorder) SendLane(peers.get(), LaneOf(timeline, clock, job.identity.rank, role.rank));
   if (peers) peers->Report(outcome);  // the other nodes stop now, not after this node's drain
   bool committed = true;
   if (checkpoints.agent) {
@@ -476,6 +528,10 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline) 
   }
   if (!committed && !FailedWithItsPeers(peers.get(), outcome, exit_code)) exit_code = kExitIo;
   LogTimeline(timeline);
+  if (recorder) {
+    WriteJobReport(job, peers.get(), LaneOf(timeline, clock, job.identity.rank, role.rank), clock, *recorder,
+                   {destination, checkpoints.agent != nullptr && committed});
+  }
   return exit_code;
 }
 
@@ -485,8 +541,9 @@ int RunSubcommand(const CliOptions& cli) {
   // Before any thread exists: every thread must inherit the blocked signal mask.
   SignalRouter signals;
   Timeline timeline;
+  report::JobClock clock;
   try {
-    return RunPhases(cli, signals, timeline);
+    return RunPhases(cli, signals, timeline, clock);
   } catch (const LaunchFailure& failure) {
     // The one line saying why, then where the time went before it.
     spdlog::error("{}", failure.what());

@@ -28,6 +28,7 @@ int Dispatch(const bt::launcher::CliOptions& cli) {
     case Subcommand::kEnv: return bt::launcher::EnvSubcommand(cli);
     case Subcommand::kRendezvous: return bt::launcher::RendezvousSubcommand(cli);
     case Subcommand::kCheckpoints: return bt::launcher::CheckpointsSubcommand(cli);
+    case Subcommand::kReport: return bt::launcher::ReportSubcommand(cli);
     case Subcommand::kBench: return bt::launcher::BenchSubcommand(cli);
     case Subcommand::kFabric: return bt::launcher::FabricSubcommand(cli);
     case Subcommand::kDoctor: return bt::launcher::DoctorSubcommand(cli);

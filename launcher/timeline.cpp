@@ -38,6 +38,13 @@ void Timeline::Annotate(const std::string& note) {
 
 std::string Timeline::Current() const { return phases_.empty() ? "" : phases_.back().name; }
 
+std::vector<Timeline::Span> Timeline::Spans() const {
+  const auto now = Clock::now();
+  std::vector<Span> spans;
+  for (const Phase& phase : phases_) spans.push_back({phase.name, phase.start, phase.open ? now : phase.end});
+  return spans;
+}
+
 std::string Timeline::Render() const {
   std::string text;
   auto now = Clock::now();

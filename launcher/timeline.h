@@ -17,6 +17,15 @@ class Timeline {
   void Annotate(const std::string& note);  // appended to the current (or last) phase
   std::string Current() const;             // the current (or last) phase's name; "" before the first
 
+  // Every phase so far, the open one ending now: one lane of the job's report.
+  struct Span {
+    std::string name;
+    std::chrono::steady_clock::time_point start;
+    std::chrono::steady_clock::time_point end;
+  };
+  std::vector<Span> Spans() const;
+  std::chrono::steady_clock::time_point start() const { return start_; }
+
  private:
   struct Phase {
     std::string name;

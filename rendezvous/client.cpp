@@ -264,8 +264,8 @@ std::unique_ptr<StoreClient> StoreClient::Connect(const ClientOptions& options) 
   for (int shed = 1;; ++shed) {
     int fd = ConnectWithBackoff(options, deadline);
     try {
-      AuthenticateToLeader(fd, options.token, options.job_id);
-      return std::unique_ptr<StoreClient>(new StoreClient(fd, options));
+      const LeaderHandshake handshake = AuthenticateToLeader(fd, options.token, options.job_id);
+      return std::unique_ptr<StoreClient>(new StoreClient(fd, options, handshake));
     } catch (const HandshakeClosed&) {
       close(fd);
       if (MillisLeft(deadline) <= 0) throw;
@@ -284,9 +284,9 @@ std::unique_ptr<StoreClient> StoreClient::Connect(const ClientOptions& options) 
   }
 }
 
-StoreClient::StoreClient(int fd, ClientOptions options)
+StoreClient::StoreClient(int fd, ClientOptions options, LeaderHandshake handshake)
     : fd_(fd), event_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)), stop_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
-      options_(std::move(options)) {
+      options_(std::move(options)), handshake_(handshake) {
   if (event_fd_ < 0 || stop_fd_ < 0) {
     const std::string why = std::strerror(errno);
     if (event_fd_ >= 0) close(event_fd_);

@@ -137,6 +137,9 @@ class StoreClient final : public Store {
   // The connection to the leader is gone (no heartbeat, closed): nothing sent to it arrives.
   // Thread-safe, and cheap: no event is taken.
   bool LeaderLost();
+  // What this connection's handshake measured: the leader's wall clock against ours (one
+  // time base for the job's report, launcher/report/recorder.h).
+  const LeaderHandshake& handshake() const { return handshake_; }
   // This end's address of the connection to the leader: the one that is proven to reach it.
   std::string LocalAddress() const;
   std::optional<PeerEvent> TakeEvent();
@@ -145,7 +148,7 @@ class StoreClient final : public Store {
   std::chrono::steady_clock::time_point LastCycleWait() const;
 
  private:
-  StoreClient(int fd, ClientOptions options);
+  StoreClient(int fd, ClientOptions options, LeaderHandshake handshake);
   Message Request(Message request, std::chrono::milliseconds timeout);
   void SendFrame(const Message& message);
   void ReaderGuarded();
@@ -158,6 +161,7 @@ class StoreClient final : public Store {
   int event_fd_;
   int stop_fd_;
   ClientOptions options_;
+  LeaderHandshake handshake_;
   std::thread reader_;
   std::mutex send_mutex_;
   std::atomic<int64_t> last_sent_ns_{0};  // steady_clock, when the last frame went out

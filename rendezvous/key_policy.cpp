@@ -40,6 +40,7 @@ constexpr std::array kRules = {
     KeyRule{"bt/hang/*/answered", Writer::kCounter},
     KeyRule{"bt/health/node/{rank}", Writer::kOwner},  // launcher/phases/health.cpp
     KeyRule{"bt/health/published", Writer::kCounter},
+    KeyRule{"bt/report/lane/{rank}", Writer::kOwner},  // launcher/report/recorder.cpp
 };
 
 // The '/'-separated segments of a key or pattern, one at a time ("a/" has two, the second

@@ -13,6 +13,7 @@ packages=(
   python3-torch
   rclone
   slurmctld slurmd slurm-client munge
+  chromium  # the job's HTML report opened in a real browser (headless)
 )
 # s3rver (the S3 API server of the checkpoint tests) comes from npm: Debian's npm unless
 # the machine already has one.

@@ -181,6 +181,15 @@ class FileDestination final : public Destination {
     if (move_latest) WriteDurably(Root(commit.job_id) + "/latest", commit.name + "\n");
   }
 
+  void WriteText(const std::string& path, const std::string& text) override {
+    try {
+      MakeDirectories(ParentOf(Root(path)));
+      WriteDurably(Root(path), text);
+    } catch (const std::runtime_error& error) {
+      throw DestinationError(error.what());
+    }
+  }
+
   std::optional<std::string> ReadText(const std::string& path) override { return ReadWholeFile(Root(path)); }
 
   void Download(const std::string& remote_dir, const std::vector<std::string>& files, const std::string& local_dir,
@@ -266,6 +275,8 @@ class RcloneDestination final : public Destination {
     PutText(CommitRecordPath(commit.job_id, commit.name), commit.ToText());
     if (move_latest) PutText(commit.job_id + "/latest", commit.name + "\n");
   }
+
+  void WriteText(const std::string& path, const std::string& text) override { PutText(path, text); }
 
   // `rclone cat` and `copyto` of a missing object both exit 0 (an empty "directory"), so
   // the object is copied to a local file and its absence is the answer.
@@ -399,6 +410,10 @@ class SpoolDestination final : public Destination {
     HandOff(commit.job_id + "--latest--" + std::to_string(++latest_count_), SpoolCommitRecord(commit, move_latest));
   }
 
+  // A sidecar's records carry checkpoints and commits only.
+  void WriteText(const std::string& path, const std::string&) override {
+    throw DestinationError(spec_.uri + " is a spool: its sidecar carries checkpoints only, not " + path);
+  }
   std::optional<std::string> ReadText(const std::string&) override { throw WriteOnly(); }
   void Download(const std::string&, const std::vector<std::string>&, const std::string&, const BytesDone&) override {
     throw WriteOnly();

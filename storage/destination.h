@@ -69,6 +69,10 @@ class Destination {
   // atomic write; what a version's upload wrote is never written again.
   virtual void Commit(const CommitRecord& commit, bool move_latest) = 0;
 
+  // A small file that is no checkpoint (the job's report, <job_id>/.bt-report/), written
+  // whole at `path`, replacing what was there. Throws DestinationError.
+  virtual void WriteText(const std::string& path, const std::string& text) = 0;
+
   // Reading back (loading a checkpoint, `bt-launch checkpoints`). nullopt when absent.
   virtual std::optional<std::string> ReadText(const std::string& path) = 0;
   // `on_bytes` sees the bytes downloaded so far at least once a second, and may throw to

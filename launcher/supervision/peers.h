@@ -3,6 +3,7 @@
 // the job's result (the exit barrier).
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -58,6 +59,9 @@ class Peers : public StopRequests {
   virtual std::vector<int> AbsentRanks() { return {}; }
   // This node's address on its connection to the leader ("" when there is none).
   virtual std::string LocalAddress() { return ""; }
+  // Node 0's wall clock minus this node's (0 on node 0, and where it is not known): the
+  // job's report draws every node on node 0's clock (launcher/report/recorder.h).
+  virtual std::chrono::nanoseconds LeaderClockOffset() { return {}; }
   // What a node that another node's failure stopped exits with, once TakeStop said so:
   // that node's code, so the scheduler sees one result for the job; 69 when it was lost.
   virtual int StopExitCode() { return kExitUnavailable; }
@@ -154,6 +158,9 @@ class TcpPeers final : public Peers {
   // in-process (LeaderStore); every other node's: its client.
   rendezvous::Store* store() override;
   std::string LocalAddress() override { return client_->LocalAddress(); }
+  std::chrono::nanoseconds LeaderClockOffset() override {
+    return server_ ? std::chrono::nanoseconds{0} : client_->handshake().clock_offset.value_or(std::chrono::nanoseconds{0});
+  }
   int StopExitCode() override;
   void BeginCycle(int64_t cycle) override;
   bool AwaitRestartOrVerdict(SignalRouter& signals, int& signal_number) override;

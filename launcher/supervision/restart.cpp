@@ -131,6 +131,10 @@ CycleRecord RecordOf(const PeerEvent& restart) {
   record.restarts_used = restart.decision.value("restarts_used", 0);
   record.max_restarts = restart.decision.value("max_restarts", 0);
   record.stopped = Clock::now();
+  record.failed_node = restart.rank;
+  record.failed_host = restart.host;
+  record.failed_exit_code = restart.exit_code;
+  record.fault = restart.received == Clock::time_point{} ? record.stopped : restart.received;
   return record;
 }
 

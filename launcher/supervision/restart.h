@@ -84,6 +84,12 @@ struct CycleRecord {
   double every_job_stopped_s = -1;
   double every_node_restarted_s = -1;
   std::string lost_ranks;  // ranks whose launcher was lost: not in every_job_stopped_s
+  // The failure that ended the cycle before it: the failed node (its slot), its host, its
+  // exit code (0: its launcher was lost), and when this node learnt of it.
+  int failed_node = -1;
+  std::string failed_host;
+  int failed_exit_code = 0;
+  std::chrono::steady_clock::time_point fault{};
 };
 
 // "cycle 1 (node 2 (host, addr) failed: exit code 1): fault → decided 0.1 ms → every job

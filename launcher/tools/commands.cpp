@@ -1,6 +1,10 @@
 #include "launcher/tools/commands.h"
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
 #include <map>
 #include <optional>
 
@@ -13,10 +17,13 @@
 #include "launcher/phases/checkpoints.h"
 #include "launcher/phases/fabric.h"
 #include "launcher/phases/ready.h"
+#include "launcher/report/goodput_json.h"
+#include "launcher/report/html_report.h"
 #include "launcher/supervision/peers.h"
 #include "launcher/supervision/signals.h"
 #include "launcher/timeline.h"
 #include "storage/destination.h"
+#include "storage/durable_file.h"
 
 namespace bt::launcher {
 namespace {
@@ -103,6 +110,64 @@ int CheckpointsSubcommand(const CliOptions& cli) {
   if (!options.identity.leader_addr) options.identity.leader_addr = "127.0.0.1";
   PreparedJob job = PrepareJob(options, false, timeline);
   return ListCheckpoints(job.config, job.environment, cli);
+}
+
+namespace {
+
+// A goodput.json's text and where it came from: --input, or the one node 0 uploaded beside
+// the job's checkpoints. Throws LaunchFailure(74) when it cannot be read or is not there.
+std::pair<std::string, std::string> GoodputText(const CliOptions& cli) {
+  if (cli.input) {
+    std::ifstream file(*cli.input, std::ios::binary);
+    std::stringstream text;
+    text << file.rdbuf();
+    if (!file) throw LaunchFailure(kExitIo, "report: cannot read " + *cli.input + ": " + std::strerror(errno));
+    return {text.str(), *cli.input};
+  }
+  Timeline timeline;
+  CliOptions options = cli;
+  if (!options.identity.node_rank) options.identity.node_rank = "0";
+  if (!options.identity.leader_addr) options.identity.leader_addr = "127.0.0.1";
+  PreparedJob job = PrepareJob(options, false, timeline);
+  const std::string job_id = cli.job_id.value_or(job.job_id());
+  try {
+    env::ValidateJobId(job_id, cli.job_id ? "--job-id" : "BT_TRAINING_JOB_ID");
+  } catch (const env::ConfigError& error) {
+    throw LaunchFailure(kExitConfig, error.what());
+  }
+  const storage::DestinationSpec spec = ResolveCheckpointDestination(job.config, job.environment, cli.root, cli.destination);
+  const std::string path = job_id + "/.bt-report/goodput.json";
+  std::optional<std::string> text;
+  try {
+    text = storage::OpenDestination(spec)->ReadText(path);
+  } catch (const storage::DestinationError& error) {
+    throw LaunchFailure(kExitIo, "report: cannot read " + spec.uri + "/" + path + ": " + error.what());
+  }
+  if (!text) {
+ throw LaunchFailure(kExitIo, "report: " + spec.uri + "/" + path + " does not exist (node 0 writes it when the "
+                                      "job ends; give a local file with --input)");
+  }
+  return {*text, spec.uri + "/" + path};
+}
+
+}  // namespace
+
+int ReportSubcommand(const CliOptions& cli) {
+  const auto [text, origin] = GoodputText(cli);
+  report::Goodput goodput;
+  try {
+    goodput = report::ParseGoodputJson(text, origin);
+  } catch (const report::GoodputJsonError& error) {
+    throw LaunchFailure(kExitConfig, std::string("report: ") + error.what());
+  }
+  try {
+    storage::WriteFileAtomically(cli.out, report::RenderHtmlReport(goodput));
+  } catch (const std::exception& error) {
+    throw LaunchFailure(kExitIo, std::string("report: cannot write ") + cli.out + ": " + error.what());
+  }
+  std::printf("%s", report::FormatGoodputTable(goodput).c_str());
+  std::printf("report: %s (from %s)\n", cli.out.c_str(), origin.c_str());
+  return 0;
 }
 
 int UploadWorkerSubcommand(const CliOptions& cli) {

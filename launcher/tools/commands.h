@@ -13,6 +13,9 @@ int EnvSubcommand(const CliOptions& cli);
 int RendezvousSubcommand(const CliOptions& cli);
 // `checkpoints`: the committed checkpoints of a job, per rank; --verify re-hashes them.
 int CheckpointsSubcommand(const CliOptions& cli);
+// `bt-launch report`: the HTML picture of a job from its goodput.json (--input, or the one node 0
+// uploaded beside the job's checkpoints). 65 when that file is corrupt or truncated.
+int ReportSubcommand(const CliOptions& cli);
 // `upload-worker`: the uploader process the checkpoint agent starts (checkpoint/uploader.h).
 int UploadWorkerSubcommand(const CliOptions& cli);
 // `fabric`: this node's RDMA devices and the NCCL variables it would export.

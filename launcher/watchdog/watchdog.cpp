@@ -322,6 +322,7 @@ struct HangFindings {
   std::string place;                 // where the odd ranks (or all) are: "same hang" is judged on it
   int blamed_rank = 0;               // the node named as the cycle's failure
   std::string cause;
+  std::optional<double> job_quiet_s;  // since any node's last progress, when the stacks were asked for
 };
 
 // `limit`: the limit the stall crossed, for the cause ("limit 10 s").
@@ -404,6 +405,7 @@ HangFindings Judge(const std::vector<NodeStacks>& nodes, int stalled_rank, const
   for (const NodeStacks& node : nodes) {
     if (node.quiet_s && (!job_quiet_s || *node.quiet_s < *job_quiet_s)) job_quiet_s = node.quiet_s;
   }
+  findings.job_quiet_s = job_quiet_s;
   findings.cause = (job_quiet_s ? "no progress on any node for " + FormatSeconds(*job_quiet_s) : "no progress since the start") +
                    " (" + limit + ")" + (odd.empty() ? "" : "; " + odd) + (first.empty() || nodes.size() < 2 ? "" : "; " + first);
   return findings;
@@ -690,8 +692,9 @@ void Watchdog::Watch(int64_t cycle, bool watching, Clock::time_point since) {
     if (request) {
       if (request->cycle != cycle) continue;
       spdlog::warn("watchdog: {}", request->message);
+      const auto asked = Clock::now();  // about when every node measures how long its job was quiet
       AnswerStackRequest(cycle, !watching);
-      if (node_.rank == 0) GatherAndDeclare(cycle, request->rank);
+      if (node_.rank == 0) GatherAndDeclare(cycle, request->rank, asked);
       continue;
     }
     if (!watching) continue;
@@ -754,6 +757,7 @@ void Watchdog::OnStall(int64_t cycle, double quiet_s, double limit_s) {
     return;
   }
   // A node alone: its own stacks make the whole report.
+  const auto asked = Clock::now();
   const std::vector<NodeStacks> nodes{ParseAnswer(node_.rank, NodeAnswer(quiet_s))};
   // The job ended while its stacks were taken (a final save that was slow, not stuck): its
   // own exit is the cycle's outcome, not a hang.
@@ -762,6 +766,7 @@ void Watchdog::OnStall(int64_t cycle, double quiet_s, double limit_s) {
     return;
   }
   const HangFindings findings = Judge(nodes, node_.rank, "limit " + FormatSeconds(limit_s));
+  TellHangCalled(cycle, asked, findings.job_quiet_s.value_or(quiet_s));
   std::string cause = findings.cause;
   const fs::path report = paths_.report_dir / ("hang-" + UtcStamp() + "-cycle-" + std::to_string(cycle) + ".txt");
   try {
@@ -831,7 +836,13 @@ void Watchdog::AnswerStackRequest(int64_t cycle, bool finished) {
   }
 }
 
-void Watchdog::GatherAndDeclare(int64_t cycle, int stalled_rank) {
+void Watchdog::TellHangCalled(int64_t cycle, Clock::time_point asked, double quiet_s) {
+  if (!on_hang_called_) return;
+  const auto stall_start = asked - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(quiet_s));
+  on_hang_called_(cycle, stall_start, Clock::now());
+}
+
+void Watchdog::GatherAndDeclare(int64_t cycle, int stalled_rank, Clock::time_point asked) {
   rendezvous::Store* store = peers_->store();
   if (store == nullptr) return;
   // Each node takes up to stack_timeout_s for the Python stacks, then as long for gdb's.
@@ -863,6 +874,7 @@ void Watchdog::GatherAndDeclare(int64_t cycle, int stalled_rank) {
     spdlog::error("watchdog: cannot write the hang report {}: {}", report.string(), error.what());
   }
   for (const std::string& line : findings.summary) spdlog::error("watchdog: {}", line);
+  if (findings.job_quiet_s) TellHangCalled(cycle, asked, *findings.job_quiet_s);
   try {
     peers_->DeclareHang(cycle, findings.blamed_rank, cause, kExitHung);
   } catch (const std::exception& error) {

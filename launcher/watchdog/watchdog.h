@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -83,6 +84,11 @@ class Watchdog final : public StopRequests {
   // node alone; with peers the hang reaches every node as the cycle's failure).
   bool StoppedAsHung() const;
 
+  // Told when this node calls a cycle hung (node 0, or a node alone): when the job's last
+  // progress was, and now. For the job's report; set before the first cycle.
+  using HangCalled = std::function<void(int64_t cycle, Clock::time_point stall_start, Clock::time_point detected)>;
+  void OnHangCalled(HangCalled on_hang_called) { on_hang_called_ = std::move(on_hang_called); }
+
   // The job's own descriptions of the files that are its stdout and stderr (the
   // supervisor spawns the job with them); what it writes there is progress.
   const OutputFiles& output_files() const { return output_files_; }
@@ -108,7 +114,8 @@ class Watchdog final : public StopRequests {
   bool HasStackRequest();
   void OnStall(int64_t cycle, double quiet_s, double limit_s);
   void AnswerStackRequest(int64_t cycle, bool finished);
-  void GatherAndDeclare(int64_t cycle, int stalled_rank);
+  void GatherAndDeclare(int64_t cycle, int stalled_rank, Clock::time_point asked);
+  void TellHangCalled(int64_t cycle, Clock::time_point asked, double quiet_s);
   std::string NodeAnswer(double quiet_s);
   bool LookForProgress();
   bool StartupOver(bool job_says_it_runs, double elapsed_s) const;
@@ -139,6 +146,7 @@ class Watchdog final : public StopRequests {
   OutputFiles output_files_;
   // The previous hang's place (node 0): a hang at the same place in a later cycle is named.
   std::optional<std::pair<int64_t, std::string>> last_hang_;
+  HangCalled on_hang_called_;
 };
 
 }  // namespace bt::launcher::watchdog

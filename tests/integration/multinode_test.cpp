@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <cstdlib>
 #include <map>
@@ -1856,6 +1857,100 @@ TEST(Spares, ACountWithoutTheSparesIsAConfigErrorNamingBoth) {
 }
 
 }  // namespace spares
+
+namespace goodput {
+
+// The trainer of the goodput test: a step a second, a checkpoint each step, each line with
+// the time (this host's clock: the test compares differences only). Cycle 0: node 2 fails
+// 0.6 s after saving checkpoint-4. Cycle 1: after saving checkpoint-7 every node prints for
+// 2 s more, then hangs. Cycle 2 finishes at step 10.
+constexpr const char* kTrainer = R"sh(now() { date +%s.%N; }
+start=0
+[ -n "$BT_RESUME_CHECKPOINT" ] && start=${BT_RESUME_CHECKPOINT#checkpoint-}
+for step in $(seq $((start + 1)) 10); do
+  sleep 1
+  d=$BT_CHECKPOINT_DIR/checkpoint-$step
+  mkdir -p $d && echo x > $d/model.bin && echo "{\"global_step\": $step}" > $d/trainer_state.json
+  echo "saved checkpoint-$step at $(now) in cycle $BT_RESTART_COUNT"
+  if [ "$BT_RESTART_COUNT" = 0 ] && [ $step = 4 ] && [ $BT_NODE_RANK = 2 ]; then
+    sleep 0.6; echo "failing at $(now)"; exit 1
+  fi
+  if [ "$BT_RESTART_COUNT" = 1 ] && [ $step = 7 ]; then
+    for i in 1 2 3 4; do sleep 0.5; echo "still working at $(now)"; done
+    exec sleep 1000
+  fi
+done
+)sh";
+
+// The last time `prefix` starts a line of `output` with ("<prefix><seconds>...").
+double TimeAfter(const std::string& output, const std::string& prefix) {
+  double found = NAN;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    const size_t at = line.find(prefix);
+    if (at != std::string::npos) found = std::stod(line.substr(at + prefix.size()));
+  }
+  return found;
+}
+
+// Issue 31 §4: a 3-node job with one failure and one hang, restarts on, a checkpoint every
+// second. Node 0's goodput.json adds up to the wall time, the failure's lost work is the
+// time from the save it resumed from to the fault, the hang's bucket is the stall until it
+// was called, every node has a lane, and the report is beside the checkpoints.
+TEST(Goodput, AFailureAndAHangAreChargedToLostWorkAndTheHangBucket) {
+  TempDir scratch;
+  const std::string trainer = scratch.Write("train.sh", kTrainer);
+  nlohmann::json launcher = restart::RestartSettings(scratch, 3, 2);
+  launcher["watchdog"] = {{"stall_timeout_s", 3}, {"stack_timeout_s", 2}, {"report_dir", scratch.path() + "/reports"}};
+  launcher["checkpoint"]["quiet_period_s"] = 0.3;
+  launcher["checkpoint"]["scan_interval_s"] = 0.2;
+  Job job(3, nlohmann::json::array({"sh " + trainer}).dump(), "", true, launcher, FreePort());
+  auto processes = job.StartAll();
+  auto results = Job::FinishAll(processes);
+  for (int rank = 0; rank < 3; ++rank) ASSERT_EQ(results[rank].exit_code, 0) << "node " << rank << ":\n" << results[rank].err;
+
+  const std::string json_path = scratch.path() + "/reports/goodput.json";
+  ASSERT_TRUE(fs::exists(json_path)) << results[0].err;
+  const nlohmann::json goodput = nlohmann::json::parse(ReadFile(json_path));
+  double buckets = goodput["goodput_s"].get<double>();
+  for (const auto& [cause, seconds] : goodput["badput_s"].items()) buckets += seconds.get<double>();
+  EXPECT_NEAR(buckets, goodput["wall_s"].get<double>(), 0.01 * goodput["wall_s"].get<double>());
+  ASSERT_EQ(goodput["cycles"].size(), 3u) << goodput.dump(1);
+  const nlohmann::json& failed = goodput["cycles"][0];
+  const nlohmann::json& hung = goodput["cycles"][1];
+  EXPECT_EQ(failed["cause"], "failure");
+  EXPECT_EQ(failed["node"], 2);
+  EXPECT_EQ(failed["kept"], "checkpoint-4");
+  EXPECT_EQ(hung["cause"], "hang");
+  EXPECT_EQ(hung["kept"], "checkpoint-7");
+  EXPECT_EQ(goodput["cycles"][2]["cause"], "success");
+
+  // Lost work: node 0's save of checkpoint-4 (its part is what the record's time is) to node
+  // 2's failure; then node 0's save of checkpoint-7 to the job's last progress.
+  const double saved_4 = TimeAfter(results[0].out.substr(0, results[0].out.find("in cycle 1")), "saved checkpoint-4 at ");
+  const double failed_at = TimeAfter(results[2].out, "failing at ");
+  EXPECT_NEAR(failed["lost_work_s"].get<double>(), failed_at - saved_4, 0.2) << results[0].out << results[2].out;
+  double last_progress = 0;
+  for (const ProcessResult& result : results) last_progress = std::max(last_progress, TimeAfter(result.out, "still working at "));
+  const double saved_7 = TimeAfter(results[0].out, "saved checkpoint-7 at ");
+  EXPECT_NEAR(hung["lost_work_s"].get<double>(), last_progress - saved_7, 0.3) << results[0].out;
+  // The hang: the stall (stall_timeout_s) and its detection (the stacks, at most twice
+  // stack_timeout_s), charged from the last progress.
+  EXPECT_GE(hung["hang_s"].get<double>(), 3.0);
+  EXPECT_LE(hung["hang_s"].get<double>(), 3.0 + 2 * 2 + 1.0);
+  EXPECT_NEAR(hung["hang_s"].get<double>(), hung["detected_s"].get<double>() - hung["stall_start_s"].get<double>(), 1e-3);
+
+  std::set<int> lanes;
+  for (const auto& lane : goodput["lanes"]) lanes.insert(lane["node"].get<int>());
+  EXPECT_EQ(lanes, (std::set<int>{0, 1, 2}));
+  EXPECT_NE(results[0].err.find("goodput:\n"), std::string::npos);
+  EXPECT_NE(results[0].err.find("report: " + scratch.path() + "/reports/report.html"), std::string::npos);
+  const std::string uploaded = scratch.path() + "/remote/" + restart::kJobId + "/.bt-report/";
+  EXPECT_EQ(ReadFile(uploaded + "goodput.json"), ReadFile(json_path));
+  EXPECT_TRUE(fs::exists(uploaded + "report.html"));
+}
+
+}  // namespace goodput
 
 }  // namespace
 }  // namespace bt::testing

@@ -90,12 +90,16 @@ TEST(StoreCommitBoard, APartOfTheNextCycleNeverCompletesAnOpenSave) {
 class CutOffStore : public rendezvous::Store {
  public:
   explicit CutOffStore(rendezvous::Store& store) : store_(store) {}
-  void Set(const std::string& key, const std::string& value) override { Through().Set(key, value); }
+  void Set(const std::string& key, const std::string& value) override {
+    Through().Set(key, value);
+    if (cut_after_answering && key.starts_with("bt/ckpt/answer/")) cut = true;
+  }
   std::string Get(const std::string& key, std::chrono::milliseconds timeout) override { return Through().Get(key, timeout); }
   void Wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override { Through().Wait(keys, timeout); }
   int64_t Add(const std::string& key, int64_t delta) override { return Through().Add(key, delta); }
   std::vector<std::optional<std::string>> Peek(const std::vector<std::string>& keys) override { return Through().Peek(keys); }
   std::atomic<bool> cut{false};
+  std::atomic<bool> cut_after_answering{false};  // cut once an answer to a save went through
 
  private:
   rendezvous::Store& Through() {
@@ -607,6 +611,25 @@ TEST_F(CommitAcrossCycles, AFollowerCutOffFromTheStoreNeverTakesAnUnknownOutcome
   EXPECT_FALSE(leader.committed) << leader.message;
   EXPECT_FALSE(follower.committed) << follower.message;
   EXPECT_NE(follower.message.find("not known to be committed"), std::string::npos) << follower.message;
+}
+
+// Soak seed 3088: node 1 answered node 0's last save with its uploaded part and was cut off
+// (its link down) before it heard the commit, which node 0 wrote: node 1's drain failed (74)
+// while node 0's succeeded. The save's commit record at the destination names node 1's part:
+// committed. (The record of a save node 0 never committed is no such proof: the test above.)
+TEST_F(CommitAcrossCycles, AFollowerCutOffAfterItsAnswerReadsTheCommitAtTheDestination) {
+  cut_off_rank_ = 1;
+  auto node0 = Start(0);
+  auto node1 = Start(1);
+  cut_off_->cut_after_answering = true;
+  SaveOnNodeOne("export-1", 500);
+  SaveOnNodeZero("export-1", 1000);
+  ASSERT_TRUE(WaitForCommit("export-1").has_value());
+  ASSERT_TRUE(cut_off_->cut);
+  auto [leader, follower] = DrainBoth(*node0, *node1);
+  EXPECT_TRUE(leader.committed) << leader.message;
+  EXPECT_TRUE(follower.committed) << follower.message;
+  EXPECT_NE(follower.message.find("its commit record at the destination says so"), std::string::npos) << follower.message;
 }
 
 // Defect 12: BT_LOAD_CHECKPOINT_DIR inside BT_CHECKPOINT_DIR: what the launcher loads there

@@ -1,0 +1,145 @@
+#include "launcher/phases/job_report.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <stdexcept>
+
+#include <spdlog/spdlog.h>
+
+#include "launcher/report/goodput_json.h"
+#include "launcher/report/html_report.h"
+#include "storage/durable_file.h"
+
+namespace bt::launcher {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Where the report's files go on node 0: the watchdog's report folder, as the hang reports.
+fs::path ReportDir(const PreparedJob& job) {
+  if (!job.config.launcher.watchdog.report_dir.empty()) return job.config.launcher.watchdog.report_dir;
+  auto scratch = job.environment.variables.find("BT_SCRATCH_DIR");
+  return fs::path(scratch != job.environment.variables.end() ? scratch->second : "/tmp") / "bt-launch";
+}
+
+std::string HostName() {
+  char host[256] = "";
+  gethostname(host, sizeof host - 1);
+  return host;
+}
+
+constexpr std::chrono::milliseconds kLaneWait{3000};
+
+// Every other launcher's lane, as it sent it; one that cannot be read is left out, said why.
+std::vector<report::LaneRecord> OtherLanes(Peers* peers, int launchers) {
+  std::vector<report::LaneRecord> lanes;
+  if (peers == nullptr || peers->store() == nullptr || launchers < 2) return lanes;
+  std::vector<std::string> keys;
+  for (int slot = 1; slot < launchers; ++slot) keys.push_back(report::LaneKey(slot));
+  // A follower sends its lane once it knows the job's verdict, as node 0 does: the ones still
+  // connected are waited for, briefly.
+  const std::vector<int> absent = peers->AbsentRanks();
+  std::vector<std::string> awaited;
+  for (int slot = 1; slot < launchers; ++slot) {
+    if (std::find(absent.begin(), absent.end(), slot) == absent.end()) awaited.push_back(report::LaneKey(slot));
+  }
+  std::vector<std::optional<std::string>> values;
+  try {
+    try {
+      peers->store()->Wait(awaited, kLaneWait);
+    } catch (const rendezvous::StoreTimeout& late) {
+      spdlog::warn("report: some nodes' phases did not come within {} ms ({}): drawn without them", kLaneWait.count(),
+                   late.what());
+    }
+    values = peers->store()->Peek(keys);
+  } catch (const std::exception& error) {
+    spdlog::warn("report: cannot read the other nodes' phases ({}): the report has node 0's lane only", error.what());
+    return lanes;
+  }
+  for (size_t i = 0; i < values.size(); ++i) {
+    const int slot = int(i) + 1;
+    if (!values[i]) continue;  // lost before its end: its lane is not known
+    try {
+      report::LaneRecord lane = report::LaneRecordFromJson(*values[i]);
+      lane.slot = slot;
+      lanes.push_back(std::move(lane));
+    } catch (const std::invalid_argument& error) {
+      spdlog::warn("report: node {}'s phases ({}) cannot be read: {}: left out", slot, report::LaneKey(slot), error.what());
+    }
+  }
+  return lanes;
+}
+
+// The report beside the job's checkpoints, where whoever reads them finds it.
+void Upload(const storage::DestinationSpec& spec, const std::string& job_id, const std::string& json_text,
+            const std::string& html) {
+  if (spec.scheme == "spool") {
+    spdlog::info("report: {} is a spool (checkpoints only): the report stays on node 0", spec.uri);
+    return;
+  }
+  const std::string dir = job_id + "/.bt-report/";
+  try {
+    std::unique_ptr<storage::Destination> destination = storage::OpenDestination(spec);
+    destination->WriteText(dir + "goodput.json", json_text);
+    destination->WriteText(dir + "report.html", html);
+    spdlog::info("report: uploaded to {}/{}", spec.uri, dir);
+  } catch (const std::exception& error) {
+    spdlog::warn("report: cannot upload to {}/{}: {} (it stays on node 0)", spec.uri, dir, error.what());
+  }
+}
+
+}  // namespace
+
+report::LaneRecord LaneOf(const Timeline& timeline, const report::JobClock& clock, int slot, std::optional<int> rank) {
+  report::LaneRecord lane;
+  lane.slot = slot;
+  lane.node = rank.value_or(-1);
+  lane.host = HostName();
+  for (const Timeline::Span& span : timeline.Spans()) lane.phases.push_back({span.name, clock.At(span.start), clock.At(span.end)});
+  return lane;
+}
+
+void SendLane(Peers* peers, const report::LaneRecord& lane) {
+  if (peers == nullptr || peers->store() == nullptr) return;
+  try {
+    peers->store()->Set(report::LaneKey(lane.slot), report::LaneRecordToJson(lane));
+  } catch (const std::exception& error) {
+    spdlog::warn("report: cannot send this node's phases to node 0 ({}): its lane is missing from the report", error.what());
+  }
+}
+
+report::JobNs SavedAt(const std::string& checkpoint_dir, const std::string& name, const report::JobClock& clock) {
+  struct stat status {};
+  if (checkpoint_dir.empty() || stat((checkpoint_dir + "/" + name).c_str(), &status) != 0) return clock.Now();
+  const auto modified = std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
+      std::chrono::seconds(status.st_mtim.tv_sec) + std::chrono::nanoseconds(status.st_mtim.tv_nsec)));
+  return clock.FromWall(modified);
+}
+
+void WriteJobReport(const PreparedJob& job, Peers* peers, const report::LaneRecord& own_lane,
+                    const report::JobClock& clock, const report::JobRecorder& recorder, const ReportPlace& place) {
+  std::vector<report::LaneRecord> lanes{own_lane};
+  for (report::LaneRecord& lane : OtherLanes(peers, job.identity.count)) lanes.push_back(std::move(lane));
+  constexpr double kStragglerRatio = 1.2;
+  const report::Goodput goodput = report::ComputeGoodput(recorder.Build(lanes, clock.Now(), kStragglerRatio));
+  spdlog::info("goodput:\n{}", report::FormatGoodputTable(goodput));
+
+  const fs::path dir = ReportDir(job);
+  const std::string json_text = report::GoodputToJson(goodput).dump(1) + "\n";
+  const std::string html = report::RenderHtmlReport(goodput);
+  try {
+    fs::create_directories(dir);
+    storage::WriteFileAtomically((dir / "goodput.json").string(), json_text);
+    storage::WriteFileAtomically((dir / "report.html").string(), html);
+    spdlog::info("report: {} (open it in a browser), {}", (dir / "report.html").string(), (dir / "goodput.json").string());
+  } catch (const std::exception& error) {
+    spdlog::warn("report: cannot write it under {}: {}", dir.string(), error.what());
+  }
+  if (place.upload && place.destination) Upload(*place.destination, job.job_id(), json_text, html);
+}
+
+}  // namespace bt::launcher

@@ -1,0 +1,116 @@
+// The job's record (launcher/report/recorder.h): one clock for every node (node 0's), a lane
+// that survives its trip through the store or is refused naming the field, and node 0's
+// cycles, hangs and commits placed on the axis whose 0 is the earliest launcher start.
+#include "launcher/report/recorder.h"
+
+#include <cmath>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+namespace bt::launcher::report {
+namespace {
+
+using namespace std::chrono_literals;
+constexpr JobNs kSecond = 1'000'000'000;
+
+TEST(JobClock, AFollowersTimesMoveByTheLeadersOffset) {
+  JobClock clock;
+  const auto now = std::chrono::steady_clock::now();
+  const JobNs own = clock.At(now);
+  clock.SetLeaderOffset(std::chrono::seconds(-7));  // node 0's wall clock is 7 s behind this host's
+  EXPECT_EQ(clock.At(now), own - 7 * kSecond);
+  EXPECT_EQ(clock.At(now + 2s) - clock.At(now), 2 * kSecond);  // steady: a wall-clock step moves nothing
+  const auto wall = std::chrono::system_clock::now();
+  EXPECT_EQ(clock.FromWall(wall), std::chrono::duration_cast<std::chrono::nanoseconds>(wall.time_since_epoch()).count() -
+                                      7 * kSecond);
+}
+
+TEST(LaneRecord, SurvivesItsTripThroughTheStore) {
+  LaneRecord lane{2, 1, "host-\xff\n2", {{"rendezvous", 10, 20}, {"run", 20, 90}}};
+  const LaneRecord back = LaneRecordFromJson(LaneRecordToJson(lane));
+  EXPECT_EQ(back.slot, 2);
+  EXPECT_EQ(back.node, 1);
+  ASSERT_EQ(back.phases.size(), 2u);
+  EXPECT_EQ(back.phases[1].name, "run");
+  EXPECT_EQ(back.phases[1].start, 20);
+  EXPECT_EQ(back.phases[1].end, 90);
+}
+
+TEST(LaneRecord, ABadLaneNamesItsField) {
+  const auto problem = [](const std::string& text) {
+    try {
+      LaneRecordFromJson(text);
+    } catch (const std::invalid_argument& error) {
+      return std::string(error.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(problem("{\"slot\": 1, \"node\": 1, \"host\": \"h\", \"phases\": [{\"name\": \"run\", \"start_ns\": 1.5, "
+                    "\"end_ns\": 2}]}"),
+            "phases[0].start_ns: expected an integer");
+  EXPECT_EQ(problem("{\"slot\": 1, \"node\": 1, \"phases\": []}"), "host: missing");
+  EXPECT_EQ(problem("{\"slot\": 1, \"no"), "not a JSON object");
+  EXPECT_EQ(problem("[]"), "not a JSON object");
+}
+
+TEST(FaultKind, TheFailedNodesExitCodeNamesTheCause) {
+  EXPECT_EQ(FaultKind(0), "lost");
+  EXPECT_EQ(FaultKind(124), "hang");
+  EXPECT_EQ(FaultKind(75), "unhealthy");
+  EXPECT_EQ(FaultKind(1), "failure");
+}
+
+// Node 0's view of a job: cycle 0 failed on node 2, cycle 1 hung, cycle 2 succeeded; a lane
+// of a follower that started earlier than node 0 is the axis' 0.
+TEST(JobRecorder, PlacesCyclesHangsAndCommitsOnTheJobsAxis) {
+  JobClock clock;
+  JobRecorder recorder(clock);
+  const JobNs t0 = clock.Now() - 5 * kSecond;  // the follower's start
+  recorder.CycleRan(0, "");
+  recorder.Committed("ckpt-1", t0 + 3 * kSecond);
+  recorder.CycleEnded(0);
+  recorder.CycleFailed(0, t0 + 9 * kSecond, "failure", 2, "host-2", "node 2 failed: exit code 1");
+  recorder.CycleRan(1, "ckpt-1");
+  recorder.HangCalled(1, t0 + 10 * kSecond, t0 + 14 * kSecond);
+  recorder.CycleEnded(1);
+  recorder.CycleFailed(1, t0 + 14 * kSecond, "hang", 0, "host-0", "hung");
+  recorder.CycleRan(2, "ckpt-1");
+  recorder.CycleEnded(2);
+  recorder.JobEnded("success", "exit 0");
+  const std::vector<LaneRecord> lanes{{0, 0, "host-0", {{"run", t0 + 1 * kSecond, t0 + 6 * kSecond}}},
+                                      {1, 1, "host-1", {{"identity", t0, t0 + kSecond}}}};
+  const JobRecord record = recorder.Build(lanes, clock.Now() + kSecond, 1.2);
+  ASSERT_EQ(record.cycles.size(), 3u);
+  EXPECT_EQ(record.lanes[1].phases[0].start_s, 0);
+  EXPECT_NEAR(record.cycles[0].end_s, 9, 1e-6);
+  EXPECT_EQ(record.cycles[0].cause, "failure");
+  EXPECT_EQ(record.cycles[0].node, 2);
+  EXPECT_EQ(record.cycles[1].resumed_from, "ckpt-1");
+  EXPECT_NEAR(*record.cycles[1].stall_start_s, 10, 1e-6);
+  EXPECT_NEAR(*record.cycles[1].detected_s, 14, 1e-6);
+  EXPECT_EQ(record.cycles[2].cause, "success");
+  ASSERT_EQ(record.commits.size(), 1u);
+  EXPECT_NEAR(record.commits[0].saved_s, 3, 1e-6);
+  EXPECT_GE(record.commits[0].committed_s, record.commits[0].saved_s);
+  EXPECT_NEAR(record.training_end_s, record.cycles[2].end_s, 1e-6);
+  const Goodput goodput = ComputeGoodput(record);
+  EXPECT_NEAR(goodput.goodput_s + goodput.badput.Total(), goodput.wall_s, 1e-6);
+}
+
+// A job ended by a restart's decision whose cycle never ran: the last cycle that ran keeps the
+// fault the decision named, not "success".
+TEST(JobRecorder, TheJobsEndNeverOverwritesAFaultADecisionNamed) {
+  JobClock clock;
+  JobRecorder recorder(clock);
+  recorder.CycleRan(0, "");
+  recorder.CycleEnded(0);
+  recorder.CycleFailed(0, clock.Now(), "lost", 1, "host-1", "node 1 lost");
+  recorder.JobEnded("failure", "stopped: not every node was ready");
+  const JobRecord record = recorder.Build({}, clock.Now(), 1.2);
+  ASSERT_EQ(record.cycles.size(), 1u);
+  EXPECT_EQ(record.cycles[0].cause, "lost");
+}
+
+}  // namespace
+}  // namespace bt::launcher::report
