@@ -25,6 +25,7 @@
 #include "checkpoint/tree.h"
 #include "checkpoint/uploader.h"
 #include "checkpoint/watcher.h"
+#include "storage/bounded_call.h"
 #include "storage/commit_record.h"
 #include "storage/durable_file.h"
 #include "storage/paths.h"
@@ -1554,21 +1555,36 @@ class CheckpointAgent::Impl {
     return DrainResult{false, "checkpoint " + newest_abandoned_->name + " was not committed: " + newest_abandoned_->why};
   }
 
+  static constexpr std::chrono::milliseconds kDestinationReadAtLeast{1000};
+  static constexpr std::chrono::milliseconds kDestinationReadAtMost{10000};
   static constexpr const char* kReadFromRecord = "its commit record at the destination says so: node 0 could not be reached";
 
   // A follower cut off from node 0's store cannot hear whether node 0 committed a save; the
   // save's commit record at the destination says it (soak seed 3088: node 0 committed the
   // last save, the follower partitioned a moment later exited 74 while the others exited 0).
   // nullopt when the follower can hear node 0, or the record cannot be read.
+  // The read is bounded (review 9, F2: a partition that cut node 0 off often cuts the object
+  // store too, and rclone's own retries held the follower's exit 40 s past its drain): what is
+  // left of the drain's deadline, at least kDestinationReadAtLeast, at most kDestinationReadAtMost.
   std::optional<storage::CommitRecord> CommitAtDestination(const std::string& name) {
     if (!options_.board || is_leader() || (!board_error_ && !leader_lost_since_)) return std::nullopt;
-    try {
-      std::unique_ptr<storage::Destination> destination = storage::OpenDestination(options_.destination);
-      return storage::ReadCommit(*destination, options_.job_id, name);
-    } catch (const std::exception& error) {
-      spdlog::warn("checkpoints: cannot read the commit record of {} at {}: {}", name, options_.destination.uri, error.what());
+    auto record = std::make_shared<std::optional<storage::CommitRecord>>();
+    auto error = std::make_shared<std::string>();
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(drain_deadline_ - Clock::now());
+    const auto bound = std::clamp(left, kDestinationReadAtLeast, kDestinationReadAtMost);
+    const bool answered = storage::FinishesWithin(bound, [spec = options_.destination, job = options_.job_id, name, record, error] {
+      try {
+        *record = storage::ReadCommit(*storage::OpenDestination(spec), job, name);
+      } catch (const std::exception& failure) {
+        *error = failure.what();
+      }
+    });
+    if (!answered || !error->empty()) {
+      spdlog::warn("checkpoints: cannot read the commit record of {} at {}: {}", name, options_.destination.uri,
+                   answered ? *error : "no answer within " + std::to_string(bound.count()) + " ms");
       return std::nullopt;
     }
+    return *record;
   }
 
   // The record names this node's uploaded version: committed with its part. Only a part: a
@@ -1578,7 +1594,9 @@ class CheckpointAgent::Impl {
     const std::optional<storage::CommitRecord> record = CommitAtDestination(version.name);
     if (!record) return false;
     auto part = record->parts.find(options_.node_rank);
-    return part != record->parts.end() && part->second == version.version_id;
+    if (part == record->parts.end() || part->second != version.version_id) return false;
+    auto cycle = record->part_cycles.find(options_.node_rank);
+    return cycle == record->part_cycles.end() || cycle->second == version.cycle;
   }
 
   // Whether the newest complete checkpoint reached the destination and `latest`: on a

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string_view>
@@ -610,10 +611,34 @@ HealthSettings ReadHealthSettings(const json& value, const std::string& path) {
   return settings;
 }
 
+ProgressSettings ReadProgressSettings(const json& value, const std::string& path) {
+  StrictObject object(value, path, {"step_pattern", "straggler_ratio"});
+  ProgressSettings settings;
+  if (const json* v = object.Find("step_pattern")) {
+    settings.step_pattern = ReadNonEmptyString(*v, object.PathOf("step_pattern"));
+    try {
+      const std::regex pattern(settings.step_pattern);
+      if (pattern.mark_count() != 1) {
+        throw ConfigError(object.PathOf("step_pattern"), "expected exactly one group (the step number), got " +
+                                                             std::to_string(pattern.mark_count()) + " in " + v->dump());
+      }
+    } catch (const std::regex_error& error) {
+      throw ConfigError(object.PathOf("step_pattern"), std::string("not a regular expression (") + error.what() + "): " + v->dump());
+    }
+  }
+  if (const json* v = object.Find("straggler_ratio")) {
+    if (!v->is_number() || !(v->get<double>() > 1) || v->get<double>() > 100) {
+      throw ConfigError(object.PathOf("straggler_ratio"), "expected a number above 1 (1.2: 20% slower), got " + v->dump());
+    }
+    settings.straggler_ratio = v->get<double>();
+  }
+  return settings;
+}
+
 LauncherSettings ReadLauncherSettings(const json& value, const std::string& path) {
   StrictObject object(value, path, {"job_id", "project_id", "project_name", "grace_period_s", "peer_failure_grace_s",
                                              "master_port", "rendezvous", "checkpoint", "weights", "cache", "fabric", "restart", "watchdog",
-                                             "health", "spares"});
+                                             "health", "spares", "progress"});
   LauncherSettings launcher;
   if (const json* v = object.Find("job_id")) {
     launcher.job_id = ReadNonEmptyString(*v, object.PathOf("job_id"));
@@ -634,6 +659,7 @@ LauncherSettings ReadLauncherSettings(const json& value, const std::string& path
   if (const json* v = object.Find("restart")) launcher.restart = ReadRestartSettings(*v, object.PathOf("restart"));
   if (const json* v = object.Find("watchdog")) launcher.watchdog = ReadWatchdogSettings(*v, object.PathOf("watchdog"));
   if (const json* v = object.Find("health")) launcher.health = ReadHealthSettings(*v, object.PathOf("health"));
+  if (const json* v = object.Find("progress")) launcher.progress = ReadProgressSettings(*v, object.PathOf("progress"));
   if (const json* v = object.Find("spares")) launcher.spares = int(ReadInt(*v, object.PathOf("spares"), 0, 1024));
   return launcher;
 }

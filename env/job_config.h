@@ -178,6 +178,14 @@ struct HealthSettings {
   OnUnhealthy on_unhealthy = OnUnhealthy::kLeave;
 };
 
+// launcher.progress (docs/GOODPUT.md): where the job's step numbers come from for the goodput
+// report's step figures (BT_HEARTBEAT_FILE always; the job's output when step_pattern is set),
+// and when a node's steps make it a straggler.
+struct ProgressSettings {
+  std::string step_pattern;     // "": none; else an ECMAScript regex with exactly one group, the step
+  double straggler_ratio = 1.2;  // a node whose median step time exceeds the others' by more
+};
+
 struct LauncherSettings {
   std::optional<std::string> job_id;
   std::optional<std::string> project_id;
@@ -193,6 +201,7 @@ struct LauncherSettings {
   RestartSettings restart;
   WatchdogSettings watchdog;
   HealthSettings health;
+  ProgressSettings progress;
   // Hot spares (docs/SPARES.md): launchers beyond compute.node_count, slots node_count...,
   // prepared as the others are, that take a leaving node's training rank.
   int spares = 0;

@@ -296,18 +296,22 @@ struct CheckpointStart {
 // for hangs, and the load of the checkpoint the next cycle resumes from.
 CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, CheckpointStart checkpoint_start, Peers* peers,
                         watchdog::Watchdog* watch, HealthWatch* health, watchdog::Progress* progress, SignalRouter& signals,
-                        TrainingRole& role, report::JobRecorder* recorder) {
+                        TrainingRole& role, report::JobRecorder* recorder,
+                        std::function<void(std::string_view)> steps_from_output) {
   const std::optional<storage::DestinationSpec>& destination = checkpoint_start.destination;
   CheckpointPhase& checkpoint_phase = checkpoint_start.phase;
   CycleHooks hooks;
-  hooks.run = [&cli, &job, peers, watch, health, progress, &signals, &checkpoint_phase, &role, recorder](
-                  int64_t cycle, const std::string& resume) {
+  hooks.run = [&cli, &job, peers, watch, health, progress, &signals, &checkpoint_phase, &role, recorder,
+               steps_from_output](int64_t cycle, const std::string& resume) {
     // What the last cycle left is that cycle's: judged before this cycle's training writes.
     if (checkpoint_phase.agent) checkpoint_phase.agent->BeginCycle(cycle);
     auto grace = std::chrono::milliseconds(int64_t(job.config.launcher.grace_period_s * 1000));
     auto peer_grace = std::chrono::milliseconds(int64_t(job.config.launcher.peer_failure_grace_s * 1000));
     // With the watchdog on, the job's output is progress: relayed, or written to its files.
-    Supervisor supervisor(signals, grace, peer_grace, watch ? progress : nullptr, watch ? &watch->output_files() : nullptr);
+    // Relayed too when its lines carry the step numbers (launcher.progress.step_pattern).
+    const bool relayed = watch || steps_from_output;
+    Supervisor supervisor(signals, grace, peer_grace, relayed ? progress : nullptr, watch ? &watch->output_files() : nullptr);
+    if (steps_from_output) supervisor.ObserveLines(steps_from_output);
     StopUnion own(watch, health);
     StopUnion stops(peers, &own);
     if (watch) watch->BeginCycle(cycle);
@@ -374,7 +378,7 @@ std::function<void(const storage::CommitRecord&)> OnLatestOf(std::shared_ptr<Com
   const std::string checkpoint_dir = dir != job.environment.variables.end() ? dir->second : "";
   return [commits, recorder, &clock, checkpoint_dir](const storage::CommitRecord& commit) {
     if (commits) commits->Committed(commit);
-    if (recorder) recorder->Committed(commit.name, SavedAt(checkpoint_dir, commit.name, clock));
+    if (recorder) recorder->Committed(commit.name, SavedAt(checkpoint_dir, commit.name, clock), commit.cycle);
   };
 }
 
@@ -483,9 +487,15 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline, 
                                    rejoin ? rejoin->cycle : 0, std::move(on_latest), commit_gate,
                                    AbsentRanksOf(peers.get()));
   }
+  report::StepLog steps;  // before the watch and the relay that note steps: it outlives them
   // Until the end: after its job ended, a node still answers a stack request of the others'.
   watchdog::Progress progress;
   std::unique_ptr<watchdog::Watchdog> watch = ArmWatchdog(job, peers.get(), progress);
+  if (watch) {
+    watch->OnHeartbeat([&steps, &clock](const std::string& contents, int64_t modified_ns) {
+      NoteHeartbeatStep(contents, modified_ns, steps, clock);
+    });
+  }
   if (watch && recorder) {
     watch->OnHangCalled([&recorder, &clock](int64_t cycle, auto stall_start, auto detected) {
       recorder->HangCalled(cycle, clock.At(stall_start), clock.At(detected));
@@ -502,17 +512,18 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline, 
   std::vector<CycleRecord> cycles;
   JobOutcome outcome = RunCycles(job.config, peers.get(), signals,
                                  CycleHooksOf(cli, job, {destination, checkpoints}, peers.get(), watch.get(),
-                                              health_watch.get(), &progress, signals, role, recorder.get()),
+                                              health_watch.get(), &progress, signals, role, recorder.get(),
+                                              StepsFromOutput(job.config.launcher.progress, steps, clock)),
                                  resume ? resume->name : "", std::move(rejoin), cycles);
   timeline.Annotate(DescribeOutcome(outcome) + (cycles.empty() ? "" : "; restarts: " + RenderCycles(cycles)));
   if (recorder) RecordCycles(*recorder, clock, cycles, outcome);
   if (outcome.left_job) {
-    return LeaveUnhealthy(outcome, job, checkpoints, timeline, LaneOf(timeline, clock, job.identity.rank, role.rank),
+    return LeaveUnhealthy(outcome, job, checkpoints, timeline, LaneOf(timeline, clock, steps, job.identity.rank, role.rank),
                           peers.get());
   }
   // Its lane before its report, on the one connection: node 0 reads the lanes once every node
   // reported, so each is there by then (its drain is not drawn; node 0's is).
-  if (peers && !recorder) SendLane(peers.get(), LaneOf(timeline, clock, job.identity.rank, role.rank));
+  if (peers && !recorder) SendLane(peers.get(), LaneOf(timeline, clock, steps, job.identity.rank, role.rank));
   if (peers) peers->Report(outcome);  // the other nodes stop now, not after this node's drain
   bool committed = true;
   if (checkpoints.agent) {
@@ -529,8 +540,13 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline, 
   if (!committed && !FailedWithItsPeers(peers.get(), outcome, exit_code)) exit_code = kExitIo;
   LogTimeline(timeline);
   if (recorder) {
-    WriteJobReport(job, peers.get(), LaneOf(timeline, clock, job.identity.rank, role.rank), clock, *recorder,
-                   {destination, checkpoints.agent != nullptr && committed});
+    // The report says what the job's time became; it never changes how the job ended.
+    try {
+      WriteJobReport(job, peers.get(), LaneOf(timeline, clock, steps, job.identity.rank, role.rank), clock, *recorder,
+                     {destination, checkpoints.agent != nullptr && committed});
+    } catch (const std::exception& error) {
+      spdlog::warn("report: not written: {}", error.what());
+    }
   }
   return exit_code;
 }

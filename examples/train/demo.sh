@@ -44,3 +44,5 @@ echo "=== job 2 (examples/train/resume.json): load the latest checkpoint and res
 run_job examples/train/resume.json
 echo "=== job 3 (examples/train/restart.json): node 1 fails at step 50; every node restarts in place"
 run_job examples/train/restart.json
+echo "=== what job 3's time became (node 0 wrote it beside the checkpoints; open the HTML in a browser)"
+"$bt_launch" report --config examples/train/restart.json --root "$root/nodes" --out "$root/job3-report.html" 2>/dev/null

@@ -12,6 +12,8 @@
 
 #include "launcher/report/goodput_json.h"
 #include "launcher/report/html_report.h"
+#include "launcher/report/steps.h"
+#include "storage/bounded_call.h"
 #include "storage/durable_file.h"
 
 namespace bt::launcher {
@@ -33,6 +35,7 @@ std::string HostName() {
 }
 
 constexpr std::chrono::milliseconds kLaneWait{3000};
+constexpr std::chrono::milliseconds kUploadBound{10000};
 
 // Every other launcher's lane, as it sent it; one that cannot be read is left out, said why.
 std::vector<report::LaneRecord> OtherLanes(Peers* peers, int launchers) {
@@ -82,25 +85,68 @@ void Upload(const storage::DestinationSpec& spec, const std::string& job_id, con
     return;
   }
   const std::string dir = job_id + "/.bt-report/";
-  try {
-    std::unique_ptr<storage::Destination> destination = storage::OpenDestination(spec);
-    destination->WriteText(dir + "goodput.json", json_text);
-    destination->WriteText(dir + "report.html", html);
+  auto error = std::make_shared<std::string>();
+  // Bounded: node 0's exit code is decided, the others have left; an object store that stalls
+  // (rclone's retries) must not hold the exit (review 9, F3: 80 s).
+  const bool finished = storage::FinishesWithin(kUploadBound, [spec, dir, json_text, html, error] {
+    try {
+      std::unique_ptr<storage::Destination> destination = storage::OpenDestination(spec);
+      destination->WriteText(dir + "goodput.json", json_text);
+      destination->WriteText(dir + "report.html", html);
+    } catch (const std::exception& failure) {
+      *error = failure.what();
+    }
+  });
+  if (finished && error->empty()) {
     spdlog::info("report: uploaded to {}/{}", spec.uri, dir);
-  } catch (const std::exception& error) {
-    spdlog::warn("report: cannot upload to {}/{}: {} (it stays on node 0)", spec.uri, dir, error.what());
+    return;
   }
+  spdlog::warn("report: not uploaded to {}/{}: {} (it stays on node 0)", spec.uri, dir,
+               finished ? *error : "no answer within " + std::to_string(kUploadBound.count() / 1000) + " s");
 }
 
 }  // namespace
 
-report::LaneRecord LaneOf(const Timeline& timeline, const report::JobClock& clock, int slot, std::optional<int> rank) {
+report::LaneRecord LaneOf(const Timeline& timeline, const report::JobClock& clock, const report::StepLog& steps, int slot,
+                          std::optional<int> rank) {
   report::LaneRecord lane;
+  lane.steps = steps.Samples();
   lane.slot = slot;
   lane.node = rank.value_or(-1);
   lane.host = HostName();
   for (const Timeline::Span& span : timeline.Spans()) lane.phases.push_back({span.name, clock.At(span.start), clock.At(span.end)});
   return lane;
+}
+
+std::function<void(std::string_view lines)> StepsFromOutput(const env::ProgressSettings& settings, report::StepLog& steps,
+                                                            const report::JobClock& clock) {
+  if (settings.step_pattern.empty()) return nullptr;
+  // Validated with the config (65 naming it): a pattern that fails here is a bug.
+  auto pattern = std::make_shared<const report::StepPattern>(settings.step_pattern);
+  return [pattern, &steps, &clock](std::string_view lines) {
+    // A block's lines came together: its newest step is its sample. The last lines only, so a
+    // burst of output costs a bounded number of matches.
+    constexpr int kLinesMatched = 64;
+    if (!lines.empty() && lines.back() == '\n') lines.remove_suffix(1);
+    for (int matched = 0; matched < kLinesMatched && !lines.empty(); ++matched) {
+      const size_t start = lines.rfind('\n');
+      const std::string_view line = start == std::string_view::npos ? lines : lines.substr(start + 1);
+      if (const std::optional<int64_t> step = pattern->Match(line)) {
+        steps.Note(clock.Now(), *step);
+        return;
+      }
+      if (start == std::string_view::npos) return;
+      lines = lines.substr(0, start);
+    }
+  };
+}
+
+void NoteHeartbeatStep(const std::string& contents, int64_t modified_ns, report::StepLog& steps, const report::JobClock& clock) {
+  const std::optional<int64_t> step = report::ParseHeartbeatStep(contents);
+  if (!step) return;
+  const auto modified = std::chrono::system_clock::time_point(
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::nanoseconds(modified_ns)));
+  steps.Note(clock.FromWall(modified), *step);
 }
 
 void SendLane(Peers* peers, const report::LaneRecord& lane) {
@@ -124,12 +170,15 @@ void WriteJobReport(const PreparedJob& job, Peers* peers, const report::LaneReco
                     const report::JobClock& clock, const report::JobRecorder& recorder, const ReportPlace& place) {
   std::vector<report::LaneRecord> lanes{own_lane};
   for (report::LaneRecord& lane : OtherLanes(peers, job.identity.count)) lanes.push_back(std::move(lane));
-  constexpr double kStragglerRatio = 1.2;
-  const report::Goodput goodput = report::ComputeGoodput(recorder.Build(lanes, clock.Now(), kStragglerRatio));
+  const report::Goodput goodput =
+      report::ComputeGoodput(recorder.Build(lanes, clock.Now(), job.config.launcher.progress.straggler_ratio));
   spdlog::info("goodput:\n{}", report::FormatGoodputTable(goodput));
 
   const fs::path dir = ReportDir(job);
-  const std::string json_text = report::GoodputToJson(goodput).dump(1) + "\n";
+  // Names are bytes (a checkpoint's may not be UTF-8): replaced in the report, never thrown on
+  // (review 9, F1: node 0 exited 70 after a job that succeeded).
+  const std::string json_text =
+      report::GoodputToJson(goodput).dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   const std::string html = report::RenderHtmlReport(goodput);
   try {
     fs::create_directories(dir);

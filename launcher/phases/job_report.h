@@ -6,8 +6,10 @@
 // failure: nothing here changes an exit code.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "launcher/job.h"
 #include "launcher/report/recorder.h"
@@ -17,8 +19,17 @@
 
 namespace bt::launcher {
 
-// This launcher's phases on the job's clock; `rank` the training rank it ran last.
-report::LaneRecord LaneOf(const Timeline& timeline, const report::JobClock& clock, int slot, std::optional<int> rank);
+// This launcher's phases and its job's steps on the job's clock; `rank` the training rank it ran last.
+report::LaneRecord LaneOf(const Timeline& timeline, const report::JobClock& clock, const report::StepLog& steps, int slot,
+                          std::optional<int> rank);
+
+// What the relay shows of the job's output, read for step numbers (launcher.progress.
+// step_pattern): the newest step among a block's last lines, noted now. Null without a pattern.
+std::function<void(std::string_view lines)> StepsFromOutput(const env::ProgressSettings& settings, report::StepLog& steps,
+                                                            const report::JobClock& clock);
+// The heartbeat file's steps (BT_HEARTBEAT_FILE holding a number, or {"step": N}), at the
+// time the file says it was written.
+void NoteHeartbeatStep(const std::string& contents, int64_t modified_ns, report::StepLog& steps, const report::JobClock& clock);
 
 // A follower (and a node leaving the job): its lane to node 0's store, before the exit barrier.
 void SendLane(Peers* peers, const report::LaneRecord& lane);

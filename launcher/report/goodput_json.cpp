@@ -182,7 +182,7 @@ json CycleToJson(const CycleShare& share) {
           {"node", cycle.node},
           {"host", cycle.host},
           {"message", cycle.message},
-          {"start_s", cycle.start_s},
+          {"start_s", std::isfinite(cycle.start_s) && cycle.start_s >= 0 ? json(cycle.start_s) : json(nullptr)},
           {"end_s", cycle.end_s},
           {"resumed_from", cycle.resumed_from},
           {"stall_start_s", OptionalToJson(cycle.stall_start_s)},
@@ -235,7 +235,9 @@ CycleShare CycleFromJson(const Fields& fields, double wall_s) {
   cycle.cause = fields.String("cause");
   cycle.node = fields.Int("node");
   cycle.host = fields.String("host");
-  cycle.start_s = fields.Seconds("start_s", wall_s);
+  // null: the cycle never reached its run (a restart decided while its barrier waited).
+  if (!fields.Has("start_s")) fields.Required("start_s");
+  cycle.start_s = fields.OptionalSeconds("start_s", wall_s).value_or(std::numeric_limits<double>::quiet_NaN());
   cycle.end_s = fields.Seconds("end_s", wall_s);
   if (cycle.end_s < cycle.start_s) fields.Fail(fields.PathOf("end_s"), "before start_s");
   cycle.message = fields.OptionalString("message");
@@ -372,7 +374,7 @@ Goodput ParseGoodputJson(std::string_view text, const std::string& origin) {
 
 int WriteGoodputJson(const Goodput& goodput, const std::string& json_path, std::string& error) {
   try {
-    storage::WriteFileAtomically(json_path, GoodputToJson(goodput).dump(1) + "\n");
+    storage::WriteFileAtomically(json_path, GoodputToJson(goodput).dump(1, ' ', false, json::error_handler_t::replace) + "\n");
   } catch (const std::exception& failure) {
     error = failure.what();
     return kExitIo;

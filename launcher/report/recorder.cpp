@@ -38,6 +38,22 @@ JobNs JobClock::FromWall(std::chrono::system_clock::time_point when) const {
   return WallNs(when) + offset_ns_.load(std::memory_order_relaxed);
 }
 
+void StepLog::Note(JobNs at, int64_t step) {
+  std::lock_guard lock(mutex_);
+  if (!samples_.empty() && samples_.back().second == step) return;
+  if (samples_.size() >= kMaxStepSamples) {
+    size_t kept = 0;
+    for (size_t i = 0; i < samples_.size(); i += 2) samples_[kept++] = samples_[i];
+    samples_.resize(kept);
+  }
+  samples_.emplace_back(at, step);
+}
+
+std::vector<std::pair<JobNs, int64_t>> StepLog::Samples() const {
+  std::lock_guard lock(mutex_);
+  return samples_;
+}
+
 std::string LaneKey(int slot) { return "bt/report/lane/" + std::to_string(slot); }
 
 std::string LaneRecordToJson(const LaneRecord& lane) {
@@ -45,7 +61,10 @@ std::string LaneRecordToJson(const LaneRecord& lane) {
   for (const LaneRecord::Span& span : lane.phases) {
     phases.push_back({{"name", span.name}, {"start_ns", span.start}, {"end_ns", span.end}});
   }
-  const json record = {{"slot", lane.slot}, {"node", lane.node}, {"host", lane.host}, {"phases", std::move(phases)}};
+  json steps = json::array();
+  for (const auto& [at, step] : lane.steps) steps.push_back({at, step});
+  const json record = {{"slot", lane.slot}, {"node", lane.node}, {"host", lane.host}, {"phases", std::move(phases)},
+                       {"steps", std::move(steps)}};
   return record.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
@@ -63,6 +82,15 @@ LaneRecord LaneRecordFromJson(std::string_view text) {
     lane.phases.push_back({Field(phases[i], "name", json::value_t::string, where).get<std::string>(),
                            Field(phases[i], "start_ns", json::value_t::number_integer, where).get<JobNs>(),
                            Field(phases[i], "end_ns", json::value_t::number_integer, where).get<JobNs>()});
+  }
+  if (!record.contains("steps")) return lane;
+  const json& steps = Field(record, "steps", json::value_t::array, "");
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const json& sample = steps[i];
+    if (!sample.is_array() || sample.size() != 2 || !sample[0].is_number_integer() || !sample[1].is_number_integer()) {
+      throw std::invalid_argument("steps[" + std::to_string(i) + "]: expected [time_ns, step], two integers");
+    }
+    lane.steps.emplace_back(sample[0].get<JobNs>(), sample[1].get<int64_t>());
   }
   return lane;
 }
@@ -117,10 +145,10 @@ void JobRecorder::HangCalled(int64_t cycle, JobNs stall_start, JobNs detected) {
   times.detected = detected;
 }
 
-void JobRecorder::Committed(const std::string& name, JobNs saved) {
+void JobRecorder::Committed(const std::string& name, JobNs saved, int64_t cycle) {
   const JobNs now = clock_.Now();
   std::lock_guard lock(mutex_);
-  commits_.push_back({name, std::min(saved, now), now});
+  commits_.push_back({name, std::min(saved, now), now, cycle});
 }
 
 JobRecord JobRecorder::Build(const std::vector<LaneRecord>& lanes, JobNs wall_end, double straggler_ratio) const {
@@ -142,6 +170,10 @@ JobRecord JobRecorder::Build(const std::vector<LaneRecord>& lanes, JobNs wall_en
     NodeLane drawn{lane.node, lane.slot, lane.host, {}};
     for (const LaneRecord::Span& span : lane.phases) drawn.phases.push_back({span.name, seconds(span.start), seconds(span.end)});
     record.lanes.push_back(std::move(drawn));
+    if (lane.node < 0 || lane.steps.empty()) continue;
+    NodeSteps steps{lane.node, {}};
+    for (const auto& [at, step] : lane.steps) steps.samples.push_back({seconds(at), step});
+    record.steps.push_back(std::move(steps));
   }
   for (const auto& [number, times] : cycles_) {
     Cycle cycle;
@@ -158,8 +190,29 @@ JobRecord JobRecorder::Build(const std::vector<LaneRecord>& lanes, JobNs wall_en
     if (times.detected) cycle.detected_s = seconds(*times.detected);
     record.cycles.push_back(std::move(cycle));
   }
-  if (!cycles_.empty() && cycles_.rbegin()->second.run_end) record.training_end_s = seconds(*cycles_.rbegin()->second.run_end);
-  for (const CommitTimes& commit : commits_) record.commits.push_back({commit.name, seconds(commit.saved), seconds(commit.committed)});
+  // The job's training ends with its last node's: a follower may train on after node 0's
+  // commands ended (uneven ends), and that is the last cycle's run, not the drain.
+  std::optional<JobNs> last_run_end;
+  for (const LaneRecord& lane : lanes) {
+    for (const LaneRecord::Span& span : lane.phases) {
+      if (span.name == "run" && (!last_run_end || span.end > *last_run_end)) last_run_end = span.end;
+    }
+  }
+  if (!cycles_.empty() && cycles_.rbegin()->second.run_end) {
+    const CycleTimes& last = cycles_.rbegin()->second;
+    JobNs end = *last.run_end;
+    if (!last.fault && last_run_end && *last_run_end > end) {
+      end = *last_run_end;
+      record.cycles.back().end_s = seconds(end);
+    }
+    record.training_end_s = seconds(end);
+  }
+  for (const CommitTimes& commit : commits_) {
+    JobNs saved = commit.saved;
+    auto cycle = cycles_.find(commit.cycle);
+    if (cycle != cycles_.end() && cycle->second.run_start) saved = std::max(saved, *cycle->second.run_start);
+    record.commits.push_back({commit.name, seconds(saved), seconds(std::max(saved, commit.committed))});
+  }
   return record;
 }
 

@@ -52,6 +52,7 @@ struct LaneRecord {
   int node = -1;  // the training rank it ran last; -1: a spare that never took one
   std::string host;
   std::vector<Span> phases;
+  std::vector<std::pair<JobNs, int64_t>> steps;  // its job's step numbers as they came (StepLog)
 };
 
 // The store key a launcher's lane goes under.
@@ -59,6 +60,22 @@ std::string LaneKey(int slot);
 std::string LaneRecordToJson(const LaneRecord& lane);
 // Throws std::invalid_argument naming the field that is wrong.
 LaneRecord LaneRecordFromJson(std::string_view text);
+
+// This launcher's step numbers as its job reports them (BT_HEARTBEAT_FILE, or its output's
+// lines matching launcher.progress.step_pattern), for the report's step figures. A sample is
+// kept when the step changes. Bounded: past kMaxStepSamples every other sample is dropped, so
+// a week's job keeps its whole span at half the resolution. Thread-safe (the relay's thread
+// and the watchdog's note steps).
+class StepLog {
+ public:
+  static constexpr size_t kMaxStepSamples = 4096;
+  void Note(JobNs at, int64_t step);
+  std::vector<std::pair<JobNs, int64_t>> Samples() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<std::pair<JobNs, int64_t>> samples_;
+};
 
 // The kind of fault a restart's decision names, from the failed node's exit code (0: its
 // launcher was lost): the cause goodput.h counts it under.
@@ -82,8 +99,10 @@ class JobRecorder {
   void JobEnded(const std::string& cause, const std::string& message);
   // The watchdog called `cycle` hung at `detected`; the job's last progress was at `stall_start`.
   void HangCalled(int64_t cycle, JobNs stall_start, JobNs detected);
-  // `latest` moved to `name`: saved (complete on disk) at `saved`, committed now.
-  void Committed(const std::string& name, JobNs saved);
+  // `latest` moved to `name`: saved (complete on disk) at `saved` in `cycle`, committed now. A
+  // save time before its cycle's start (a folder copied with its old mtime, a file server's
+  // clock behind) is taken as that start.
+  void Committed(const std::string& name, JobNs saved, int64_t cycle);
 
   // The job's record on one axis: 0 is the earliest launcher start among `lanes` (node 0's own
   // included); `wall_end` is the job's end.
@@ -106,6 +125,7 @@ class JobRecorder {
     std::string name;
     JobNs saved = 0;
     JobNs committed = 0;
+    int64_t cycle = 0;
   };
 
   const JobClock& clock_;

@@ -84,7 +84,8 @@ struct OutputRelay::State {
     enum class Splicing { kUnknown, kOn, kOff } splicing = Splicing::kUnknown;
   };
 
-  State(watchdog::Progress& progress, Options options) : progress(progress), options(options) {}
+  State(watchdog::Progress& progress, Options options)
+      : progress(progress), options(std::move(options)), splice_off(this->options.on_lines != nullptr) {}
   ~State() {
     for (auto& stream : streams) {
       if (stream.source >= 0) close(stream.source);
@@ -104,7 +105,7 @@ struct OutputRelay::State {
   // (tee) while its line ends are looked for, and /dev/null to drop what is not looked at.
   int scratch[2] = {-1, -1};
   int discard = -1;
-  bool splice_off = false;  // they could not be made, or misbehaved: every stream reads
+  bool splice_off;  // they could not be made, or misbehaved, or lines are observed: every stream reads
 
   std::mutex mutex;
   std::condition_variable changed;
@@ -179,6 +180,7 @@ void Consume(State& state, Stream& stream, size_t count, Clock::time_point now) 
   if (newline != nullptr) {
     const size_t through = size_t(static_cast<const char*>(newline) - buffer) + 1;
     WriteAll(state, stream, buffer, through);
+    if (state.options.on_lines) state.options.on_lines(std::string_view(buffer, through));
     stream.pending = total - through;
     if (stream.pending > 0) {
       std::memmove(buffer, buffer + through, stream.pending);

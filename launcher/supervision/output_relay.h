@@ -26,6 +26,8 @@
 #include <poll.h>
 
 #include <array>
+#include <functional>
+#include <string_view>
 #include <chrono>
 #include <cstddef>
 #include <memory>
@@ -68,6 +70,10 @@ struct OutputRelayOptions {
   // The job's own descriptions of the files among the destinations: those streams are not
   // taken over, the job's fd 1 or 2 is its description. Outlives the relay.
   const watchdog::OutputFiles* files = nullptr;
+  // Sees every block of whole lines forwarded (the relay's thread; the goodput report's
+  // step numbers, launcher.progress.step_pattern). Set, the relay reads every chunk: a line
+  // spliced past it would never be seen.
+  std::function<void(std::string_view lines)> on_lines;
 };
 
 // Used from one thread (the supervisor's); it runs one thread of its own.

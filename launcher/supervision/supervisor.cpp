@@ -246,6 +246,7 @@ int Supervisor::RunOne(const Command& command, const std::vector<std::string>& e
   if (progress_ != nullptr && !relay_) {
     OutputRelay::Options options;
     options.files = output_files_;
+    options.on_lines = on_lines_;
     relay_ = std::make_unique<OutputRelay>(*progress_, STDOUT_FILENO, STDERR_FILENO, options);
   }
   // Under mpirun the launcher may be SIGKILLed a second after its SIGTERM: the group must

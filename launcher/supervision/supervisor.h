@@ -6,10 +6,12 @@
 #include <poll.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "launcher/supervision/signals.h"
@@ -60,6 +62,8 @@ class Supervisor {
              std::chrono::milliseconds peer_failure_grace = std::chrono::seconds(5),
              watchdog::Progress* progress = nullptr, const watchdog::OutputFiles* output_files = nullptr);
   ~Supervisor();
+  // With `progress`: every block of whole lines the commands write (OutputRelayOptions::on_lines).
+  void ObserveLines(std::function<void(std::string_view lines)> on_lines) { on_lines_ = std::move(on_lines); }
 
   // Runs `commands` in order and stops at the first that fails or at a shutdown. `label`
   // names them in the log ("start command 2/3: ...").
@@ -93,6 +97,7 @@ class Supervisor {
   watchdog::Progress* progress_ = nullptr;
   const watchdog::OutputFiles* output_files_ = nullptr;
   std::unique_ptr<OutputRelay> relay_;  // during Run, with `progress_`
+  std::function<void(std::string_view lines)> on_lines_;
 };
 
 }  // namespace bt::launcher

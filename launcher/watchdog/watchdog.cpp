@@ -660,6 +660,22 @@ bool Watchdog::Stopping() {
 
 // Notes what the job did since the last look. Returns whether it touched its heartbeat file
 // or saved a checkpoint: signs that it is past its startup.
+namespace {
+
+// The first bytes of the heartbeat file: a step number or a small JSON object, never more.
+std::string ReadHeartbeat(const fs::path& path) {
+  constexpr size_t kMaxHeartbeatBytes = 4096;
+  std::string contents(kMaxHeartbeatBytes, '\0');
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return "";
+  const ssize_t got = read(fd, contents.data(), contents.size());
+  close(fd);
+  contents.resize(got > 0 ? size_t(got) : 0);
+  return contents;
+}
+
+}  // namespace
+
 bool Watchdog::LookForProgress() {
   bool job_says_it_runs = false;
   for (auto& [path, seen] : touched_paths_) {
@@ -669,6 +685,7 @@ bool Watchdog::LookForProgress() {
     if (!mtime) continue;
     progress_.Note();
     job_says_it_runs = true;
+    if (on_heartbeat_ && path == paths_.heartbeat_file) on_heartbeat_(ReadHeartbeat(path), *mtime);
   }
   if (output_files_.JobWrote()) progress_.Note();
   return job_says_it_runs;

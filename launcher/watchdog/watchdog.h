@@ -88,6 +88,11 @@ class Watchdog final : public StopRequests {
   // progress was, and now. For the job's report; set before the first cycle.
   using HangCalled = std::function<void(int64_t cycle, Clock::time_point stall_start, Clock::time_point detected)>;
   void OnHangCalled(HangCalled on_hang_called) { on_hang_called_ = std::move(on_hang_called); }
+  // Told what the heartbeat file holds each time the watch sees it change (once a second,
+  // the watch's thread), with its modification time on this host's clock: the job's step
+  // numbers for the report. Set before the first cycle.
+  using HeartbeatSeen = std::function<void(const std::string& contents, int64_t modified_ns)>;
+  void OnHeartbeat(HeartbeatSeen on_heartbeat) { on_heartbeat_ = std::move(on_heartbeat); }
 
   // The job's own descriptions of the files that are its stdout and stderr (the
   // supervisor spawns the job with them); what it writes there is progress.
@@ -147,6 +152,7 @@ class Watchdog final : public StopRequests {
   // The previous hang's place (node 0): a hang at the same place in a later cycle is named.
   std::optional<std::pair<int64_t, std::string>> last_hang_;
   HangCalled on_hang_called_;
+  HeartbeatSeen on_heartbeat_;
 };
 
 }  // namespace bt::launcher::watchdog

@@ -73,6 +73,14 @@ grep -q "train: resumed from .*/rank-0/$resumed at step $step" <<<"$job3" || fai
 grep -q "train: 4 workers on 2 nodes, steps $((step + 1))..60" <<<"$job3" || fail "cycle 1 did not train on from step $step"
 [ "$(cat "$store/demo-train-restart/latest")" = checkpoint-60 ] || fail "demo-train-restart/latest is not checkpoint-60"
 
+echo "== the demo ends with job 3's goodput: the restart in its table, the report written"
+report=$(sed -n '/=== what job 3/,$p' "$out")
+grep -q "^goodput .* of .* wall time" <<<"$report" || fail "the demo did not print job 3's goodput table"
+grep -q "^  0 *failure .* checkpoint-[24]0$" <<<"$report" || fail "job 3's goodput table does not charge cycle 0's failure"
+grep -q "^  1 *success " <<<"$report" || fail "job 3's goodput table has no cycle 1 after the restart"
+grep -q "^report: /tmp/bt-launch-demo/job3-report.html" <<<"$report" || fail "the demo did not say where the report is"
+[ -s /tmp/bt-launch-demo/job3-report.html ] || fail "the report was not written"
+
 echo "== weights staged once, the cache seeded once, every node ends with its timeline"
 [ "$(grep -c 'weights: staged file://' "$out")" -eq 1 ] || fail "the base model was not staged exactly once"
 [ "$(grep -c 'cache seed: running 1 command' "$out")" -eq 1 ] || fail "the dataset was not seeded exactly once"

@@ -3,6 +3,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -1882,6 +1883,36 @@ for step in $(seq $((start + 1)) 10); do
 done
 )sh";
 
+// The report opened in Debian's chromium (headless): no script error, a lane for each of
+// `lanes` and `faults` faults in the page it rendered; its screenshot is kept in the test's
+// output (test-output/ under the build's tests folder). SKIPPED without chromium.
+void OpenInChromium(const std::string& html, const std::set<std::string>& lanes, size_t faults) {
+  if (access("/usr/bin/chromium", X_OK) != 0) {
+    GTEST_SKIP() << "Debian's chromium is not installed (apt-get install chromium): the report is not opened in a browser";
+  }
+  TempDir profile;
+  const std::string flags = " --headless --no-sandbox --disable-gpu --user-data-dir=" + profile.path() + " ";
+  const std::string dom_path = profile.path() + "/dom.html";
+  const int dumped = std::system(("timeout 60 /usr/bin/chromium" + flags + "--enable-logging=stderr --dump-dom file://" +
+                                  html + " > " + dom_path + " 2> " + profile.path() + "/chromium.log").c_str());
+  ASSERT_TRUE(WIFEXITED(dumped) && WEXITSTATUS(dumped) == 0) << ReadFile(profile.path() + "/chromium.log");
+  const std::string log = ReadFile(profile.path() + "/chromium.log");
+  EXPECT_EQ(log.find("Uncaught"), std::string::npos) << log;
+  const std::string dom = ReadFile(dom_path);
+  for (const std::string& lane : lanes) {
+    EXPECT_NE(dom.find("data-nodes=\"" + lane + "\""), std::string::npos) << "no lane for node " << lane;
+  }
+  size_t drawn = 0;
+  for (size_t at = dom.find("<g class=\"fault "); at != std::string::npos; at = dom.find("<g class=\"fault ", at + 1)) ++drawn;
+  EXPECT_EQ(drawn, faults);
+  fs::create_directories("test-output");
+  const std::string shot = fs::absolute("test-output/goodput-report.png").string();
+  const int shot_status = std::system(("timeout 60 /usr/bin/chromium" + flags + "--window-size=1400,900 --screenshot=" + shot +
+                                       " file://" + html + " > /dev/null 2>&1").c_str());
+  EXPECT_TRUE(WIFEXITED(shot_status) && WEXITSTATUS(shot_status) == 0);
+  EXPECT_GT(fs::file_size(shot), 10'000u);
+}
+
 // The last time `prefix` starts a line of `output` with ("<prefix><seconds>...").
 double TimeAfter(const std::string& output, const std::string& prefix) {
   double found = NAN;
@@ -1948,6 +1979,59 @@ TEST(Goodput, AFailureAndAHangAreChargedToLostWorkAndTheHangBucket) {
   const std::string uploaded = scratch.path() + "/remote/" + restart::kJobId + "/.bt-report/";
   EXPECT_EQ(ReadFile(uploaded + "goodput.json"), ReadFile(json_path));
   EXPECT_TRUE(fs::exists(uploaded + "report.html"));
+
+  // What a user does the morning after: the page from the destination, opened in a browser.
+  const std::string html = scratch.path() + "/job.html";
+  ProcessResult report = RunLauncher({{"report", "--destination", "file://" + scratch.path() + "/remote", "--job-id",
+                                       restart::kJobId, "--out", html, "--root", scratch.path() + "/report-root"}});
+  ASSERT_EQ(report.exit_code, 0) << report.err;
+  OpenInChromium(html, {"0", "1", "2"}, 2);
+}
+
+// Issue 31 §1, steps: a job of 3 nodes printing "global_step=N" (launcher.progress.step_pattern),
+// node 2 taking 0.9 s a step where the others take 0.5 s: the steps done, the step time and
+// node 2 named a straggler. No heartbeat file: the output is the only step source.
+TEST(Goodput, StepsReadFromTheOutputNameTheSlowNodeAStraggler) {
+  TempDir scratch;
+  const std::string trainer = scratch.Write(
+      "train.sh", "for step in $(seq 1 8); do if [ $BT_NODE_RANK = 2 ]; then sleep 0.9; else sleep 0.5; fi; "
+                  "echo \"train: global_step=$step loss 0.5\"; done");
+  nlohmann::json launcher = {{"watchdog", {{"report_dir", scratch.path() + "/reports"}}},
+                             {"progress", {{"step_pattern", "global_step=(\\d+)"}}}};
+  Job job(3, nlohmann::json::array({"sh " + trainer}).dump(), "", false, launcher, FreePort());
+  auto processes = job.StartAll();
+  for (auto& result : Job::FinishAll(processes)) ASSERT_EQ(result.exit_code, 0) << result.err;
+  const nlohmann::json goodput = nlohmann::json::parse(ReadFile(scratch.path() + "/reports/goodput.json"));
+  const nlohmann::json& steps = goodput["steps"];
+  ASSERT_TRUE(steps.is_object()) << goodput.dump(1);
+  EXPECT_EQ(steps["steps_done"], 7);
+  EXPECT_EQ(steps["steps_redone"], 0);
+  EXPECT_NEAR(steps["step_p50_s"].get<double>(), 0.5, 0.15) << steps.dump();
+  EXPECT_EQ(steps["straggler_node"], 2) << steps.dump();
+  EXPECT_NEAR(steps["straggler_ratio"].get<double>(), 1.8, 0.4) << steps.dump();
+  // The job ended when node 2's training did, not node 0's: its last seconds are goodput.
+  EXPECT_LT(goodput["badput_s"]["drain"].get<double>(), 1.0) << goodput.dump(1);
+}
+
+// The same from BT_HEARTBEAT_FILE ({"step": N}), which the watch reads once a second at the
+// time the file was written: node 1 (1 s a step) is the straggler against node 0 (0.5 s).
+TEST(Goodput, StepsReadFromTheHeartbeatFileNameTheSlowNodeAStraggler) {
+  TempDir scratch;
+  const std::string trainer = scratch.Write(
+      "train.sh", "for step in $(seq 1 10); do if [ $BT_NODE_RANK = 1 ]; then sleep 1; else sleep 0.5; fi; "
+                  "echo \"{\\\"step\\\": $step}\" > $BT_HEARTBEAT_FILE; done");
+  nlohmann::json launcher = {{"watchdog", {{"report_dir", scratch.path() + "/reports"}}}};
+  Job job(2, nlohmann::json::array({"sh " + trainer}).dump(), "", false, launcher, FreePort());
+  auto processes = job.StartAll();
+  for (auto& result : Job::FinishAll(processes)) ASSERT_EQ(result.exit_code, 0) << result.err;
+  const nlohmann::json goodput = nlohmann::json::parse(ReadFile(scratch.path() + "/reports/goodput.json"));
+  const nlohmann::json& steps = goodput["steps"];
+  ASSERT_TRUE(steps.is_object()) << goodput.dump(1);
+  EXPECT_GE(steps["steps_done"].get<int>(), 7) << steps.dump();
+  EXPECT_EQ(steps["straggler_node"], 1) << steps.dump();
+  for (const auto& node : steps["nodes"]) {
+    EXPECT_NEAR(node["median_s"].get<double>(), node["node"] == 1 ? 1.0 : 0.5, 0.2) << steps.dump();
+  }
 }
 
 }  // namespace goodput

@@ -201,6 +201,68 @@ TEST(Cli, BenchRendezvousRestartTimesOneRestartInPlace) {
   EXPECT_EQ(RunLauncher({{"bench", "rendezvous", "--restart", "--protocol-only"}}).exit_code, 64);
 }
 
+// Issue 31: even a single node's job ends with its goodput (the table, goodput.json and
+// report.html), and `bt-launch report` draws the page again from the JSON.
+TEST(Cli, AJobEndsWithItsGoodputAndReportDrawsItAgain) {
+  TempDir dir;
+  const std::string config = dir.Write("job.json", nlohmann::json{{"runtime", {{"start_commands", {"sleep 0.3"}}}},
+                                                                   {"launcher", {{"watchdog", {{"report_dir", dir.path() + "/reports"}}}}}}
+                                                       .dump());
+  ProcessResult run = RunLauncher({{"run", "--config", config, "--root", dir.path() + "/root"}});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_NE(run.err.find("goodput:\n"), std::string::npos) << run.err;
+  const nlohmann::json goodput = nlohmann::json::parse(ReadFile(dir.path() + "/reports/goodput.json"));
+  EXPECT_GE(goodput["goodput_s"].get<double>(), 0.3);
+  ASSERT_EQ(goodput["cycles"].size(), 1u);
+  EXPECT_EQ(goodput["cycles"][0]["cause"], "success");
+  ProcessResult report = RunLauncher({{"report", "--input", dir.path() + "/reports/goodput.json", "--out", dir.path() + "/job.html"}});
+  ASSERT_EQ(report.exit_code, 0) << report.err;
+  EXPECT_NE(report.out.find("report: " + dir.path() + "/job.html"), std::string::npos) << report.out;
+  EXPECT_EQ(ReadFile(dir.path() + "/job.html"), ReadFile(dir.path() + "/reports/report.html"));
+}
+
+// A goodput.json cut short, or with a field of the wrong type, is refused naming the file and
+// the field (65); a file that is not there, 74. Never a crash, never a page that lies.
+TEST(Cli, ReportOfABadGoodputJsonExits65NamingTheFileAndTheField) {
+  TempDir dir;
+  ProcessResult run = RunLauncher({{"run", "--root", dir.path() + "/root", "--", "true"}});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const std::string good = ReadFile(dir.path() + "/root/node-0/mnt/bt-scratch/bt-launch/goodput.json");
+  const std::string truncated = dir.Write("truncated.json", good.substr(0, good.size() / 2));
+  ProcessResult cut = RunLauncher({{"report", "--input", truncated, "--out", dir.path() + "/a.html"}});
+  EXPECT_EQ(cut.exit_code, 65) << cut.err;
+  EXPECT_NE(cut.err.find(truncated + ": "), std::string::npos) << cut.err;
+  nlohmann::json wrong = nlohmann::json::parse(good);
+  wrong["cycles"][0]["start_s"] = "soon";
+  const std::string mistyped = dir.Write("mistyped.json", wrong.dump());
+  ProcessResult typed = RunLauncher({{"report", "--input", mistyped, "--out", dir.path() + "/b.html"}});
+  EXPECT_EQ(typed.exit_code, 65) << typed.err;
+  EXPECT_NE(typed.err.find(mistyped + ": cycles[0].start_s: "), std::string::npos) << typed.err;
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/b.html"));
+  EXPECT_EQ(RunLauncher({{"report", "--input", dir.path() + "/absent.json"}}).exit_code, 74);
+}
+
+// Review 9, F1: a checkpoint whose name is not UTF-8 (a Lightning file named with byte 0xff)
+// is committed as any other; the report then replaces the byte, and the job still exits 0
+// (node 0 exited 70 on the report's JSON).
+TEST(Cli, ACheckpointNameThatIsNotUtf8LeavesTheExitCodeAlone) {
+  TempDir dir;
+  const std::string train = dir.Write("train.sh", "for step in 1 2; do sleep 0.5; printf x > \"$BT_CHECKPOINT_DIR/ep$(printf '\\377')-$step.ckpt\"; done");
+  const std::string config = dir.Write(
+      "job.json", nlohmann::json{{"runtime", {{"start_commands", {"sh " + train}}, {"checkpointing_config", {{"enabled", true}}}}},
+                                 {"launcher", {{"job_id", "u8-job"},
+                                               {"watchdog", {{"report_dir", dir.path() + "/reports"}}},
+                                               {"checkpoint", {{"destination", "file://" + dir.path() + "/remote"},
+                                                               {"scan_interval_s", 0.2}, {"quiet_period_s", 0.3}}}}}}
+                      .dump());
+  ProcessResult run = RunLauncher({{"run", "--config", config, "--root", dir.path() + "/root"}});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_EQ(ReadFile(dir.path() + "/remote/u8-job/latest"), "ep\xff-2.ckpt\n");
+  const nlohmann::json goodput = nlohmann::json::parse(ReadFile(dir.path() + "/reports/goodput.json"));
+  ASSERT_FALSE(goodput["commits"].empty());
+  EXPECT_EQ(goodput["commits"].back()["name"], "ep\xef\xbf\xbd-2.ckpt");
+}
+
 TEST(Cli, JsonLogsCarryTheNodeRankOnEveryLine) {
   TempDir dir;
   ProcessResult result = RunLauncher({{"run", "--root", dir.path(), "--log-format", "json", "--", "true"}});

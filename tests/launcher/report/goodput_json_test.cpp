@@ -2,6 +2,13 @@
 // corrupt or truncated file is an error naming the file and the field, never a crash.
 #include "launcher/report/goodput_json.h"
 
+#include <stdlib.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
 #include <gtest/gtest.h>
 
 #include "tests/launcher/report/synthetic_jobs.h"
@@ -64,6 +71,38 @@ TEST(GoodputJson, RoundTripsExactly) {
   EXPECT_EQ(read.lanes.size(), 3u);
   ASSERT_TRUE(read.steps);
   EXPECT_EQ(read.steps->straggler_node, written.steps->straggler_node);
+}
+
+// Review 9, F5: a cycle that never reached its run may come with a null start (NaN where it
+// was computed): read back as never ran, written back as null, not refused by `report`.
+TEST(GoodputJson, ACycleThatNeverRanReadsBack) {
+  json document = GoodputToJson(AJobWithEverything());
+  document["cycles"][1]["start_s"] = nullptr;
+  document["cycles"][1].erase("kept_s");
+  const Goodput read = ParseGoodputJson(document.dump(), kOrigin);
+  ASSERT_EQ(read.cycles.size(), 3u);
+  EXPECT_TRUE(std::isnan(read.cycles[1].cycle.start_s));
+  EXPECT_TRUE(GoodputToJson(read)["cycles"][1]["start_s"].is_null());
+  document["cycles"][1].erase("start_s");
+  EXPECT_EQ(ErrorOf(document.dump()).field(), "cycles[1].start_s");
+}
+
+// Review 9, F1: names are bytes (a checkpoint's need not be UTF-8): the file is written with
+// them replaced, never an exception.
+TEST(GoodputJson, ANameThatIsNotUtf8IsWrittenReplaced) {
+  JobRecord record = SyntheticJob(2, {Ran(1, 1, 10, "success")}, {Saved("ep\xff-1.ckpt", 5, 6)}, 11, 10);
+  const Goodput goodput = ComputeGoodput(record);
+  std::string dir = "/tmp/bt-goodput-json-XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  const std::string path = dir + "/goodput.json";
+  std::string error;
+  ASSERT_EQ(WriteGoodputJson(goodput, path, error), 0) << error;
+  std::ifstream file(path);
+  const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  std::filesystem::remove_all(dir);
+  const Goodput read = ParseGoodputJson(text, path);
+  ASSERT_EQ(read.commits.size(), 1u);
+  EXPECT_EQ(read.commits[0].name, "ep\xef\xbf\xbd-1.ckpt");
 }
 
 TEST(GoodputJson, AFieldOfTheWrongTypeIsNamed) {
