@@ -45,6 +45,12 @@ std::string TemporaryNameBeside(const std::string& path);
 // naming the path; the temporary file is then gone.
 void WriteFileAtomically(const std::string& path, std::string_view text);
 
+// As WriteFileAtomically, whole or not at all, but not synced: a crash right after may lose
+// it, and for a moment there is no file at `path` (the old one is removed first: ext4 writes
+// a file renamed over another out at once). For what a later run writes again anyway (the
+// job's report), where two fsyncs would cost every job's end milliseconds.
+void ReplaceFile(const std::string& path, std::string_view text);
+
 // As WriteFileAtomically, but never replaces: when `path` already exists (another writer
 // got there first) it is left as it is and the answer is false.
 bool WriteFileOnce(const std::string& path, std::string_view text);

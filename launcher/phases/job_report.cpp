@@ -181,9 +181,9 @@ void WriteJobReport(const PreparedJob& job, Peers* peers, const report::LaneReco
       report::GoodputToJson(goodput).dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   const std::string html = report::RenderHtmlReport(goodput);
   try {
-    fs::create_directories(dir);
-    storage::WriteFileAtomically((dir / "goodput.json").string(), json_text);
-    storage::WriteFileAtomically((dir / "report.html").string(), html);
+    // Not synced: two fsyncs a file would cost every job's end (`run -- /bin/true`) 1.6 ms.
+    storage::ReplaceFile((dir / "goodput.json").string(), json_text);
+    storage::ReplaceFile((dir / "report.html").string(), html);
     spdlog::info("report: {} (open it in a browser), {}", (dir / "report.html").string(), (dir / "goodput.json").string());
   } catch (const std::exception& error) {
     spdlog::warn("report: cannot write it under {}: {}", dir.string(), error.what());

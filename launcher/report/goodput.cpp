@@ -1,6 +1,7 @@
 #include "launcher/report/goodput.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <tuple>
@@ -19,11 +20,7 @@ double Clamp(double value, double low, double high) {
   return value > high ? high : value;
 }
 
-std::string Fixed(double value, int decimals) {
-  char text[64];
-  std::snprintf(text, sizeof text, "%.*f", decimals, value);
-  return text;
-}
+std::string Fixed(double value, int decimals) { return FormatFixed(value, decimals); }
 
 bool HasRun(const Cycle& cycle) { return std::isfinite(cycle.start_s) && cycle.start_s >= 0; }
 
@@ -207,6 +204,13 @@ void ShareSuccessfulRun(CycleShare& share, double training_end_s, Walk& walk) {
 }
 
 }  // namespace
+
+std::string FormatFixed(double value, int decimals) {
+  char text[400];  // DBL_MAX in fixed notation is 309 digits
+  const auto [end, error] = std::to_chars(text, text + sizeof text, value, std::chars_format::fixed, decimals);
+  if (error != std::errc()) return "?";
+  return std::string(text, end);
+}
 
 std::string FormatSeconds(double seconds) {
   if (!std::isfinite(seconds)) return "?";

@@ -146,6 +146,10 @@ Goodput ComputeGoodput(const JobRecord& record);
 // seconds and share, one line per cycle, and the step figures when there are any.
 std::string FormatGoodputTable(const Goodput& goodput);
 
+// `value` with `decimals` digits after the point, as printf's "%.*f" gives it (faster: the
+// report writes thousands at the end of every job).
+std::string FormatFixed(double value, int decimals);
+
 // "1h02m03s", "4m05s", "12.3 s": a duration as the table and the report show it.
 std::string FormatSeconds(double seconds);
 

@@ -33,11 +33,7 @@ constexpr double kFaultLabelSpacing = 90;  // fewer labels than markers when fau
 constexpr double kAlikeShareOfWall = 0.005;
 constexpr double kAlikeMinimumS = 0.5;
 
-std::string Fixed(double value, int decimals) {
-  char text[64];
-  std::snprintf(text, sizeof text, "%.*f", decimals, value);
-  return text;
-}
+std::string Fixed(double value, int decimals) { return FormatFixed(value, decimals); }
 
 // Seconds to the plot's x.
 class Scale {
