@@ -292,26 +292,33 @@ struct CheckpointStart {
   CheckpointPhase& phase;
 };
 
+// Where a launcher's job says its step numbers (launcher/phases/job_report.h): its output when
+// launcher.progress.step_pattern is set, else BT_HEARTBEAT_FILE (the watchdog's).
+struct StepSources {
+  std::shared_ptr<report::StepLog> log;
+  std::function<void(std::string_view lines)> from_output;  // null: no step_pattern
+};
+
 // Each cycle's commands under a fresh supervisor (a stopped one stays stopped), watched
 // for hangs, and the load of the checkpoint the next cycle resumes from.
 CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, CheckpointStart checkpoint_start, Peers* peers,
                         watchdog::Watchdog* watch, HealthWatch* health, watchdog::Progress* progress, SignalRouter& signals,
-                        TrainingRole& role, report::JobRecorder* recorder,
-                        std::function<void(std::string_view)> steps_from_output) {
+                        TrainingRole& role, report::JobRecorder* recorder, StepSources step_sources) {
   const std::optional<storage::DestinationSpec>& destination = checkpoint_start.destination;
   CheckpointPhase& checkpoint_phase = checkpoint_start.phase;
   CycleHooks hooks;
   hooks.run = [&cli, &job, peers, watch, health, progress, &signals, &checkpoint_phase, &role, recorder,
-               steps_from_output](int64_t cycle, const std::string& resume) {
+               step_sources](int64_t cycle, const std::string& resume) {
     // What the last cycle left is that cycle's: judged before this cycle's training writes.
     if (checkpoint_phase.agent) checkpoint_phase.agent->BeginCycle(cycle);
     auto grace = std::chrono::milliseconds(int64_t(job.config.launcher.grace_period_s * 1000));
     auto peer_grace = std::chrono::milliseconds(int64_t(job.config.launcher.peer_failure_grace_s * 1000));
     // With the watchdog on, the job's output is progress: relayed, or written to its files.
     // Relayed too when its lines carry the step numbers (launcher.progress.step_pattern).
-    const bool relayed = watch || steps_from_output;
+    const bool relayed = watch || step_sources.from_output;
     Supervisor supervisor(signals, grace, peer_grace, relayed ? progress : nullptr, watch ? &watch->output_files() : nullptr);
-    if (steps_from_output) supervisor.ObserveLines(steps_from_output);
+    if (step_sources.from_output) supervisor.ObserveLines(step_sources.from_output);
+    step_sources.log->BeginCycle(cycle);
     StopUnion own(watch, health);
     StopUnion stops(peers, &own);
     if (watch) watch->BeginCycle(cycle);
@@ -487,13 +494,17 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline, 
                                    rejoin ? rejoin->cycle : 0, std::move(on_latest), commit_gate,
                                    AbsentRanksOf(peers.get()));
   }
-  report::StepLog steps;  // before the watch and the relay that note steps: it outlives them
+  // Shared: the relay's matcher thread may outlive this function (launcher/phases/job_report.h).
+  const auto steps = std::make_shared<report::StepLog>();
+  StepSources step_sources{steps, StepsFromOutput(job.config.launcher.progress, steps, clock)};
   // Until the end: after its job ended, a node still answers a stack request of the others'.
   watchdog::Progress progress;
   std::unique_ptr<watchdog::Watchdog> watch = ArmWatchdog(job, peers.get(), progress);
-  if (watch) {
-    watch->OnHeartbeat([&steps, &clock](const std::string& contents, int64_t modified_ns) {
-      NoteHeartbeatStep(contents, modified_ns, steps, clock);
+  // One source: two that disagree by one (a 1-based log line, a 0-based heartbeat) would look
+  // like steps going back (review 10, F4).
+  if (watch && !step_sources.from_output) {
+    watch->OnHeartbeat([steps, &clock](const std::string& contents, int64_t modified_ns) {
+      NoteHeartbeatStep(contents, modified_ns, *steps, clock);
     });
   }
   if (watch && recorder) {
@@ -512,18 +523,17 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline, 
   std::vector<CycleRecord> cycles;
   JobOutcome outcome = RunCycles(job.config, peers.get(), signals,
                                  CycleHooksOf(cli, job, {destination, checkpoints}, peers.get(), watch.get(),
-                                              health_watch.get(), &progress, signals, role, recorder.get(),
-                                              StepsFromOutput(job.config.launcher.progress, steps, clock)),
+                                              health_watch.get(), &progress, signals, role, recorder.get(), step_sources),
                                  resume ? resume->name : "", std::move(rejoin), cycles);
   timeline.Annotate(DescribeOutcome(outcome) + (cycles.empty() ? "" : "; restarts: " + RenderCycles(cycles)));
   if (recorder) RecordCycles(*recorder, clock, cycles, outcome);
   if (outcome.left_job) {
-    return LeaveUnhealthy(outcome, job, checkpoints, timeline, LaneOf(timeline, clock, steps, job.identity.rank, role.rank),
+    return LeaveUnhealthy(outcome, job, checkpoints, timeline, LaneOf(timeline, clock, *steps, job.identity.rank, role.rank),
                           peers.get());
   }
   // Its lane before its report, on the one connection: node 0 reads the lanes once every node
   // reported, so each is there by then (its drain is not drawn; node 0's is).
-  if (peers && !recorder) SendLane(peers.get(), LaneOf(timeline, clock, steps, job.identity.rank, role.rank));
+  if (peers && !recorder) SendLane(peers.get(), LaneOf(timeline, clock, *steps, job.identity.rank, role.rank));
   if (peers) peers->Report(outcome);  // the other nodes stop now, not after this node's drain
   bool committed = true;
   if (checkpoints.agent) {
@@ -542,7 +552,7 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline, 
   if (recorder) {
     // The report says what the job's time became; it never changes how the job ended.
     try {
-      WriteJobReport(job, peers.get(), LaneOf(timeline, clock, steps, job.identity.rank, role.rank), clock, *recorder,
+      WriteJobReport(job, peers.get(), LaneOf(timeline, clock, *steps, job.identity.rank, role.rank), clock, *recorder,
                      {destination, checkpoints.agent != nullptr && committed});
     } catch (const std::exception& error) {
       spdlog::warn("report: not written: {}", error.what());

@@ -45,9 +45,10 @@ std::string TemporaryNameBeside(const std::string& path);
 // naming the path; the temporary file is then gone.
 void WriteFileAtomically(const std::string& path, std::string_view text);
 
-// As WriteFileAtomically, whole or not at all, but not synced: a crash right after may lose
-// it, and for a moment there is no file at `path` (the old one is removed first: ext4 writes
-// a file renamed over another out at once). For what a later run writes again anyway (the
+// As WriteFileAtomically, but not synced: a reader sees the old text, none, or the new text
+// whole, but a crash right after may leave the file missing or empty; for a moment there is no
+// file at `path` (the old one is removed first: ext4 writes a file renamed over another out at
+// once). For what a later run writes again anyway (the
 // job's report), where two fsyncs would cost every job's end milliseconds.
 void ReplaceFile(const std::string& path, std::string_view text);
 

@@ -5,6 +5,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
 #include <filesystem>
 #include <stdexcept>
 
@@ -77,6 +81,59 @@ std::vector<report::LaneRecord> OtherLanes(Peers* peers, int launchers) {
   return lanes;
 }
 
+// Reading the job's output for step numbers happens off the relay's thread (review 10: on the
+// relay's 256 KiB stack std::regex's recursion overflowed on one 1 KB line, and a pattern that
+// backtracks held the job's output until the end of the job dropped it). The relay hands over
+// each block's last lines and never waits: a newer block replaces one not matched yet.
+constexpr size_t kLinesMatched = 64;        // a burst of output costs a bounded number of matches
+constexpr size_t kMatchedLineBytes = 1024;  // std::regex recurses about once a character
+
+struct OfferedLines {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<std::string> lines;  // newest first
+  report::JobNs at = 0;
+  bool pending = false;
+};
+
+// A block's last lines, newest first, each cut to its first kMatchedLineBytes.
+std::vector<std::string> LastLines(std::string_view block) {
+  std::vector<std::string> lines;
+  if (!block.empty() && block.back() == '\n') block.remove_suffix(1);
+  while (!block.empty() && lines.size() < kLinesMatched) {
+    const size_t start = block.rfind('\n');
+    const std::string_view line = start == std::string_view::npos ? block : block.substr(start + 1);
+    lines.emplace_back(line.substr(0, kMatchedLineBytes));
+    if (start == std::string_view::npos) break;
+    block = block.substr(0, start);
+  }
+  return lines;
+}
+
+// The matcher's thread (the default 8 MiB stack), detached: one stuck in a pattern that
+// backtracks ends with the process and delays only the steps, never the job's output. A
+// block's newest step is its sample.
+void MatchSteps(std::shared_ptr<OfferedLines> offered, std::shared_ptr<const report::StepPattern> pattern,
+                std::shared_ptr<report::StepLog> steps) {
+  while (true) {
+    std::vector<std::string> lines;
+    report::JobNs at = 0;
+    {
+      std::unique_lock lock(offered->mutex);
+      offered->changed.wait(lock, [&] { return offered->pending; });
+      lines.swap(offered->lines);
+      at = offered->at;
+      offered->pending = false;
+    }
+    for (const std::string& line : lines) {
+      if (const std::optional<int64_t> step = pattern->Match(line)) {
+        steps->Note(at, *step);
+        break;
+      }
+    }
+  }
+}
+
 // The report beside the job's checkpoints, where whoever reads them finds it.
 void Upload(const storage::DestinationSpec& spec, const std::string& job_id, const std::string& json_text,
             const std::string& html) {
@@ -118,26 +175,24 @@ report::LaneRecord LaneOf(const Timeline& timeline, const report::JobClock& cloc
   return lane;
 }
 
-std::function<void(std::string_view lines)> StepsFromOutput(const env::ProgressSettings& settings, report::StepLog& steps,
+std::function<void(std::string_view lines)> StepsFromOutput(const env::ProgressSettings& settings,
+                                                            std::shared_ptr<report::StepLog> steps,
                                                             const report::JobClock& clock) {
   if (settings.step_pattern.empty()) return nullptr;
   // Validated with the config (65 naming it): a pattern that fails here is a bug.
   auto pattern = std::make_shared<const report::StepPattern>(settings.step_pattern);
-  return [pattern, &steps, &clock](std::string_view lines) {
-    // A block's lines came together: its newest step is its sample. The last lines only, so a
-    // burst of output costs a bounded number of matches.
-    constexpr int kLinesMatched = 64;
-    if (!lines.empty() && lines.back() == '\n') lines.remove_suffix(1);
-    for (int matched = 0; matched < kLinesMatched && !lines.empty(); ++matched) {
-      const size_t start = lines.rfind('\n');
-      const std::string_view line = start == std::string_view::npos ? lines : lines.substr(start + 1);
-      if (const std::optional<int64_t> step = pattern->Match(line)) {
-        steps.Note(clock.Now(), *step);
-        return;
-      }
-      if (start == std::string_view::npos) return;
-      lines = lines.substr(0, start);
+  auto offered = std::make_shared<OfferedLines>();
+  std::thread(MatchSteps, offered, pattern, std::move(steps)).detach();
+  return [offered, &clock](std::string_view block) {
+    std::vector<std::string> lines = LastLines(block);
+    const report::JobNs at = clock.Now();
+    {
+      std::lock_guard lock(offered->mutex);
+      offered->lines = std::move(lines);
+      offered->at = at;
+      offered->pending = true;
     }
+    offered->changed.notify_one();
   };
 }
 

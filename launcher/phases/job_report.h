@@ -7,6 +7,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -24,8 +25,10 @@ report::LaneRecord LaneOf(const Timeline& timeline, const report::JobClock& cloc
                           std::optional<int> rank);
 
 // What the relay shows of the job's output, read for step numbers (launcher.progress.
-// step_pattern): the newest step among a block's last lines, noted now. Null without a pattern.
-std::function<void(std::string_view lines)> StepsFromOutput(const env::ProgressSettings& settings, report::StepLog& steps,
+// step_pattern): the newest step among a block's last lines, noted at the time the block came.
+// The matching runs on a thread of its own, never the relay's. Null without a pattern.
+std::function<void(std::string_view lines)> StepsFromOutput(const env::ProgressSettings& settings,
+                                                            std::shared_ptr<report::StepLog> steps,
                                                             const report::JobClock& clock);
 // The heartbeat file's steps (BT_HEARTBEAT_FILE holding a number, or {"step": N}), at the
 // time the file says it was written.

@@ -71,6 +71,7 @@ struct Commit {
 struct StepSample {
   double time_s = 0;
   int64_t step = 0;
+  int64_t cycle = 0;  // the restart cycle it was seen in: no step time spans two (a restart's downtime)
 };
 struct NodeSteps {
   int node = -1;

@@ -38,18 +38,27 @@ JobNs JobClock::FromWall(std::chrono::system_clock::time_point when) const {
   return WallNs(when) + offset_ns_.load(std::memory_order_relaxed);
 }
 
-void StepLog::Note(JobNs at, int64_t step) {
+void StepLog::BeginCycle(int64_t cycle) {
   std::lock_guard lock(mutex_);
-  if (!samples_.empty() && samples_.back().second == step) return;
-  if (samples_.size() >= kMaxStepSamples) {
-    size_t kept = 0;
-    for (size_t i = 0; i < samples_.size(); i += 2) samples_[kept++] = samples_[i];
-    samples_.resize(kept);
-  }
-  samples_.emplace_back(at, step);
+  cycle_ = cycle;
 }
 
-std::vector<std::pair<JobNs, int64_t>> StepLog::Samples() const {
+void StepLog::Note(JobNs at, int64_t step) {
+  if (step < 0) return;
+  std::lock_guard lock(mutex_);
+  if (!samples_.empty() && samples_.back().step == step && samples_.back().cycle == cycle_) return;
+  if (samples_.size() >= kMaxStepSamples) {
+    // Every other one, but never the first of a cycle: where a restart went back stays known.
+    size_t kept = 0;
+    for (size_t i = 0; i < samples_.size(); ++i) {
+      if (i % 2 == 0 || samples_[i].cycle != samples_[i - 1].cycle) samples_[kept++] = samples_[i];
+    }
+    samples_.resize(kept);
+  }
+  samples_.push_back({at, step, cycle_});
+}
+
+std::vector<StepLogSample> StepLog::Samples() const {
   std::lock_guard lock(mutex_);
   return samples_;
 }
@@ -62,7 +71,7 @@ std::string LaneRecordToJson(const LaneRecord& lane) {
     phases.push_back({{"name", span.name}, {"start_ns", span.start}, {"end_ns", span.end}});
   }
   json steps = json::array();
-  for (const auto& [at, step] : lane.steps) steps.push_back({at, step});
+  for (const StepLogSample& sample : lane.steps) steps.push_back({sample.at, sample.step, sample.cycle});
   const json record = {{"slot", lane.slot}, {"node", lane.node}, {"host", lane.host}, {"phases", std::move(phases)},
                        {"steps", std::move(steps)}};
   return record.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -87,10 +96,11 @@ LaneRecord LaneRecordFromJson(std::string_view text) {
   const json& steps = Field(record, "steps", json::value_t::array, "");
   for (size_t i = 0; i < steps.size(); ++i) {
     const json& sample = steps[i];
-    if (!sample.is_array() || sample.size() != 2 || !sample[0].is_number_integer() || !sample[1].is_number_integer()) {
-      throw std::invalid_argument("steps[" + std::to_string(i) + "]: expected [time_ns, step], two integers");
+    if (!sample.is_array() || sample.size() != 3 || !sample[0].is_number_integer() || !sample[1].is_number_integer() ||
+        !sample[2].is_number_integer()) {
+      throw std::invalid_argument("steps[" + std::to_string(i) + "]: expected [time_ns, step, cycle], three integers");
     }
-    lane.steps.emplace_back(sample[0].get<JobNs>(), sample[1].get<int64_t>());
+    lane.steps.push_back({sample[0].get<JobNs>(), sample[1].get<int64_t>(), sample[2].get<int64_t>()});
   }
   return lane;
 }
@@ -172,7 +182,7 @@ JobRecord JobRecorder::Build(const std::vector<LaneRecord>& lanes, JobNs wall_en
     record.lanes.push_back(std::move(drawn));
     if (lane.node < 0 || lane.steps.empty()) continue;
     NodeSteps steps{lane.node, {}};
-    for (const auto& [at, step] : lane.steps) steps.samples.push_back({seconds(at), step});
+    for (const StepLogSample& sample : lane.steps) steps.samples.push_back({seconds(sample.at), sample.step, sample.cycle});
     record.steps.push_back(std::move(steps));
   }
   for (const auto& [number, times] : cycles_) {

@@ -41,6 +41,12 @@ class JobClock {
   std::atomic<int64_t> offset_ns_{0};
 };
 
+struct StepLogSample {
+  JobNs at = 0;
+  int64_t step = 0;
+  int64_t cycle = 0;
+};
+
 // One launcher's phases, as it sends them to node 0.
 struct LaneRecord {
   struct Span {
@@ -52,7 +58,7 @@ struct LaneRecord {
   int node = -1;  // the training rank it ran last; -1: a spare that never took one
   std::string host;
   std::vector<Span> phases;
-  std::vector<std::pair<JobNs, int64_t>> steps;  // its job's step numbers as they came (StepLog)
+  std::vector<StepLogSample> steps;  // its job's step numbers as they came (StepLog)
 };
 
 // The store key a launcher's lane goes under.
@@ -69,12 +75,16 @@ LaneRecord LaneRecordFromJson(std::string_view text);
 class StepLog {
  public:
   static constexpr size_t kMaxStepSamples = 4096;
+  // The job's samples from now on are `cycle`'s (a restart's downtime is never a step).
+  void BeginCycle(int64_t cycle);
+  // A negative step is no step.
   void Note(JobNs at, int64_t step);
-  std::vector<std::pair<JobNs, int64_t>> Samples() const;
+  std::vector<StepLogSample> Samples() const;
 
  private:
   mutable std::mutex mutex_;
-  std::vector<std::pair<JobNs, int64_t>> samples_;
+  int64_t cycle_ = 0;
+  std::vector<StepLogSample> samples_;
 };
 
 // The kind of fault a restart's decision names, from the failed node's exit code (0: its

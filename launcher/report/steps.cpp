@@ -64,8 +64,10 @@ NodeWalk WalkNode(std::vector<StepSample> samples) {
     const int64_t new_steps = std::max<int64_t>(0, sample.step - std::max(previous.step, highest));
     walk.done += new_steps;
     walk.redone += advanced - new_steps;
+    // Across a restart (a job resumed right after the last step it printed) the interval
+    // holds the restart, not a step (review 10, F3).
     const double elapsed_s = sample.time_s - previous.time_s;
-    if (elapsed_s > 0) walk.step_times.push_back(elapsed_s / double(advanced));
+    if (elapsed_s > 0 && sample.cycle == previous.cycle) walk.step_times.push_back(elapsed_s / double(advanced));
     highest = std::max(highest, sample.step);
     previous = sample;
   }

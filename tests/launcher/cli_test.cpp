@@ -263,6 +263,36 @@ TEST(Cli, ACheckpointNameThatIsNotUtf8LeavesTheExitCodeAlone) {
   EXPECT_EQ(goodput["commits"].back()["name"], "ep\xef\xbf\xbd-2.ckpt");
 }
 
+// Review 10, F1 and F2: a step_pattern whose regex recurses per character (a leading `.*`)
+// on a long line, or backtracks exponentially (`(a+)+b`), never costs the job its output or
+// the launcher its life: the matching is off the relay's thread, on each line's first 1 KiB.
+// With a pattern, the heartbeat (here off by one) is not read: one source (F4).
+TEST(Cli, AStepPatternNeverStallsOrCrashesTheOutput) {
+  for (const std::string pattern : {".*global_step=(\\d+)", "(?:a+)+b|global_step=(\\d+)"}) {
+    TempDir dir;
+    const std::string train = dir.Write(
+        "train.sh", "head -c 6000 /dev/zero | tr '\\0' a; echo; for s in 1 2 3 4 5; do echo global_step=$s; "
+                    "echo $((s - 1)) > $BT_HEARTBEAT_FILE; sleep 0.3; done; echo done-$(printf 'a%.0s' $(seq 27))");
+    const std::string config = dir.Write(
+        "job.json", nlohmann::json{{"runtime", {{"start_commands", {"sh " + train}}}},
+                                   {"launcher", {{"watchdog", {{"report_dir", dir.path() + "/reports"}}},
+                                                 {"progress", {{"step_pattern", pattern}}}}}}
+                        .dump());
+    const auto started = std::chrono::steady_clock::now();
+    ProcessResult run = RunLauncher({{"run", "--config", config, "--root", dir.path() + "/root"}});
+    ASSERT_EQ(run.exit_code, 0) << pattern << "\n" << run.err;
+    EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(10)) << pattern;
+    EXPECT_NE(run.out.find("global_step=5\n"), std::string::npos) << pattern;
+    EXPECT_NE(run.out.find("done-aaaaaaaaaaaaaaaaaaaaaaaaaaa\n"), std::string::npos) << pattern;
+    if (pattern.starts_with(".*")) {
+      const nlohmann::json goodput = nlohmann::json::parse(ReadFile(dir.path() + "/reports/goodput.json"));
+      ASSERT_TRUE(goodput["steps"].is_object()) << goodput.dump(1);
+      EXPECT_EQ(goodput["steps"]["steps_done"], 4);
+      EXPECT_EQ(goodput["steps"]["steps_redone"], 0);
+    }
+  }
+}
+
 TEST(Cli, JsonLogsCarryTheNodeRankOnEveryLine) {
   TempDir dir;
   ProcessResult result = RunLauncher({{"run", "--root", dir.path(), "--log-format", "json", "--", "true"}});

@@ -117,3 +117,38 @@ TEST(JobRecorder, TheJobsEndNeverOverwritesAFaultADecisionNamed) {
 
 }  // namespace
 }  // namespace bt::launcher::report
+
+namespace bt::launcher::report {
+namespace {
+
+TEST(StepLog, KeepsAStepSeenAgainInANewCycleAndNoNegativeStep) {
+  StepLog log;
+  log.Note(1, 5);
+  log.Note(2, 5);   // the same step again: no new sample
+  log.Note(3, -1);  // no step
+  log.BeginCycle(1);
+  log.Note(4, 5);   // resumed at the step it had reached: a new cycle's first sample
+  const std::vector<StepLogSample> samples = log.Samples();
+  ASSERT_EQ(samples.size(), 2u);
+  EXPECT_EQ(samples[1].cycle, 1);
+}
+
+// Past kMaxStepSamples every other sample goes, but never a cycle's first: where a restart
+// went back stays known (review 10, F3).
+TEST(StepLog, ThinningKeepsEveryCyclesFirstSample) {
+  StepLog log;
+  int64_t step = 0;
+  for (size_t i = 0; i < StepLog::kMaxStepSamples - 1; ++i) log.Note(JobNs(i), ++step);
+  log.BeginCycle(1);
+  log.Note(JobNs(StepLog::kMaxStepSamples), step - 100);  // odd index: would go
+  log.Note(JobNs(StepLog::kMaxStepSamples + 1), step);
+  const std::vector<StepLogSample> samples = log.Samples();
+  EXPECT_LT(samples.size(), StepLog::kMaxStepSamples);
+  size_t cycle_starts = 0;
+  for (size_t i = 0; i < samples.size(); ++i) cycle_starts += i > 0 && samples[i].cycle != samples[i - 1].cycle;
+  EXPECT_EQ(cycle_starts, 1u);
+  EXPECT_EQ(samples.back().step, step);
+}
+
+}  // namespace
+}  // namespace bt::launcher::report

@@ -122,3 +122,22 @@ TEST(StepStats, GoodputCarriesThemWhenTheRecordHasSteps) {
 
 }  // namespace
 }  // namespace bt::launcher::report
+
+namespace bt::launcher::report {
+namespace {
+
+// Review 10, F3: a job resumed right after the last step it printed (step 6 before the fault,
+// step 7 after the restart): the interval holds the restart, not a step.
+TEST(StepStats, NoStepTimeSpansARestart) {
+  NodeSteps node{0, {}};
+  for (int64_t step = 1; step <= 6; ++step) node.samples.push_back({0.3 * double(step), step, 0});
+  for (int64_t step = 7; step <= 12; ++step) node.samples.push_back({6.0 + 0.3 * double(step - 7), step, 1});
+  const std::optional<StepStats> stats = ComputeStepStats({node}, 1.2);
+  ASSERT_TRUE(stats);
+  EXPECT_EQ(stats->steps_done, 11);
+  EXPECT_NEAR(stats->step_p95_s, 0.3, 1e-9);
+  EXPECT_EQ(stats->nodes[0].intervals, 10);
+}
+
+}  // namespace
+}  // namespace bt::launcher::report
