@@ -531,8 +531,8 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline, 
     return LeaveUnhealthy(outcome, job, checkpoints, timeline, LaneOf(timeline, clock, *steps, job.identity.rank, role.rank),
                           peers.get());
   }
-  // Its lane before its report, on the one connection: node 0 reads the lanes once every node
-  // reported, so each is there by then (its drain is not drawn; node 0's is).
+  // Its lane once it knows the job's verdict, before its drain (not drawn; node 0's is): node 0
+  // reads the lanes after its exit barrier and waits for the connected ones, at most 3 s.
   if (peers && !recorder) SendLane(peers.get(), LaneOf(timeline, clock, *steps, job.identity.rank, role.rank));
   if (peers) peers->Report(outcome);  // the other nodes stop now, not after this node's drain
   bool committed = true;

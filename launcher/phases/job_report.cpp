@@ -6,11 +6,11 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <filesystem>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 #include <vector>
-#include <filesystem>
-#include <stdexcept>
 
 #include <spdlog/spdlog.h>
 
