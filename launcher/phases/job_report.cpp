@@ -17,6 +17,7 @@
 #include "launcher/report/goodput_json.h"
 #include "launcher/report/html_report.h"
 #include "launcher/report/steps.h"
+#include "launcher/watchdog/watchdog.h"
 #include "storage/bounded_call.h"
 #include "storage/durable_file.h"
 
@@ -24,13 +25,6 @@ namespace bt::launcher {
 namespace {
 
 namespace fs = std::filesystem;
-
-// Where the report's files go on node 0: the watchdog's report folder, as the hang reports.
-fs::path ReportDir(const PreparedJob& job) {
-  if (!job.config.launcher.watchdog.report_dir.empty()) return job.config.launcher.watchdog.report_dir;
-  auto scratch = job.environment.variables.find("BT_SCRATCH_DIR");
-  return fs::path(scratch != job.environment.variables.end() ? scratch->second : "/tmp") / "bt-launch";
-}
 
 std::string HostName() {
   char host[256] = "";
@@ -227,14 +221,16 @@ void WriteJobReport(const PreparedJob& job, Peers* peers, const report::LaneReco
   for (report::LaneRecord& lane : OtherLanes(peers, job.identity.count)) lanes.push_back(std::move(lane));
   const report::Goodput goodput =
       report::ComputeGoodput(recorder.Build(lanes, clock.Now(), job.config.launcher.progress.straggler_ratio));
-  spdlog::info("goodput:\n{}", report::FormatGoodputTable(goodput));
+  const std::string table = report::FormatGoodputTable(goodput);
+  spdlog::info("goodput:\n{}", table);
 
-  const fs::path dir = ReportDir(job);
+  // The watchdog's report folder, beside the hang reports.
+  const fs::path dir = watchdog::ReportDir(job.config.launcher.watchdog, job.environment);
   // Names are bytes (a checkpoint's may not be UTF-8): replaced in the report, never thrown on
   // (review 9, F1: node 0 exited 70 after a job that succeeded).
   const std::string json_text =
       report::GoodputToJson(goodput).dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-  const std::string html = report::RenderHtmlReport(goodput);
+  const std::string html = report::RenderHtmlReport(goodput, table);
   try {
     // Not synced: two fsyncs a file would cost every job's end (`run -- /bin/true`) 1.6 ms.
     storage::ReplaceFile((dir / "goodput.json").string(), json_text);

@@ -483,7 +483,9 @@ std::string EscapeXml(std::string_view text) {
   return escaped;
 }
 
-std::string RenderHtmlReport(const Goodput& goodput) {
+std::string RenderHtmlReport(const Goodput& goodput) { return RenderHtmlReport(goodput, FormatGoodputTable(goodput)); }
+
+std::string RenderHtmlReport(const Goodput& goodput, const std::string& table) {
   std::string html = "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
                      "<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">"
                      "<title>bt-launch job report</title><style>";
@@ -496,7 +498,7 @@ std::string RenderHtmlReport(const Goodput& goodput) {
   html += "<h2>Cycles</h2>" + CycleTable(goodput);
   html += StepSection(goodput);
   html += NoteSection(goodput);
-  html += "<details><summary>as printed by the launcher</summary><pre>" + EscapeXml(FormatGoodputTable(goodput)) +
+  html += "<details><summary>as printed by the launcher</summary><pre>" + EscapeXml(table) +
           "</pre></details>";
   return html + "</body></html>\n";
 }

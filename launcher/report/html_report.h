@@ -35,6 +35,8 @@ std::vector<LaneRow> GroupLanes(const Goodput& goodput, size_t group_above = kGr
 std::string EscapeXml(std::string_view text);
 
 std::string RenderHtmlReport(const Goodput& goodput);
+// The same, with FormatGoodputTable(goodput) already made (node 0 prints it too).
+std::string RenderHtmlReport(const Goodput& goodput, const std::string& table);
 // A goodput.json's document; throws GoodputJsonError (origin "goodput.json") when it is not one.
 std::string RenderHtmlReport(const nlohmann::json& goodput_json);
 

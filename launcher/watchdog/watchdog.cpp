@@ -496,12 +496,14 @@ fs::path ClaimNodeDir(const fs::path& node_dir) {
 
 }  // namespace
 
+fs::path ReportDir(const env::WatchdogSettings& settings, const env::JobEnvironment& environment) {
+  if (!settings.report_dir.empty()) return settings.report_dir;
+  auto scratch = environment.variables.find("BT_SCRATCH_DIR");
+  return fs::path(scratch != environment.variables.end() ? scratch->second : "/tmp") / "bt-launch";
+}
+
 WatchdogPaths PathsFor(const env::WatchdogSettings& settings, const env::JobEnvironment& environment, int rank) {
-  fs::path report_dir = settings.report_dir;
-  if (report_dir.empty()) {
-    auto scratch = environment.variables.find("BT_SCRATCH_DIR");
-    report_dir = fs::path(scratch != environment.variables.end() ? scratch->second : "/tmp") / "bt-launch";
-  }
+  const fs::path report_dir = ReportDir(settings, environment);
   auto job_id = environment.variables.find("BT_TRAINING_JOB_ID");
   const std::string job = job_id != environment.variables.end() && !job_id->second.empty() ? job_id->second : "job";
   WatchdogPaths paths;

@@ -42,6 +42,9 @@ struct WatchdogPaths {
   std::filesystem::path checkpoint_dir;  // BT_CHECKPOINT_DIR when checkpointing is on: a new checkpoint is progress
 };
 WatchdogPaths PathsFor(const env::WatchdogSettings& settings, const env::JobEnvironment& environment, int rank);
+// launcher.watchdog.report_dir, else <BT_SCRATCH_DIR>/bt-launch: node 0's hang reports and the
+// job's goodput report (launcher/phases/job_report.h).
+std::filesystem::path ReportDir(const env::WatchdogSettings& settings, const env::JobEnvironment& environment);
 
 // The job's side of the watch: BT_HEARTBEAT_FILE, the Python stack hook (PYTHONPATH,
 // BT_STACK_DIR, BT_STACK_SIGNAL) and PyTorch's NCCL flight recorder, each unless the user
