@@ -241,12 +241,18 @@ class StoreServer::Loop {
 
   void Run() {
     epoll_event events[kEpollBatch];
+    Clock::time_point last_woke = Clock::now();
     while (!stop_requested_) {
       int timeout = int(std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(
                                                    NextDeadline() - Clock::now()).count()) + 1);
-      const Clock::time_point waited_from = Clock::now();
       int ready = epoll_wait(epoll_fd_, events, kEpollBatch, timeout);
-      NoticeOwnStall(Clock::now() - waited_from - std::chrono::milliseconds(timeout));
+      // Measured from the last wake, not from this wait's start: a freeze that caught the
+      // thread handling the last turn (or preempted before this wait) is a stall as much as
+      // one inside epoll_wait, and must be seen before this turn's events, which may be a
+      // follower's goodbye sent because of it (CI: node 0 spent a restart on its own freeze).
+      const Clock::time_point woke = Clock::now();
+      NoticeOwnStall(woke - last_woke - std::chrono::milliseconds(timeout));
+      last_woke = woke;
       for (int i = 0; i < ready; ++i) HandleEvent(events[i]);
       OnTimers();
       FlushQueued();
