@@ -65,6 +65,24 @@ std::string OptionalBytes(const nlohmann::json& line, const char* key) {
   return line.contains(key) ? storage::BytesFromJson(line[key]) : std::string();
 }
 
+// One line of the uploader's stdout as an event; nothing for a line that is not one (a field
+// of another type included: the uploader may be another build, or print something else).
+std::optional<UploaderEvent> EventFromLine(const nlohmann::json& line) {
+  if (!line.is_object() || !line.contains("event") || !line["event"].is_string()) return std::nullopt;
+  auto kind = KindFromName(line["event"].get<std::string>());
+  if (!kind) return std::nullopt;
+  try {
+    UploaderEvent event{*kind, line.value("seq", uint64_t(0)), OptionalBytes(line, "name"), OptionalBytes(line, "message")};
+    event.bytes_done = line.value("done", uint64_t(0));
+    event.bytes_total = line.value("total", uint64_t(0));
+    event.attempt = line.value("attempt", 0);
+    event.retry_in_s = line.value("retry_in_s", 0.0);
+    return event;
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
+}
+
 void Emit(const UploaderEvent& event) {
   nlohmann::json line = {{"event", KindName(event.kind)}, {"seq", event.seq}, {"name", storage::BytesToJson(event.name)}};
   if (!event.message.empty()) line["message"] = storage::BytesToJson(event.message);
@@ -304,15 +322,7 @@ std::vector<UploaderEvent> UploaderProcess::ReadEvents(bool& exited) {
   for (size_t newline; (newline = buffer_.find('\n')) != std::string::npos;) {
     nlohmann::json line = nlohmann::json::parse(buffer_.substr(0, newline), nullptr, false);
     buffer_.erase(0, newline + 1);
-    if (!line.is_object() || !line.contains("event")) continue;
-    auto kind = KindFromName(line["event"].get<std::string>());
-    if (!kind) continue;
-    UploaderEvent event{*kind, line.value("seq", uint64_t(0)), OptionalBytes(line, "name"), OptionalBytes(line, "message")};
-    event.bytes_done = line.value("done", uint64_t(0));
-    event.bytes_total = line.value("total", uint64_t(0));
-    event.attempt = line.value("attempt", 0);
-    event.retry_in_s = line.value("retry_in_s", 0.0);
-    events.push_back(std::move(event));
+    if (auto event = EventFromLine(line)) events.push_back(std::move(*event));
   }
   return events;
 }

@@ -64,7 +64,8 @@ void ReadSave(const nlohmann::json& value, CommitRecord& record, const std::stri
 CommitRecord CommitRecord::FromText(const std::string& text, const std::string& origin) {
   nlohmann::json value = nlohmann::json::parse(text, nullptr, false);
   if (!value.is_object()) throw ManifestError(origin + ": the commit record is not a JSON object");
-  const std::string format = value.value("format", std::string());
+  const auto format_field = value.find("format");
+  const std::string format = format_field != value.end() && format_field->is_string() ? format_field->get<std::string>() : "";
   if (format != kCommitFormat && format != kCommitFormatWithSave) {
     throw ManifestError(origin + ": format is not " + std::string(kCommitFormat) + " or " + kCommitFormatWithSave);
   }

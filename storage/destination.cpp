@@ -378,8 +378,12 @@ class RcloneDestination final : public Destination {
         if (!text.empty()) last_error = text;
         return;
       }
-      if (line.value("level", "") == "error") last_error = line.value("msg", text);
-      if (on_line) on_line(line);
+      // rclone's own lines; one of another shape (a field of another type) is not ours to read.
+      try {
+        if (line.value("level", "") == "error") last_error = line.value("msg", text);
+        if (on_line) on_line(line);
+      } catch (const nlohmann::json::exception&) {
+      }
     }, every_second);
   }
 

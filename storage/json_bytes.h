@@ -23,4 +23,19 @@ std::string BytesFromJson(const nlohmann::json& value);
 nlohmann::json BytesMapToJson(const std::map<std::string, std::string>& map);
 std::map<std::string, std::string> BytesMapFromJson(const nlohmann::json& value);
 
+// A field of a record another process wrote (a lease on a shared volume, a marker a job's
+// process wrote, a line of rclone's log): `fallback` when the field is absent or of another
+// type. nlohmann's own value() throws type_error for the latter, which no such reader expects.
+template <class T>
+T FieldOr(const nlohmann::json& record, const char* key, T fallback) {
+  if (!record.is_object()) return fallback;
+  const auto field = record.find(key);
+  if (field == record.end()) return fallback;
+  try {
+    return field->template get<T>();
+  } catch (const nlohmann::json::exception&) {
+    return fallback;
+  }
+}
+
 }  // namespace bt::storage

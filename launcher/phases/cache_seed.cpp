@@ -25,6 +25,7 @@
 #include "launcher/supervision/supervisor.h"
 #include "rendezvous/node_info.h"
 #include "storage/durable_file.h"
+#include "storage/json_bytes.h"
 #include "storage/paths.h"
 
 namespace bt::launcher {
@@ -64,8 +65,10 @@ std::optional<LeaseHolder> ReadLease(const std::string& path) {
   if (!file) return std::nullopt;
   auto value = nlohmann::json::parse(file, nullptr, false);
   if (!value.is_object()) return std::nullopt;
-  return LeaseHolder{value.value("host", "?"), value.value("pid", 0), value.value("job_id", "?"),
-                     value.value("renewed_unix", int64_t(0)), value.value("renewals", uint64_t(0))};
+  using storage::FieldOr;
+  return LeaseHolder{FieldOr<std::string>(value, "host", "?"), FieldOr(value, "pid", 0),
+                     FieldOr<std::string>(value, "job_id", "?"), FieldOr(value, "renewed_unix", int64_t(0)),
+                     FieldOr(value, "renewals", uint64_t(0))};
 }
 
 // The seeding node's claim: an flock on `<key>.lock` and a lease file `<key>.lease` renewed

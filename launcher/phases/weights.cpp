@@ -19,6 +19,7 @@
 
 #include "launcher/exit_codes.h"
 #include "storage/destination.h"
+#include "storage/json_bytes.h"
 #include "storage/durable_file.h"
 #include "storage/file_copy.h"
 #include "storage/paths.h"
@@ -317,7 +318,7 @@ class Stager {
     };
     auto result = storage::RunProcess(argv, rclone_env, [&](const std::string& text) {
       auto line = nlohmann::json::parse(text, nullptr, false);
-      if (line.is_object() && line.value("level", "") == "error") last_error = line.value("msg", text);
+      if (storage::FieldOr<std::string>(line, "level", "") == "error") last_error = storage::FieldOr(line, "msg", text);
     }, every_second);
     // rclone's own --max-duration may end it a moment before the check above does.
     if (result.exit_code != 0 && Clock::now() + kRcloneDeadlineSlack >= deadline_) ThrowTimedOut(Inspect(staging_).bytes, total);

@@ -21,6 +21,7 @@
 
 #include "launcher/supervision/proc_table.h"
 #include "storage/durable_file.h"
+#include "storage/json_bytes.h"
 
 namespace bt::launcher::watchdog {
 namespace fs = std::filesystem;
@@ -150,15 +151,15 @@ std::optional<ArmedProcess> ReadMarker(const fs::path& marker) {
   if (json.is_discarded() || !json.contains("pid") || !json["pid"].is_number_integer()) return std::nullopt;
   ArmedProcess process;
   process.stack.pid = json["pid"].get<pid_t>();
-  if (StartTime(process.stack.pid) != json.value("start_time", std::string())) return std::nullopt;  // gone, or reused
+  if (StartTime(process.stack.pid) != storage::FieldOr(json, "start_time", std::string())) return std::nullopt;  // gone, or reused
   // The same process may have exec'd another program since it armed (os.execvp, pty.spawn):
   // the signal would kill it. Only a process that still catches the signal is one to ask.
   if (!HandlesSignal(process.stack.pid, StackSignal())) return std::nullopt;
-  const nlohmann::json labels = json.value("labels", nlohmann::json::object());
+  const nlohmann::json labels = storage::FieldOr(json, "labels", nlohmann::json::object());
   for (const auto& [name, value] : labels.items()) {
     if (value.is_string()) process.stack.labels[name] = value.get<std::string>();
   }
-  const nlohmann::json command = json.value("command", nlohmann::json::array());
+  const nlohmann::json command = storage::FieldOr(json, "command", nlohmann::json::array());
   for (const auto& part : command) {
     if (part.is_string()) process.stack.command += (process.stack.command.empty() ? "" : " ") + part.get<std::string>();
   }
@@ -211,7 +212,7 @@ void PruneStaleMarkers(const fs::path& dumps_dir) {
     std::ifstream in(entry.path());
     const nlohmann::json json = nlohmann::json::parse(in, nullptr, false);
     const bool alive = json.is_object() && json.contains("pid") && json["pid"].is_number_integer() &&
-                       StartTime(json["pid"].get<pid_t>()) == json.value("start_time", std::string());
+                       StartTime(json["pid"].get<pid_t>()) == storage::FieldOr(json, "start_time", std::string());
     if (!alive) stale.push_back(entry.path());
   }
   for (const fs::path& marker : stale) {

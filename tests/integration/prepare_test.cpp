@@ -484,6 +484,19 @@ TEST_F(Prepare, ALeaseOfAnotherHostIsJudgedByItsRenewals) {
   EXPECT_EQ(CountLines(Cache() + "/runs"), 1u);
 }
 
+// A lease on the shared volume whose fields are of other types (another tool's file, a
+// torn rewrite by another version): read as no renewal, taken over after lease_s. Before,
+// nlohmann's type_error left the cache phase and the launcher ended with an internal error.
+TEST_F(Prepare, ALeaseWithFieldsOfOtherTypesIsTakenOverAfterLeaseS) {
+  const std::string seed = "echo run >> $BT_PROJECT_CACHE_DIR/runs";
+  const std::string stem = Cache() + "/.bt-seed/" + SeedKeyOf(seed);
+  WriteFile(stem + ".lease", R"({"host": 7, "pid": "x", "job_id": [], "renewed_unix": "y", "renewals": -1})");
+  ProcessResult result = LauncherProcess(Run(Save(WithSeed(Config({"true"}), {seed}, 1)))).Finish();
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.err.find("was not renewed for launcher.cache.lease_s"), std::string::npos) << result.err;
+  EXPECT_EQ(CountLines(Cache() + "/runs"), 1u);
+}
+
 TEST_F(Prepare, FailedSeedFailsEveryNodeAndLeavesNoMarker) {
   json config = WithSeed(Config({"echo must-not-run"}), {"echo preparing", "exit 3"});
   config["compute"] = {{"node_count", 2}};

@@ -37,6 +37,10 @@ TEST(CommitRecord, BadRecordsNameTheirOriginAndField) {
   std::string wrong_format = good;
   wrong_format.replace(wrong_format.find("commit/1"), 8, "commit/9");
   EXPECT_NE(error_of(wrong_format).find("format"), std::string::npos);
+  // Found by fuzz.checkpoint_records in CI: a format of another type was nlohmann's
+  // type_error, not a ManifestError, and ended a restart's decision with an internal error.
+  EXPECT_NE(error_of(R"({"format": 1})").find("format is not"), std::string::npos) << error_of(R"({"format": 1})");
+  EXPECT_NE(error_of(R"({"format": null})").find("format is not"), std::string::npos);
   std::string escaping = good;
   escaping.replace(escaping.find("\"aa\""), 4, "\"../../x\"");
   EXPECT_NE(error_of(escaping).find("parts.0: not a version id"), std::string::npos) << error_of(escaping);

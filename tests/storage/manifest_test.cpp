@@ -79,6 +79,15 @@ TEST(JsonBytes, ArbitraryByteStringsRoundTrip) {
   EXPECT_THROW(BytesFromJson(nlohmann::json{{"bytes_hex", "zz"}}), nlohmann::json::exception);
 }
 
+TEST(JsonBytes, FieldOrTakesTheFallbackForAFieldAbsentOrOfAnotherType) {
+  const auto record = nlohmann::json::parse(R"({"host": 7, "pid": 12, "renewals": "x"})");
+  EXPECT_EQ(FieldOr<std::string>(record, "host", "?"), "?");
+  EXPECT_EQ(FieldOr(record, "pid", 0), 12);
+  EXPECT_EQ(FieldOr(record, "renewals", uint64_t(3)), 3u);
+  EXPECT_EQ(FieldOr(record, "absent", 5), 5);
+  EXPECT_EQ(FieldOr(nlohmann::json::array(), "pid", 9), 9);  // not an object at all
+}
+
 // Loading writes the pointers after verifying the files: one at a file's path replaced a
 // verified file while the log said "verified".
 TEST(Manifest, RefusesPointersThatWouldReplaceItsFiles) {
