@@ -145,6 +145,16 @@ class CheckpointAgent::Impl {
     sealed_through_ = std::max(sealed_through_, cycle - 1);
   }
 
+  CheckpointStats Stats() const {
+    CheckpointStats stats;
+    stats.committed = committed_parts_.load(std::memory_order_relaxed);
+    stats.failed = abandoned_parts_.load(std::memory_order_relaxed);
+    stats.in_flight = in_flight_parts_.load(std::memory_order_relaxed);
+    stats.bytes_uploaded = bytes_uploaded_.load(std::memory_order_relaxed);
+    stats.upload_seconds = double(upload_ns_.load(std::memory_order_relaxed)) / 1e9;
+    return stats;
+  }
+
  private:
   enum class Stage { kQueued, kUploaded, kCommitted };
   struct Version {
@@ -561,6 +571,7 @@ class CheckpointAgent::Impl {
     bool last_write_seen = false;
     auto Pause = [&] { return last_write_seen ? kMinEvaluationGap : evaluation_gap; };
     while (true) {
+      CountInFlight();
       auto now = Clock::now();
       auto scan_every = Millis(watcher_->polling() ? options_.settings.poll_interval_s : options_.settings.scan_interval_s);
       auto next = std::min(last_evaluation + scan_every, options_.board ? next_board : Clock::time_point::max());
@@ -858,6 +869,7 @@ class CheckpointAgent::Impl {
     version.queued_at = Clock::now();
     if (uploader_) uploader_->Upload(version.snapshot_path);
     versions_[seq] = version;
+    CountForStats(HandoffState::kSnapshotted);
     handled_[candidate.name] = fingerprint;
     incomplete_noted_.erase(candidate.name);
     if (options_.on_handoff) options_.on_handoff(candidate.name);
@@ -952,9 +964,23 @@ class CheckpointAgent::Impl {
   // A state change the journal could not keep (the disk full): the version goes on in memory;
   // a launcher restarted on this volume resumes it from its state before, which is safe
   // (uploaded again, or committed again).
-  template <typename... Args>
-  void JournalRecord(Args&&... args) {
-    KeepInJournal([&] { journal_.Record(std::forward<Args>(args)...); });
+  void JournalRecord(uint64_t seq, const std::string& name, HandoffState state, const std::string& detail = "") {
+    KeepInJournal([&] { journal_.Record(seq, name, state, detail); });
+    CountForStats(state);
+  }
+
+  // Every change of a part's state goes through the journal: the counters follow it there.
+  void CountForStats(HandoffState state) {
+    if (state == HandoffState::kCommitted) committed_parts_.fetch_add(1, std::memory_order_relaxed);
+    if (state == HandoffState::kAbandoned) abandoned_parts_.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  // Once per turn of the agent's loop (every part handed off, committed or dropped in a turn
+  // is counted at the next): versions_ is the agent thread's alone.
+  void CountInFlight() {
+    uint64_t in_flight = 0;
+    for (const auto& [seq, version] : versions_) in_flight += version.stage != Stage::kCommitted;
+    in_flight_parts_.store(in_flight, std::memory_order_relaxed);
   }
 
   // `write` to the journal; a failure (the disk full) is warned about, never thrown.
@@ -1072,7 +1098,10 @@ class CheckpointAgent::Impl {
     version.stage = Stage::kUploaded;
     version.bytes_done = version.bytes_total;
     JournalRecord(version.seq, version.name, HandoffState::kUploaded);
-    double seconds = std::chrono::duration<double>(Clock::now() - version.queued_at).count();
+    const auto took = Clock::now() - version.queued_at;
+    bytes_uploaded_.fetch_add(version.bytes_total, std::memory_order_relaxed);
+    upload_ns_.fetch_add(uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(took).count()), std::memory_order_relaxed);
+    double seconds = std::chrono::duration<double>(took).count();
     spdlog::info("checkpoints: uploaded {} ({} in {:.1f} s)", version.name, storage::FormatBytes(version.bytes_total), seconds);
     RemoveStaging(version);
   }
@@ -1759,6 +1788,12 @@ class CheckpointAgent::Impl {
   std::string last_destination_error_;
   int wake_fd_ = -1;
   std::mutex mutex_;
+  // Stats(): written on the agent's thread only.
+  std::atomic<uint64_t> committed_parts_{0};
+  std::atomic<uint64_t> abandoned_parts_{0};
+  std::atomic<uint64_t> in_flight_parts_{0};
+  std::atomic<uint64_t> bytes_uploaded_{0};
+  std::atomic<uint64_t> upload_ns_{0};
   Clock::time_point drain_deadline_ = Clock::time_point::max();
   LeaderLoss leader_loss_;
   std::optional<Clock::time_point> leader_lost_since_;  // when the drain first saw node 0 lost
@@ -1794,5 +1829,7 @@ DrainResult CheckpointAgent::Drain(bool training_succeeded, std::chrono::steady_
 void CheckpointAgent::BeginCycle(int64_t cycle) { impl_->BeginCycle(cycle); }
 
 void CheckpointAgent::RestartDecided(int64_t cycle) { impl_->RestartDecided(cycle); }
+
+CheckpointStats CheckpointAgent::Stats() const { return impl_->Stats(); }
 
 }  // namespace bt::checkpoint

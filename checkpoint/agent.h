@@ -111,6 +111,15 @@ struct LeaderLoss {
   std::chrono::milliseconds upload_bound{0};
 };
 
+// What this node's checkpoint parts did since the launcher started (live metrics).
+struct CheckpointStats {
+  uint64_t committed = 0;  // parts committed (node 0's commit record names them)
+  uint64_t failed = 0;     // parts abandoned: never committed (modified, superseded, sealed by a restart, a lost node's)
+  uint64_t in_flight = 0;  // handed off, neither committed nor abandoned yet
+  uint64_t bytes_uploaded = 0;
+  double upload_seconds = 0;  // from each part's handoff to its upload's end
+};
+
 struct DrainResult {
   bool committed = true;  // the last complete checkpoint is committed (or there was none)
   std::string message;    // one line: what was committed, or what was not and why
@@ -139,6 +148,8 @@ class CheckpointAgent {
   // committed is sealed (never committed), and the drain counts none of them as lost, even
   // when the job ends before `cycle` begins (a SIGTERM during the restart).
   void RestartDecided(int64_t cycle);
+  // Thread-safe, never waits on the agent's thread: counters it keeps as it goes.
+  CheckpointStats Stats() const;
 
  private:
   class Impl;

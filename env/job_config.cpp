@@ -635,10 +635,17 @@ ProgressSettings ReadProgressSettings(const json& value, const std::string& path
   return settings;
 }
 
+MetricsSettings ReadMetricsSettings(const json& value, const std::string& path) {
+  StrictObject object(value, path, {"port"});
+  MetricsSettings settings;
+  if (const json* v = object.Find("port")) settings.port = ReadPort(*v, object.PathOf("port"));
+  return settings;
+}
+
 LauncherSettings ReadLauncherSettings(const json& value, const std::string& path) {
   StrictObject object(value, path, {"job_id", "project_id", "project_name", "grace_period_s", "peer_failure_grace_s",
                                              "master_port", "rendezvous", "checkpoint", "weights", "cache", "fabric", "restart", "watchdog",
-                                             "health", "spares", "progress"});
+                                             "health", "spares", "progress", "metrics"});
   LauncherSettings launcher;
   if (const json* v = object.Find("job_id")) {
     launcher.job_id = ReadNonEmptyString(*v, object.PathOf("job_id"));
@@ -660,6 +667,7 @@ LauncherSettings ReadLauncherSettings(const json& value, const std::string& path
   if (const json* v = object.Find("watchdog")) launcher.watchdog = ReadWatchdogSettings(*v, object.PathOf("watchdog"));
   if (const json* v = object.Find("health")) launcher.health = ReadHealthSettings(*v, object.PathOf("health"));
   if (const json* v = object.Find("progress")) launcher.progress = ReadProgressSettings(*v, object.PathOf("progress"));
+  if (const json* v = object.Find("metrics")) launcher.metrics = ReadMetricsSettings(*v, object.PathOf("metrics"));
   if (const json* v = object.Find("spares")) launcher.spares = int(ReadInt(*v, object.PathOf("spares"), 0, 1024));
   return launcher;
 }

@@ -186,6 +186,11 @@ struct ProgressSettings {
   double straggler_ratio = 1.2;  // a node whose median step time exceeds the others' by more
 };
 
+// launcher.metrics (docs/GOODPUT.md): Prometheus text on /metrics, off without a port.
+struct MetricsSettings {
+  uint16_t port = 0;  // 0: off; BT_METRICS_PORT overrides it
+};
+
 struct LauncherSettings {
   std::optional<std::string> job_id;
   std::optional<std::string> project_id;
@@ -202,6 +207,7 @@ struct LauncherSettings {
   WatchdogSettings watchdog;
   HealthSettings health;
   ProgressSettings progress;
+  MetricsSettings metrics;
   // Hot spares (docs/SPARES.md): launchers beyond compute.node_count, slots node_count...,
   // prepared as the others are, that take a leaving node's training rank.
   int spares = 0;

@@ -19,6 +19,7 @@
 #include "launcher/phases/fabric.h"
 #include "launcher/phases/health.h"
 #include "launcher/phases/job_report.h"
+#include "launcher/phases/metrics.h"
 #include "launcher/phases/nccl_preflight.h"
 #include "launcher/phases/ready.h"
 #include "launcher/phases/weights.h"
@@ -375,6 +376,21 @@ CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, Checkpoin
   return hooks;
 }
 
+// The live metrics follow the restarts, and a spare's promotion (its rank, its checkpoints).
+void CountCycles(CycleHooks& hooks, RunCounters& run, metrics::LiveMetrics& live, const CheckpointPhase& checkpoints,
+                 std::shared_ptr<void>& checkpoint_metrics) {
+  hooks.restart_known = [&run](const CycleRecord& record) {
+    run.cycle = record.cycle;
+    run.restarts_used = record.restarts_used;
+  };
+  hooks.promote = [promote = hooks.promote, &live, &checkpoints, &checkpoint_metrics](int rank, int64_t cycle) {
+    checkpoint_metrics.reset();  // the promotion replaces the agent it reads
+    promote(rank, cycle);
+    live.SetRank(rank);
+    checkpoint_metrics = ReadCheckpoints(&live, checkpoints.agent.get());
+  };
+}
+
 // What node 0 does when `latest` moves: its restart decisions name that commit, and the job's
 // report counts it. Null where neither is wanted.
 std::function<void(const storage::CommitRecord&)> OnLatestOf(std::shared_ptr<CommittedCheckpoints> commits,
@@ -425,6 +441,9 @@ int LeaveUnhealthy(const JobOutcome& outcome, const PreparedJob& job, Checkpoint
 
 int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline, report::JobClock& clock) {
   PreparedJob job = PrepareJob(cli, cli.command.empty(), timeline);
+  // First of the run's objects: the sources read below go before it (their handles are
+  // declared after what they read).
+  const std::shared_ptr<metrics::LiveMetrics> live = StartMetrics(job, timeline);
   try {
     env::CreateDirectories(job.environment);
   } catch (const std::runtime_error& error) {
@@ -448,6 +467,7 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline, 
   // Node 0's record of the job for its report at the end (launcher/phases/job_report.h).
   std::unique_ptr<report::JobRecorder> recorder;
   if (job.identity.rank == 0) recorder = std::make_unique<report::JobRecorder>(clock);
+  const auto job_metrics = ReadJob(live.get(), peers.get(), recorder.get(), clock, clock.At(timeline.start()));
   // A launcher that replaced a lost one loads what its first cycle resumes from at that
   // cycle's barrier, not the job's `latest` now.
   // A launcher started again in a slot whose rank moved to a spare is a spare itself.
@@ -494,12 +514,16 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline, 
                                    rejoin ? rejoin->cycle : 0, std::move(on_latest), commit_gate,
                                    AbsentRanksOf(peers.get()));
   }
+  std::shared_ptr<void> checkpoint_metrics = ReadCheckpoints(live.get(), checkpoints.agent.get());
   // Shared: the relay's matcher thread may outlive this function (launcher/phases/job_report.h).
   const auto steps = std::make_shared<report::StepLog>();
   StepSources step_sources{steps, StepsFromOutput(job.config.launcher.progress, steps, clock)};
   // Until the end: after its job ended, a node still answers a stack request of the others'.
   watchdog::Progress progress;
   std::unique_ptr<watchdog::Watchdog> watch = ArmWatchdog(job, peers.get(), progress);
+  RunCounters run;
+  run.restarts_allowed = job.config.launcher.restart.max_restarts;
+  const auto run_metrics = ReadRun(live.get(), run, progress);
   // One source: two that disagree by one (a 1-based log line, a 0-based heartbeat) would look
   // like steps going back (review 10, F4).
   if (watch && !step_sources.from_output) {
@@ -517,14 +541,16 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline, 
   // A node that runs no rank asks whether it must leave before it waits as a spare: what the
   // health phase found must be known then, not at the watch's first sample.
   if (health_watch && !role.rank) health_watch->Recheck();
+  const auto health_metrics = ReadHealth(live.get(), health_watch.get());
+  if (live) live->SetRank(role.rank.value_or(-1));
   MarkRunStarted(job, peers.get());
 
   timeline.Begin("run");
   std::vector<CycleRecord> cycles;
-  JobOutcome outcome = RunCycles(job.config, peers.get(), signals,
-                                 CycleHooksOf(cli, job, {destination, checkpoints}, peers.get(), watch.get(),
-                                              health_watch.get(), &progress, signals, role, recorder.get(), step_sources),
-                                 resume ? resume->name : "", std::move(rejoin), cycles);
+  CycleHooks hooks = CycleHooksOf(cli, job, {destination, checkpoints}, peers.get(), watch.get(), health_watch.get(),
+                                  &progress, signals, role, recorder.get(), step_sources);
+  if (live) CountCycles(hooks, run, *live, checkpoints, checkpoint_metrics);
+  JobOutcome outcome = RunCycles(job.config, peers.get(), signals, hooks, resume ? resume->name : "", std::move(rejoin), cycles);
   timeline.Annotate(DescribeOutcome(outcome) + (cycles.empty() ? "" : "; restarts: " + RenderCycles(cycles)));
   if (recorder) RecordCycles(*recorder, clock, cycles, outcome);
   if (outcome.left_job) {

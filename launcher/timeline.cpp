@@ -24,6 +24,7 @@ Timeline::Timeline() : start_(Clock::now()) {}
 void Timeline::Begin(const std::string& phase) {
   End();
   phases_.push_back(Phase{phase, Clock::now(), {}, "", true});
+  if (on_begin_) on_begin_(phase);
 }
 
 void Timeline::End() {

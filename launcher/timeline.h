@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,8 @@ class Timeline {
  public:
   Timeline();
   void Begin(const std::string& phase);  // ends the phase before it
+  // Called with each phase's name as it begins (the live metrics' phase); may be empty.
+  void OnBegin(std::function<void(const std::string&)> observer) { on_begin_ = std::move(observer); }
   void End();
   std::string Render() const;            // "identity 0.2 ms, run 1.50 s (...), total 1.51 s"
   void Annotate(const std::string& note);  // appended to the current (or last) phase
@@ -36,6 +39,7 @@ class Timeline {
   };
   std::chrono::steady_clock::time_point start_;
   std::vector<Phase> phases_;
+  std::function<void(const std::string&)> on_begin_;
 };
 
 std::string FormatDuration(std::chrono::steady_clock::duration duration);

@@ -360,6 +360,18 @@ class StoreServer::Loop {
     return ranks;
   }
 
+  StoreServer::NodeStates node_states() const {
+    std::lock_guard lock(mutex_);
+    StoreServer::NodeStates states;
+    std::vector<bool> runs_rank(joined_.size(), false);
+    for (int slot : rank_slots_) {
+      runs_rank[size_t(slot)] = true;
+      ++(joined_[size_t(slot)] >= 0 ? states.ready : states.lost);
+    }
+    for (size_t slot = 0; slot < joined_.size(); ++slot) states.spare += !runs_rank[slot] && joined_[slot] >= 0;
+    return states;
+  }
+
   std::vector<int> nodes_running_ranks() const {
     std::lock_guard lock(mutex_);
     std::vector<int> slots = rank_slots_;
@@ -1610,6 +1622,7 @@ bool StoreServer::StalledItself() const { return loop_->StalledItself(); }
 std::vector<int> StoreServer::unreported() const { return loop_->unreported(); }
 std::vector<int> StoreServer::absent() const { return loop_->absent(); }
 std::vector<int> StoreServer::nodes_running_ranks() const { return loop_->nodes_running_ranks(); }
+StoreServer::NodeStates StoreServer::node_states() const { return loop_->node_states(); }
 std::vector<NodeInfo> StoreServer::roster() const { return loop_->roster(); }
 std::vector<NodeInfo> StoreServer::brief_roster() const { return loop_->roster(false); }
 std::vector<std::optional<std::string>> StoreServer::Peek(const std::vector<std::string>& keys) const {

@@ -96,6 +96,14 @@ class StoreServer {
   std::vector<int> absent() const;
   // The nodes (slots) running a training rank now, in slot order (hot spares run none).
   std::vector<int> nodes_running_ranks() const;
+  // The job's nodes now (live metrics): ranks with a connected launcher, ranks without one,
+  // and connected launchers running no rank (hot spares).
+  struct NodeStates {
+    int ready = 0;
+    int lost = 0;
+    int spare = 0;
+  };
+  NodeStates node_states() const;
   // Node 0's own reads of its table, in-process (thread-safe): the values now, nullopt for
   // a key not set, as `mget` answers; and a wait until the integer counter `key` is at
   // least `at_least` (true), or `timeout` passed (false). Throws StoreError once stopped.

@@ -349,6 +349,7 @@ void HealthWatch::Take(const std::vector<Finding>& findings) {
     if (!seen) {
       warned_.push_back(identity);
       LogFinding(finding);
+      ++(finding.severity == Severity::kFatal ? seen_.fatal : seen_.warning);
     }
     if (finding.severity != Severity::kFatal || !leave || seen) continue;
     fatal_.push_back(finding);
@@ -357,6 +358,11 @@ void HealthWatch::Take(const std::vector<Finding>& findings) {
   if (!newly_fatal) return;
   uint64_t one = 1;
   [[maybe_unused]] ssize_t ignored = write(wake_fd_, &one, sizeof one);
+}
+
+HealthWatch::Counts HealthWatch::Seen() const {
+  std::lock_guard lock(mutex_);
+  return seen_;
 }
 
 std::optional<std::string> HealthWatch::TakeStop() {

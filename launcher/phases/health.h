@@ -99,6 +99,12 @@ class HealthWatch final : public StopRequests {
   void Recheck();
   // The fatal findings seen so far; empty while the node is healthy (or on_unhealthy "warn").
   std::vector<health::Finding> Fatal() const;
+  // Distinct findings seen so far, by severity (live metrics).
+  struct Counts {
+    size_t fatal = 0;
+    size_t warning = 0;
+  };
+  Counts Seen() const;
 
  private:
   void Run();
@@ -111,6 +117,7 @@ class HealthWatch final : public StopRequests {
   mutable std::mutex mutex_;
   std::vector<health::Finding> fatal_;
   std::vector<std::string> warned_;  // warnings logged once each
+  Counts seen_;
   bool stop_taken_ = false;
   std::thread thread_;
 };

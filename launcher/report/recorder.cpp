@@ -161,6 +161,34 @@ void JobRecorder::Committed(const std::string& name, JobNs saved, int64_t cycle)
   commits_.push_back({name, std::min(saved, now), now, cycle});
 }
 
+JobRecorder::SoFar JobRecorder::JobSoFar(JobNs job_start, JobNs now) const {
+  LaneRecord start;
+  start.phases.push_back({"start", job_start, job_start});
+  JobRecord record = Build({start}, now, 1.2);
+  bool running = false;
+  {
+    std::lock_guard lock(mutex_);
+    running = !cycles_.empty() && cycles_.rbegin()->second.run_start && !cycles_.rbegin()->second.run_end &&
+              !cycles_.rbegin()->second.fault;
+  }
+  if (running) {
+    record.cycles.back().end_s = record.wall_end_s;
+    record.cycles.back().cause = "running";  // a failure's rule: goodput to its last commit, the rest apart
+  }
+  SoFar so_far;
+  so_far.goodput = ComputeGoodput(record);
+  if (running && !so_far.goodput.cycles.empty()) {
+    so_far.uncommitted_s = so_far.goodput.cycles.back().lost_work_s;
+    so_far.goodput.badput.lost_work_s -= so_far.uncommitted_s;
+  }
+  so_far.commits = record.commits.size();
+  for (const Commit& commit : record.commits) {
+    const double age = record.wall_end_s - commit.committed_s;
+    if (!so_far.latest_commit_age_s || age < *so_far.latest_commit_age_s) so_far.latest_commit_age_s = age;
+  }
+  return so_far;
+}
+
 JobRecord JobRecorder::Build(const std::vector<LaneRecord>& lanes, JobNs wall_end, double straggler_ratio) const {
   std::lock_guard lock(mutex_);
   JobNs origin = wall_end;

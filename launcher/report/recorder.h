@@ -118,6 +118,17 @@ class JobRecorder {
   // included); `wall_end` is the job's end.
   JobRecord Build(const std::vector<LaneRecord>& lanes, JobNs wall_end, double straggler_ratio) const;
 
+  // The job so far (live metrics), from `job_start` to `now`: a cycle still running counts to
+  // now, its time since its last committed checkpoint as `uncommitted_s` (lost if it failed
+  // now), not as lost work.
+  struct SoFar {
+    Goodput goodput;
+    double uncommitted_s = 0;
+    std::optional<double> latest_commit_age_s;
+    size_t commits = 0;
+  };
+  SoFar JobSoFar(JobNs job_start, JobNs now) const;
+
  private:
   struct CycleTimes {
     std::optional<JobNs> run_start;

@@ -57,6 +57,8 @@ class Peers : public StopRequests {
   // On node 0: the ranks whose launcher is not connected now (empty elsewhere, and for
   // backends without a leader's server).
   virtual std::vector<int> AbsentRanks() { return {}; }
+  // Node 0: the job's nodes by state now (live metrics); nullopt elsewhere.
+  virtual std::optional<rendezvous::StoreServer::NodeStates> NodeStates() { return std::nullopt; }
   // This node's address on its connection to the leader ("" when there is none).
   virtual std::string LocalAddress() { return ""; }
   // Node 0's wall clock minus this node's (0 on node 0, and where it is not known): the
@@ -150,6 +152,10 @@ class TcpPeers final : public Peers {
   int fd() const override { return client_->event_fd(); }
   std::optional<std::string> TakeStop() override;
   std::vector<int> AbsentRanks() override { return server_ ? server_->absent() : std::vector<int>{}; }
+  std::optional<rendezvous::StoreServer::NodeStates> NodeStates() override {
+    if (!server_) return std::nullopt;
+    return server_->node_states();
+  }
   int Finish(const JobOutcome& outcome, SignalRouter& signals) override;
   void Report(const JobOutcome& outcome) override;
   std::vector<rendezvous::NodeInfo> Roster() override;

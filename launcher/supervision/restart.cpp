@@ -247,6 +247,7 @@ std::optional<PeerEvent> MeetAtBarrier(const env::JobConfig& config, Peers& peer
   while (true) {
     peers.BeginCycle(restart.cycle);
     cycles.push_back(RecordOf(restart));
+    if (hooks.restart_known) hooks.restart_known(cycles.back());
     spdlog::info("this node's job is stopped; waiting for every node to be ready for cycle {}", restart.cycle);
     int signal_number = 0;
     bool interrupted = false;

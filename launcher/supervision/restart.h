@@ -127,6 +127,9 @@ struct CycleHooks {
   // A spare was given training rank `rank` from `cycle` on (launcher.spares): what it loads,
   // saves and runs from now on is that rank's. Throws LaunchFailure. May be empty.
   std::function<void(int rank, int64_t cycle)> promote;
+  // A restart's decision reached this node (its record as the timeline shows it): the cycle,
+  // the restarts used. May be empty.
+  std::function<void(const CycleRecord& record)> restart_known;
 };
 
 // Runs cycle after cycle until one ends the job, and returns that cycle's outcome (already

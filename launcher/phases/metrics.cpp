@@ -1,0 +1,96 @@
+#include "launcher/phases/metrics.h"
+
+#include <unistd.h>
+
+#include <stdexcept>
+
+#include "launcher/exit_codes.h"
+
+namespace bt::launcher {
+namespace {
+
+std::string ThisHost() {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  return host;
+}
+
+}  // namespace
+
+std::shared_ptr<metrics::LiveMetrics> StartMetrics(const PreparedJob& job, Timeline& timeline) {
+  uint16_t port = 0;
+  try {
+    port = metrics::MetricsPort(job.config.launcher.metrics.port);
+  } catch (const std::invalid_argument& error) {
+    throw LaunchFailure(kExitConfig, error.what());
+  }
+  if (port == 0) return nullptr;
+  auto live = std::make_shared<metrics::LiveMetrics>(port, metrics::NodeLabels{job.identity.rank, ThisHost()});
+  live->SetRank(job.identity.rank);
+  live->SetPhase(timeline.Current());
+  // Weak: the timeline outlives the run's objects, the metrics do not.
+  timeline.OnBegin([weak = std::weak_ptr<metrics::LiveMetrics>(live)](const std::string& phase) {
+    if (auto metrics = weak.lock()) metrics->SetPhase(phase);
+  });
+  return live;
+}
+
+std::shared_ptr<void> ReadRun(metrics::LiveMetrics* live, const RunCounters& run, const watchdog::Progress& progress) {
+  if (live == nullptr) return nullptr;
+  return live->Read([&run, &progress](metrics::SampleSink& sink) {
+    sink.Add("bt_launch_cycle", double(run.cycle.load()));
+    sink.Add("bt_launch_restarts_used", run.restarts_used.load());
+    sink.Add("bt_launch_restarts_allowed", run.restarts_allowed);
+    const double since = progress.seen()
+                             ? std::chrono::duration<double>(watchdog::Progress::Clock::now() - progress.last()).count()
+                             : -1;
+    sink.Add("bt_launch_seconds_since_progress", since);
+  });
+}
+
+std::shared_ptr<void> ReadCheckpoints(metrics::LiveMetrics* live, const checkpoint::CheckpointAgent* agent) {
+  if (live == nullptr || agent == nullptr) return nullptr;
+  return live->Read([agent](metrics::SampleSink& sink) {
+    const checkpoint::CheckpointStats stats = agent->Stats();
+    sink.Add("bt_launch_checkpoints_committed_total", double(stats.committed));
+    sink.Add("bt_launch_checkpoints_failed_total", double(stats.failed));
+    sink.Add("bt_launch_checkpoints_in_flight", double(stats.in_flight));
+    sink.Add("bt_launch_upload_bytes_total", double(stats.bytes_uploaded));
+    sink.Add("bt_launch_upload_seconds_total", stats.upload_seconds);
+  });
+}
+
+std::shared_ptr<void> ReadHealth(metrics::LiveMetrics* live, const HealthWatch* health) {
+  if (live == nullptr || health == nullptr) return nullptr;
+  return live->Read([health](metrics::SampleSink& sink) {
+    const HealthWatch::Counts seen = health->Seen();
+    sink.Add("bt_launch_health_findings", double(seen.fatal), {{"severity", "fatal"}});
+    sink.Add("bt_launch_health_findings", double(seen.warning), {{"severity", "warning"}});
+  });
+}
+
+std::shared_ptr<void> ReadJob(metrics::LiveMetrics* live, Peers* peers, const report::JobRecorder* recorder,
+                              const report::JobClock& clock, report::JobNs job_start) {
+  if (live == nullptr || recorder == nullptr) return nullptr;
+  return live->Read([peers, recorder, &clock, job_start](metrics::SampleSink& sink) {
+    if (auto states = peers ? peers->NodeStates() : std::nullopt) {
+      sink.Add("bt_launch_nodes", states->ready, {{"state", "ready"}});
+      sink.Add("bt_launch_nodes", states->lost, {{"state", "lost"}});
+      sink.Add("bt_launch_nodes", states->spare, {{"state", "spare"}});
+    }
+    const report::JobRecorder::SoFar so_far = recorder->JobSoFar(job_start, clock.Now());
+    sink.Add("bt_launch_job_checkpoints_committed_total", double(so_far.commits));
+    if (so_far.latest_commit_age_s) sink.Add("bt_launch_latest_checkpoint_age_seconds", *so_far.latest_commit_age_s);
+    sink.Add("bt_launch_wall_seconds", so_far.goodput.wall_s);
+    sink.Add("bt_launch_goodput_seconds", so_far.goodput.goodput_s);
+    const report::Badput& badput = so_far.goodput.badput;
+    for (const auto& [cause, seconds] : {std::pair{"prepare", badput.prepare_s}, std::pair{"restart", badput.restart_s},
+                                         std::pair{"lost_work", badput.lost_work_s}, std::pair{"hang", badput.hang_s},
+                                         std::pair{"drain", badput.drain_s}}) {
+      sink.Add("bt_launch_badput_seconds", seconds, {{"cause", cause}});
+    }
+    sink.Add("bt_launch_uncommitted_seconds", so_far.uncommitted_s);
+  });
+}
+
+}  // namespace bt::launcher
