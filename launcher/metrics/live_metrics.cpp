@@ -64,10 +64,10 @@ void SampleSink::Add(std::string_view name, double value, Labels labels) {
 uint16_t MetricsPort(uint16_t configured) {
   const char* text = std::getenv("BT_METRICS_PORT");
   if (text == nullptr || *text == '\0') return configured;
-  char* end = nullptr;
-  errno = 0;
-  const long port = std::strtol(text, &end, 10);
-  if (errno != 0 || *end != '\0' || port < 0 || port > 65535) {
+  const std::string digits = text;
+  const bool numeric = digits.size() <= 5 && digits.find_first_not_of("0123456789") == std::string::npos;
+  const long port = numeric ? std::stol(digits) : -1;
+  if (port < 0 || port > 65535) {
     throw std::invalid_argument(std::string("BT_METRICS_PORT: expected a port in [1, 65535], or 0 for off; got \"") +
                                 text + "\"");
   }

@@ -2034,6 +2034,187 @@ TEST(Goodput, StepsReadFromTheHeartbeatFileNameTheSlowNodeAStraggler) {
   }
 }
 
+// Issue 31 §2: live metrics.
+
+// GET http://127.0.0.1:<port><path>: the body, "" when the server does not answer.
+std::string HttpGet(uint16_t port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(port);
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval timeout{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string request = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  if (write(fd, request.data(), request.size()) != ssize_t(request.size())) {
+    close(fd);
+    return "";
+  }
+  std::string response;
+  char buffer[8192];
+  for (ssize_t got; (got = read(fd, buffer, sizeof buffer)) > 0;) response.append(buffer, size_t(got));
+  close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  return body == std::string::npos ? "" : response.substr(body + 4);
+}
+
+// A sample of Prometheus text: `series` is the name with its labels as served.
+std::optional<double> SampleValue(const std::string& text, const std::string& name, const std::string& label = "") {
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.starts_with(name + "{") || line.find(label) == std::string::npos) continue;
+    return std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return std::nullopt;
+}
+
+// The value Prometheus has for `query` on `node` now (its HTTP API), nullopt when none.
+std::optional<double> PrometheusValue(uint16_t port, const std::string& query, int node) {
+  const std::string body = HttpGet(port, "/api/v1/query?query=" + query);
+  const nlohmann::json answer = nlohmann::json::parse(body, nullptr, false);
+  if (!answer.is_object() || answer.value("status", "") != "success") return std::nullopt;
+  for (const auto& series : answer["data"]["result"]) {
+    if (series["metric"].value("node", "") != std::to_string(node)) continue;
+    return std::stod(series["value"][1].get<std::string>());
+  }
+  return std::nullopt;
+}
+
+// Each node saves a checkpoint every 0.5 s up to checkpoint-4; node 1 fails once after
+// checkpoint-2; then every node waits for the test's stop file.
+constexpr const char* kMetricsTrainer = R"sh(start=0
+[ -n "$BT_RESUME_CHECKPOINT" ] && start=${BT_RESUME_CHECKPOINT#checkpoint-}
+for step in $(seq $((start + 1)) 4); do
+  sleep 0.5
+  d=$BT_CHECKPOINT_DIR/checkpoint-$step
+  mkdir -p $d && echo x > $d/model.bin && echo "{\"global_step\": $step}" > $d/trainer_state.json
+  if [ "$BT_RESTART_COUNT" = 0 ] && [ $step = 2 ] && [ $BT_NODE_RANK = 1 ]; then sleep 0.5; exit 1; fi
+done
+echo "saved everything in cycle $BT_RESTART_COUNT"
+while [ ! -e "$STOP_FILE" ]; do sleep 0.1; done
+)sh";
+
+// A real Prometheus (Debian's) scrapes both nodes of a job with one restart while it runs:
+// its HTTP API answers the restarts used and the checkpoints committed the launchers' own
+// logs show, and node 0's /metrics adds up (goodput + badput + uncommitted = wall time).
+TEST(Metrics, APrometheusServerScrapesBothNodesAndGetsTheJobsRestartsAndCommits) {
+  if (access("/usr/bin/prometheus", X_OK) != 0) {
+    GTEST_SKIP() << "Debian's prometheus is not installed (apt-get install prometheus): no server to scrape the nodes";
+  }
+  TempDir scratch;
+  const uint16_t metrics_ports[2] = {FreePort(), FreePort()};
+  const uint16_t prometheus_port = FreePort();
+  const std::string config = scratch.Write("prometheus.yml",
+      "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: bt-launch\n"
+      "    static_configs:\n      - targets: ['127.0.0.1:" + std::to_string(metrics_ports[0]) + "', '127.0.0.1:" +
+      std::to_string(metrics_ports[1]) + "']\n");
+  LaunchSpec server_spec;
+  server_spec.args = {"--config.file=" + config, "--storage.tsdb.path=" + scratch.path() + "/tsdb",
+                      "--web.listen-address=127.0.0.1:" + std::to_string(prometheus_port)};
+  server_spec.timeout = 120s;
+  LauncherProcess prometheus(server_spec, "/usr/bin/prometheus");
+
+  const std::string trainer = scratch.Write("train.sh", kMetricsTrainer);
+  const std::string stop_file = scratch.path() + "/stop";
+  nlohmann::json launcher = restart::RestartSettings(scratch, 2);
+  launcher["checkpoint"]["quiet_period_s"] = 0.3;
+  launcher["checkpoint"]["scan_interval_s"] = 0.2;
+  Job job(2, nlohmann::json::array({"sh " + trainer}).dump(), "", true, launcher, FreePort());
+  std::vector<std::unique_ptr<LauncherProcess>> nodes;
+  for (int rank = 0; rank < 2; ++rank) {
+    LaunchSpec spec = job.Spec(rank, {}, {{"BT_METRICS_PORT", std::to_string(metrics_ports[rank])}, {"STOP_FILE", stop_file}});
+    spec.timeout = 90s;
+    nodes.push_back(std::make_unique<LauncherProcess>(spec));
+  }
+  for (auto& node : nodes) ASSERT_TRUE(node->WaitForOutput("saved everything in cycle 1", 45s)) << node->Finish().err;
+  ASSERT_TRUE(nodes[0]->WaitForLog("committed checkpoint-4", 20s)) << nodes[0]->Finish().err;
+
+  // Prometheus scrapes once a second: its answers catch up within a few.
+  std::optional<double> restarts[2];
+  std::optional<double> committed;
+  for (auto deadline = std::chrono::steady_clock::now() + 30s; std::chrono::steady_clock::now() < deadline;) {
+    for (int rank = 0; rank < 2; ++rank) restarts[rank] = PrometheusValue(prometheus_port, "bt_launch_restarts_used", rank);
+    committed = PrometheusValue(prometheus_port, "bt_launch_job_checkpoints_committed_total", 0);
+    if (restarts[0] == 1.0 && restarts[1] == 1.0 && committed && *committed >= 3) break;
+    std::this_thread::sleep_for(500ms);
+  }
+  const std::string live = HttpGet(metrics_ports[0], "/metrics");
+  WriteFile(stop_file);
+  const ProcessResult leader = nodes[0]->Finish();
+  const ProcessResult follower = nodes[1]->Finish();
+  ASSERT_EQ(leader.exit_code, 0) << leader.err;
+  ASSERT_EQ(follower.exit_code, 0) << follower.err;
+  EXPECT_EQ(restarts[0], 1.0) << leader.err;
+  EXPECT_EQ(restarts[1], 1.0) << follower.err;
+  // The job's commits as node 0 logged them, each once; none came after the last save.
+  size_t logged = 0;
+  for (size_t at = leader.err.find("latest names it"); at != std::string::npos; at = leader.err.find("latest names it", at + 1)) {
+    ++logged;
+  }
+  ASSERT_TRUE(committed.has_value()) << live;
+  EXPECT_EQ(*committed, double(logged)) << leader.err;
+
+  // One snapshot of node 0: every second of the job so far in exactly one place.
+  const auto wall = SampleValue(live, "bt_launch_wall_seconds");
+  const auto goodput = SampleValue(live, "bt_launch_goodput_seconds");
+  const auto uncommitted = SampleValue(live, "bt_launch_uncommitted_seconds");
+  ASSERT_TRUE(wall && goodput && uncommitted) << live;
+  double buckets = *goodput + *uncommitted;
+  for (const char* cause : {"prepare", "restart", "lost_work", "hang", "drain"}) {
+    const auto seconds = SampleValue(live, "bt_launch_badput_seconds", "cause=\"" + std::string(cause) + "\"");
+    ASSERT_TRUE(seconds.has_value()) << cause << "\n" << live;
+    buckets += *seconds;
+  }
+  EXPECT_NEAR(buckets, *wall, 0.01 * *wall) << live;
+  EXPECT_GT(*goodput, 0.5) << live;
+  EXPECT_GT(*SampleValue(live, "bt_launch_badput_seconds", "cause=\"restart\""), 0) << live;
+  EXPECT_EQ(SampleValue(live, "bt_launch_nodes", "state=\"ready\""), 2.0) << live;
+  EXPECT_EQ(SampleValue(live, "bt_launch_phase", "phase=\"run\""), 1.0) << live;
+  EXPECT_EQ(SampleValue(live, "bt_launch_cycle"), 1.0) << live;
+  EXPECT_GE(SampleValue(live, "bt_launch_checkpoints_committed_total").value_or(0), 2.0) << live;
+  EXPECT_GT(SampleValue(live, "bt_launch_upload_bytes_total").value_or(0), 0.0) << live;
+  // Labels are the node's own and a fixed set of values: never a checkpoint's name.
+  EXPECT_EQ(live.find("checkpoint-"), std::string::npos) << live;
+}
+
+// A port that is taken: the job runs without metrics, and the log says why.
+TEST(Metrics, APortInUseIsLoggedAndTheJobRunsWithoutMetrics) {
+  const int taken = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  uint16_t port = 0;
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    port = FreePort();
+    address.sin_port = htons(port);
+    if (bind(taken, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0) break;
+  }
+  ASSERT_EQ(listen(taken, 1), 0);
+  TempDir scratch;
+  LaunchSpec spec;
+  spec.args = {"run", "--root", scratch.path(), "--", "sh", "-c", "sleep 1; echo ran"};
+  spec.set_env = {{"BT_METRICS_PORT", std::to_string(port)}};
+  const ProcessResult result = RunLauncher(spec);
+  close(taken);
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("ran"), std::string::npos);
+  EXPECT_NE(result.err.find("metrics: not served: cannot serve on port " + std::to_string(port)), std::string::npos)
+      << result.err;
+}
+
+TEST(Metrics, ABadPortVariableIsAConfigErrorNamingIt) {
+  TempDir scratch;
+  LaunchSpec spec;
+  spec.args = {"run", "--root", scratch.path(), "--", "true"};
+  spec.set_env = {{"BT_METRICS_PORT", "9x"}};
+  const ProcessResult result = RunLauncher(spec);
+  EXPECT_EQ(result.exit_code, 65) << result.err;
+  EXPECT_NE(result.err.find("BT_METRICS_PORT: expected a port"), std::string::npos) << result.err;
+}
+
 }  // namespace goodput
 
 }  // namespace

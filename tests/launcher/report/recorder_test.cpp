@@ -101,6 +101,34 @@ TEST(JobRecorder, PlacesCyclesHangsAndCommitsOnTheJobsAxis) {
   EXPECT_NEAR(goodput.goodput_s + goodput.badput.Total(), goodput.wall_s, 1e-6);
 }
 
+// The live metrics' view (issue 31 §2): a cycle still running counts to now; its time since
+// its last commit is uncommitted, not lost work, and the buckets still add up to the wall time.
+TEST(JobRecorder, TheJobSoFarKeepsARunningCyclesUncommittedTimeApart) {
+  JobClock clock;
+  JobRecorder recorder(clock);
+  const JobNs start = clock.Now() - 10 * kSecond;
+  recorder.CycleRan(0, "");
+  const JobNs ran = clock.Now();
+  recorder.Committed("ckpt-1", ran, 0);
+  const JobRecorder::SoFar so_far = recorder.JobSoFar(start, ran + 4 * kSecond);
+  EXPECT_NEAR(so_far.goodput.wall_s, 14, 1e-6);
+  EXPECT_NEAR(so_far.goodput.badput.prepare_s, 10, 1e-6);
+  EXPECT_NEAR(so_far.uncommitted_s, 4, 0.01);
+  EXPECT_NEAR(so_far.goodput.badput.lost_work_s, 0, 1e-6);
+  EXPECT_NEAR(so_far.goodput.goodput_s + so_far.goodput.badput.Total() + so_far.uncommitted_s, 14, 1e-6);
+  EXPECT_EQ(so_far.commits, 1u);
+  ASSERT_TRUE(so_far.latest_commit_age_s.has_value());
+  EXPECT_NEAR(*so_far.latest_commit_age_s, 4, 0.01);
+
+  // Once the cycle failed, its time after the commit is lost work, as at the job's end.
+  recorder.CycleEnded(0);
+  recorder.CycleFailed(0, ran + 3 * kSecond, "failure", 1, "host-1", "node 1 failed");
+  const JobRecorder::SoFar failed = recorder.JobSoFar(start, ran + 4 * kSecond);
+  EXPECT_EQ(failed.uncommitted_s, 0);
+  EXPECT_NEAR(failed.goodput.badput.lost_work_s, 3, 0.01);
+  EXPECT_NEAR(failed.goodput.goodput_s + failed.goodput.badput.Total(), 14, 1e-6);
+}
+
 // A job ended by a restart's decision whose cycle never ran: the last cycle that ran keeps the
 // fault the decision named, not "success".
 TEST(JobRecorder, TheJobsEndNeverOverwritesAFaultADecisionNamed) {
