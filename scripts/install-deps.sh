@@ -14,6 +14,7 @@ packages=(
   rclone
   slurmctld slurmd slurm-client munge
   chromium  # the job's HTML report opened in a real browser (headless)
+  prometheus-cpp-dev prometheus  # live metrics: the exposer, and a real server scraping the tests' nodes
 )
 # s3rver (the S3 API server of the checkpoint tests) comes from npm: Debian's npm unless
 # the machine already has one.
