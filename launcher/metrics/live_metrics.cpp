@@ -78,13 +78,12 @@ struct LiveMetrics::Plugin {
   void* library = nullptr;
   void* server = nullptr;
   bt_metrics_publish_fn publish = nullptr;
-  bt_metrics_stop_fn stop = nullptr;
 
-  ~Plugin() {
-    if (server != nullptr) stop(server);
-    // The library stays loaded: civetweb's threads are joined by stop, but a static
-    // destructor of prometheus-cpp may still run at exit.
-  }
+  // Neither the server nor the library is stopped: the launcher is exiting, and civetweb's
+  // stop waits for its listening thread's next poll timeout, which added 2 s to every job's
+  // end (measured with `pid1_overhead`). The exit ends its threads; the server's state is
+  // never freed, so a scrape in that moment reads valid memory.
+  ~Plugin() = default;
 
   // Empty on success, else why the server is not up.
   std::string Serve(uint16_t port) {
@@ -96,8 +95,7 @@ struct LiveMetrics::Plugin {
     }
     auto serve = reinterpret_cast<bt_metrics_serve_fn>(dlsym(library, "bt_metrics_serve"));
     publish = reinterpret_cast<bt_metrics_publish_fn>(dlsym(library, "bt_metrics_publish"));
-    stop = reinterpret_cast<bt_metrics_stop_fn>(dlsym(library, "bt_metrics_stop"));
-    if (serve == nullptr || publish == nullptr || stop == nullptr) return path + " lacks bt_metrics_serve/publish/stop";
+    if (serve == nullptr || publish == nullptr) return path + " lacks bt_metrics_serve or bt_metrics_publish";
     char error[512] = {};
     server = serve(("0.0.0.0:" + std::to_string(port)).c_str(), error, sizeof error);
     if (server == nullptr) return std::string("cannot serve on port ") + std::to_string(port) + ": " + error;

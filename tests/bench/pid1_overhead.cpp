@@ -26,6 +26,10 @@ constexpr const char* kWatchdogOnConfig = R"(BT_JOB_CONFIG={"runtime":{"start_co
 constexpr const char* kWatchdogOffConfig =
     R"(BT_JOB_CONFIG={"runtime":{"start_commands":["true"]},"launcher":{"watchdog":{"stall_timeout_s":0,"startup_timeout_s":0}}})";
 
+// Live metrics on (launcher.metrics.port): the plugin loaded, a server started and stopped.
+constexpr const char* kMetricsOnConfig =
+    R"(BT_JOB_CONFIG={"runtime":{"start_commands":["true"]},"launcher":{"metrics":{"port":31998}}})";
+
 constexpr const char* kHealthOffConfig =
     R"(BT_JOB_CONFIG={"runtime":{"start_commands":["true"]},"launcher":{"health":{"enabled":false}}})";
 
@@ -85,7 +89,7 @@ double Percentile(std::vector<double> values, double fraction) {
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: %s BT_LAUNCH TINI ROOT_DIR [RUNS]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s BT_LAUNCH TINI ROOT_DIR [RUNS [BASELINE_BT_LAUNCH]]\n", argv[0]);
     return 64;
   }
   const int runs = argc > 4 ? std::atoi(argv[4]) : 2000;
@@ -97,7 +101,10 @@ int main(int argc, char** argv) {
       {"  config, watchdog on", run, kWatchdogOnConfig, {}, 0},
       {"  config, watchdog off", run, kWatchdogOffConfig, {}, 0},
       {"  config, health off", run, kHealthOffConfig, {}, 0},
+      {"  config, metrics on", run, kMetricsOnConfig, {}, 0},
   };
+  // Another build in the same rounds (the commit before a change): what the change costs.
+  if (argc > 5) contenders.push_back({"baseline run -- /bin/true", {argv[5], "run", "--root", argv[3], "--", "/bin/true"}, "", {}, 0});
   for (auto& contender : contenders) RunOnce(contender);  // warm the page cache
   // Each round starts with the next contender: the one that runs right after /bin/true or
   // tini finds colder caches than one that follows another bt-launch, and no contender
@@ -124,6 +131,14 @@ int main(int argc, char** argv) {
               Percentile(contenders[3].micros, 0.5) - Percentile(contenders[4].micros, 0.5));
   std::printf("health without NVML adds: %.0f us (config, watchdog on - config, health off; goal: < 100 us)\n",
               Percentile(contenders[3].micros, 0.5) - Percentile(contenders[5].micros, 0.5));
+  const double metrics = Percentile(contenders[6].micros, 0.5) - Percentile(contenders[3].micros, 0.5);
+  std::printf("metrics on adds: %.0f us (config, metrics on - config, watchdog on)\n", metrics);
+  const double baseline = argc > 5 ? Percentile(contenders[7].micros, 0.5) - plain : 0;
+  if (argc > 5) std::printf("this build - baseline: %.0f us\n", ours - baseline);
   std::printf("bt-launch peak RSS: %.1f MiB (goal: < 8 MiB)\n", double(contenders[2].max_rss_kib) / 1024.0);
+  std::printf("{\"runs\": %d, \"overhead_over_tini_us\": %.0f, \"ratio_to_tini\": %.2f, \"metrics_on_adds_us\": %.0f, "
+              "\"over_baseline_us\": %.0f, \"peak_rss_kib\": %ld}\n",
+              runs, ours - tini_overhead, tini_overhead > 0 ? ours / tini_overhead : 0.0, metrics, ours - baseline,
+              contenders[2].max_rss_kib);
   return 0;
 }
