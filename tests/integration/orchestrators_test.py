@@ -579,6 +579,7 @@ def scenario_dockerfile(binary):
               f"the ENTRYPOINT did not run a job (exit {result.returncode}):\n{result.stderr[-2000:]}")
         plugins = os.listdir(os.path.join(prefix, "lib", "bt-launch"))
         check("libbt_verbs.so" in plugins, f"the verbs plugin is not installed beside the binary's lib: {plugins}")
+        check("libbt_metrics.so" in plugins, f"the metrics plugin is not installed beside the binary's lib: {plugins}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
