@@ -669,6 +669,15 @@ LauncherSettings ReadLauncherSettings(const json& value, const std::string& path
   if (const json* v = object.Find("progress")) launcher.progress = ReadProgressSettings(*v, object.PathOf("progress"));
   if (const json* v = object.Find("metrics")) launcher.metrics = ReadMetricsSettings(*v, object.PathOf("metrics"));
   if (const json* v = object.Find("spares")) launcher.spares = int(ReadInt(*v, object.PathOf("spares"), 0, 1024));
+  // Node 0 serves all three on one host: the metrics' server holding MASTER_PORT failed the
+  // training's own bind with nothing naming the field (review 11).
+  const uint16_t metrics = launcher.metrics.port;
+  if (metrics != 0 && (metrics == launcher.master_port || metrics == launcher.rendezvous.port)) {
+    throw ConfigError(object.PathOf("metrics") + ".port", std::to_string(metrics) + " is also " +
+                                                              (metrics == launcher.master_port ? "launcher.master_port"
+                                                                                              : "launcher.rendezvous.port") +
+                                                              ": give the metrics a port of their own");
+  }
   return launcher;
 }
 

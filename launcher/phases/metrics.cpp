@@ -2,7 +2,10 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
+#include <optional>
 #include <stdexcept>
+#include <string>
 
 #include "launcher/exit_codes.h"
 
@@ -15,6 +18,21 @@ std::string ThisHost() {
   return host;
 }
 
+// The ports node 0 also serves, as this launcher will use them (the environment's overrides
+// included): a metrics port equal to one would take it from the training or the rendezvous.
+std::optional<std::string> PortTakenBy(const PreparedJob& job, uint16_t port) {
+  const auto& variables = job.environment.variables;
+  if (auto master = variables.find("MASTER_PORT"); master != variables.end() && master->second == std::to_string(port)) {
+    return "MASTER_PORT";
+  }
+  const char* rendezvous = std::getenv("BT_RENDEZVOUS_PORT");
+  const std::string rendezvous_port = rendezvous != nullptr && *rendezvous != '\0'
+                                          ? std::string(rendezvous)
+                                          : std::to_string(job.config.launcher.rendezvous.port);
+  if (rendezvous_port == std::to_string(port)) return "the rendezvous port (BT_RENDEZVOUS_PORT, launcher.rendezvous.port)";
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::shared_ptr<metrics::LiveMetrics> StartMetrics(const PreparedJob& job, Timeline& timeline) {
@@ -25,6 +43,10 @@ std::shared_ptr<metrics::LiveMetrics> StartMetrics(const PreparedJob& job, Timel
     throw LaunchFailure(kExitConfig, error.what());
   }
   if (port == 0) return nullptr;
+  if (auto taken = PortTakenBy(job, port)) {
+    throw LaunchFailure(kExitConfig, "BT_METRICS_PORT / launcher.metrics.port " + std::to_string(port) + " is also " +
+                                         *taken + ": give the metrics a port of their own");
+  }
   auto live = std::make_shared<metrics::LiveMetrics>(port, metrics::NodeLabels{job.identity.rank, ThisHost()});
   live->SetRank(job.identity.rank);
   live->SetPhase(timeline.Current());

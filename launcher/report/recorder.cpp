@@ -164,14 +164,18 @@ void JobRecorder::Committed(const std::string& name, JobNs saved, int64_t cycle)
 JobRecorder::SoFar JobRecorder::JobSoFar(JobNs job_start, JobNs now) const {
   LaneRecord start;
   start.phases.push_back({"start", job_start, job_start});
-  JobRecord record = Build({start}, now, 1.2);
+  JobRecord record;
   bool running = false;
   {
+    // One lock for the copy and the question: a cycle that starts in between made the
+    // answer the next cycle's while the copy had none (review 11: node 0 crashed on an empty
+    // vector's back()).
     std::lock_guard lock(mutex_);
+    record = BuildLocked({start}, now, 1.2);
     running = !cycles_.empty() && cycles_.rbegin()->second.run_start && !cycles_.rbegin()->second.run_end &&
               !cycles_.rbegin()->second.fault;
   }
-  if (running) {
+  if (running && !record.cycles.empty()) {
     record.cycles.back().end_s = record.wall_end_s;
     record.cycles.back().cause = "running";  // a failure's rule: goodput to its last commit, the rest apart
   }
@@ -191,6 +195,10 @@ JobRecorder::SoFar JobRecorder::JobSoFar(JobNs job_start, JobNs now) const {
 
 JobRecord JobRecorder::Build(const std::vector<LaneRecord>& lanes, JobNs wall_end, double straggler_ratio) const {
   std::lock_guard lock(mutex_);
+  return BuildLocked(lanes, wall_end, straggler_ratio);
+}
+
+JobRecord JobRecorder::BuildLocked(const std::vector<LaneRecord>& lanes, JobNs wall_end, double straggler_ratio) const {
   JobNs origin = wall_end;
   for (const LaneRecord& lane : lanes) {
     for (const LaneRecord::Span& span : lane.phases) origin = std::min(origin, span.start);

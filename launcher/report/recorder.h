@@ -149,6 +149,8 @@ class JobRecorder {
     int64_t cycle = 0;
   };
 
+  JobRecord BuildLocked(const std::vector<LaneRecord>& lanes, JobNs wall_end, double straggler_ratio) const;
+
   const JobClock& clock_;
   mutable std::mutex mutex_;
   std::map<int64_t, CycleTimes> cycles_;

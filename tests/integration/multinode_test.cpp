@@ -2205,6 +2205,54 @@ TEST(Metrics, APortInUseIsLoggedAndTheJobRunsWithoutMetrics) {
       << result.err;
 }
 
+// Review 11: one client that connects and says nothing held civetweb's only thread for its
+// 30 s request timeout, and every scrape of the node timed out meanwhile.
+TEST(Metrics, IdleConnectionsDoNotStopScrapes) {
+  TempDir scratch;
+  const uint16_t port = FreePort();
+  LaunchSpec spec;
+  spec.args = {"run", "--root", scratch.path(), "--", "sleep", "8"};
+  spec.set_env = {{"BT_METRICS_PORT", std::to_string(port)}};
+  LauncherProcess launcher(spec);
+  ASSERT_TRUE(launcher.WaitForLog("metrics: serving", 10s)) << launcher.Finish().err;
+  std::vector<int> idle;
+  for (int i = 0; i < 2; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(port);
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+    idle.push_back(fd);
+  }
+  std::this_thread::sleep_for(200ms);  // the server has taken them
+  const auto asked = std::chrono::steady_clock::now();
+  const std::string body = HttpGet(port, "/metrics");
+  const auto took = std::chrono::steady_clock::now() - asked;
+  for (int fd : idle) close(fd);
+  EXPECT_NE(body.find("bt_launch_phase{"), std::string::npos) << body;
+  EXPECT_LT(took, 3s);
+  launcher.Signal(SIGTERM);
+  EXPECT_EQ(launcher.Finish().exit_code, 143);
+}
+
+// Review 11: the metrics' server on MASTER_PORT took it from the training ("start command
+// exited 1", nothing naming the metrics).
+TEST(Metrics, APortTheTrainingOrTheRendezvousUsesIsAConfigError) {
+  TempDir scratch;
+  LaunchSpec spec;
+  spec.args = {"run", "--root", scratch.path(), "--", "true"};
+  spec.set_env = {{"BT_METRICS_PORT", "29500"}};  // MASTER_PORT's default
+  ProcessResult result = RunLauncher(spec);
+  EXPECT_EQ(result.exit_code, 65) << result.err;
+  EXPECT_NE(result.err.find("BT_METRICS_PORT / launcher.metrics.port 29500 is also MASTER_PORT"), std::string::npos)
+      << result.err;
+  spec.set_env = {{"BT_METRICS_PORT", "29300"}};  // the rendezvous port's default
+  result = RunLauncher(spec);
+  EXPECT_EQ(result.exit_code, 65) << result.err;
+  EXPECT_NE(result.err.find("is also the rendezvous port"), std::string::npos) << result.err;
+}
+
 TEST(Metrics, ABadPortVariableIsAConfigErrorNamingIt) {
   TempDir scratch;
   LaunchSpec spec;
