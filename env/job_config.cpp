@@ -669,15 +669,6 @@ LauncherSettings ReadLauncherSettings(const json& value, const std::string& path
   if (const json* v = object.Find("progress")) launcher.progress = ReadProgressSettings(*v, object.PathOf("progress"));
   if (const json* v = object.Find("metrics")) launcher.metrics = ReadMetricsSettings(*v, object.PathOf("metrics"));
   if (const json* v = object.Find("spares")) launcher.spares = int(ReadInt(*v, object.PathOf("spares"), 0, 1024));
-  // Node 0 serves all three on one host: the metrics' server holding MASTER_PORT failed the
-  // training's own bind with nothing naming the field (review 11).
-  const uint16_t metrics = launcher.metrics.port;
-  if (metrics != 0 && (metrics == launcher.master_port || metrics == launcher.rendezvous.port)) {
-    throw ConfigError(object.PathOf("metrics") + ".port", std::to_string(metrics) + " is also " +
-                                                              (metrics == launcher.master_port ? "launcher.master_port"
-                                                                                              : "launcher.rendezvous.port") +
-                                                              ": give the metrics a port of their own");
-  }
   return launcher;
 }
 
@@ -754,6 +745,29 @@ void ValidateJobId(const std::string& job_id, const std::string& origin) {
                             "contain '/' or NUL, start with '.' or be other than UTF-8 text)");
 }
 
+// Node 0 serves the metrics, the rendezvous and its training's MASTER_PORT on one host: the
+// metrics' server holding MASTER_PORT failed the training's own bind with nothing naming the
+// field (reviews 11 and 12). With restarts, a MASTER_PORT the launcher chose walks
+// kMasterPortCycles ports, one per cycle.
+void ValidateMetricsPort(const JobConfig& config) {
+  const int port = config.launcher.metrics.port;
+  if (port == 0) return;
+  const int master = config.launcher.master_port;
+  const bool walks =
+      config.launcher.restart.max_restarts > 0 && !config.runtime.environment_variables.contains("MASTER_PORT");
+  const int last = master + (walks ? kMasterPortCycles - 1 : 0);
+  if (port >= master && port <= last) {
+    throw ConfigError("launcher.metrics.port",
+                      std::to_string(port) + " is also a MASTER_PORT of the training (launcher.master_port " +
+                          std::to_string(master) + (walks ? " to " + std::to_string(last) + ", one per restart cycle" : "") +
+                          "): give the metrics a port of their own");
+  }
+  if (port == config.launcher.rendezvous.port) {
+    throw ConfigError("launcher.metrics.port",
+                      std::to_string(port) + " is also launcher.rendezvous.port: give the metrics a port of their own");
+  }
+}
+
 JobConfig ParseJobConfig(const std::string& json_text, bool require_start_command) {
   json document;
   try {
@@ -779,6 +793,7 @@ JobConfig ParseJobConfig(const std::string& json_text, bool require_start_comman
   if (require_start_command && config.runtime.start_commands.empty()) {
     throw ConfigError("runtime.start_commands", "expected at least one command (or give one after `--`)");
   }
+  ValidateMetricsPort(config);
   // A spare takes a rank in a restart: without restarts it would only wait.
   if (config.launcher.spares > 0 && config.launcher.restart.max_restarts == 0) {
     throw ConfigError("launcher.spares", std::to_string(config.launcher.spares) +

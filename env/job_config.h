@@ -186,6 +186,10 @@ struct ProgressSettings {
   double straggler_ratio = 1.2;  // a node whose median step time exceeds the others' by more
 };
 
+// How many ports after launcher.master_port the restart cycles' MASTER_PORT walks through
+// (a port the launcher chose; one the job's environment sets stays).
+inline constexpr int kMasterPortCycles = 16;
+
 // launcher.metrics (docs/GOODPUT.md): Prometheus text on /metrics, off without a port.
 struct MetricsSettings {
   uint16_t port = 0;  // 0: off; BT_METRICS_PORT overrides it

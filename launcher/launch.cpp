@@ -379,7 +379,8 @@ CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, Checkpoin
 // The live metrics follow the restarts, and a spare's promotion (its rank, its checkpoints).
 void CountCycles(CycleHooks& hooks, RunCounters& run, metrics::LiveMetrics& live, const CheckpointPhase& checkpoints,
                  std::shared_ptr<void>& checkpoint_metrics) {
-  hooks.restart_known = [&run](const CycleRecord& record) {
+  hooks.restart_known = [known = hooks.restart_known, &run](const CycleRecord& record) {
+    if (known) known(record);
     run.cycle = record.cycle;
     run.restarts_used = record.restarts_used;
   };
@@ -414,12 +415,15 @@ std::string LastCause(const JobOutcome& outcome) {
 
 // Node 0's cycles as its restarts' decisions named their faults (each ended the cycle before
 // it), and how the last one ended.
+// The fault that a restart's decision names, on the cycle before it.
+void RecordFault(report::JobRecorder& recorder, const report::JobClock& clock, const CycleRecord& record) {
+  recorder.CycleFailed(record.cycle - 1, clock.At(record.fault), report::FaultKind(record.failed_exit_code),
+                       record.failed_node, record.failed_host, record.cause);
+}
+
 void RecordCycles(report::JobRecorder& recorder, const report::JobClock& clock, const std::vector<CycleRecord>& cycles,
                   const JobOutcome& outcome) {
-  for (const CycleRecord& record : cycles) {
-    recorder.CycleFailed(record.cycle - 1, clock.At(record.fault), report::FaultKind(record.failed_exit_code),
-                         record.failed_node, record.failed_host, record.cause);
-  }
+  for (const CycleRecord& record : cycles) RecordFault(recorder, clock, record);
   recorder.JobEnded(LastCause(outcome), DescribeOutcome(outcome));
 }
 
@@ -549,6 +553,11 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline, 
   std::vector<CycleRecord> cycles;
   CycleHooks hooks = CycleHooksOf(cli, job, {destination, checkpoints}, peers.get(), watch.get(), health_watch.get(),
                                   &progress, signals, role, recorder.get(), step_sources);
+  // Node 0 records each fault as its restart is decided, not only at the end: the live goodput
+  // charges a hang to its own bucket from then on (review 12), and the end repeats the same.
+  if (recorder) {
+    hooks.restart_known = [&recorder, &clock](const CycleRecord& record) { RecordFault(*recorder, clock, record); };
+  }
   if (live) CountCycles(hooks, run, *live, checkpoints, checkpoint_metrics);
   JobOutcome outcome = RunCycles(job.config, peers.get(), signals, hooks, resume ? resume->name : "", std::move(rejoin), cycles);
   timeline.Annotate(DescribeOutcome(outcome) + (cycles.empty() ? "" : "; restarts: " + RenderCycles(cycles)));

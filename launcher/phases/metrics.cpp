@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <string>
 
+#include <spdlog/spdlog.h>
+
 #include "launcher/exit_codes.h"
 
 namespace bt::launcher {
@@ -18,18 +20,31 @@ std::string ThisHost() {
   return host;
 }
 
-// The ports node 0 also serves, as this launcher will use them (the environment's overrides
-// included): a metrics port equal to one would take it from the training or the rendezvous.
+// A port number as peers.cpp reads BT_RENDEZVOUS_PORT; nullopt when it is none (that is
+// reported there).
+std::optional<long> PortNumber(const char* text) {
+  if (text == nullptr || *text == '\0') return std::nullopt;
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 10);
+  if (*end != '\0' || value < 1 || value > 65535) return std::nullopt;
+  return value;
+}
+
+// Whether `port` is one node 0 also serves, as this launcher will use them (the environment's
+// overrides included; MASTER_PORT walking one port per restart cycle when the launcher chose
+// it): what takes it, or nullopt.
 std::optional<std::string> PortTakenBy(const PreparedJob& job, uint16_t port) {
-  const auto& variables = job.environment.variables;
-  if (auto master = variables.find("MASTER_PORT"); master != variables.end() && master->second == std::to_string(port)) {
-    return "MASTER_PORT";
+  const auto& launcher = job.config.launcher;
+  const auto master_variable = job.environment.variables.find("MASTER_PORT");
+  if (master_variable != job.environment.variables.end()) {
+    if (const std::optional<long> master = PortNumber(master_variable->second.c_str())) {
+      const bool walks = launcher.restart.max_restarts > 0 && *master == launcher.master_port &&
+                         !job.config.runtime.environment_variables.contains("MASTER_PORT");
+      if (port >= *master && port < *master + (walks ? env::kMasterPortCycles : 1)) return "a MASTER_PORT of the training";
+    }
   }
-  const char* rendezvous = std::getenv("BT_RENDEZVOUS_PORT");
-  const std::string rendezvous_port = rendezvous != nullptr && *rendezvous != '\0'
-                                          ? std::string(rendezvous)
-                                          : std::to_string(job.config.launcher.rendezvous.port);
-  if (rendezvous_port == std::to_string(port)) return "the rendezvous port (BT_RENDEZVOUS_PORT, launcher.rendezvous.port)";
+  const long rendezvous = PortNumber(std::getenv("BT_RENDEZVOUS_PORT")).value_or(launcher.rendezvous.port);
+  if (port == rendezvous) return "the rendezvous port (BT_RENDEZVOUS_PORT, launcher.rendezvous.port)";
   return std::nullopt;
 }
 
@@ -43,9 +58,15 @@ std::shared_ptr<metrics::LiveMetrics> StartMetrics(const PreparedJob& job, Timel
     throw LaunchFailure(kExitConfig, error.what());
   }
   if (port == 0) return nullptr;
+  // The config's own clash is refused when it is read (every node at once); one that the
+  // environment makes is this node's alone: refusing it here would leave the others waiting
+  // for this node at the rendezvous (review 12), so it runs without metrics, as for a port
+  // in use.
   if (auto taken = PortTakenBy(job, port)) {
-    throw LaunchFailure(kExitConfig, "BT_METRICS_PORT / launcher.metrics.port " + std::to_string(port) + " is also " +
-                                         *taken + ": give the metrics a port of their own");
+    spdlog::error("metrics: not served: port {} (BT_METRICS_PORT / launcher.metrics.port) is also {}; the job runs "
+                  "without them",
+                  port, *taken);
+    return nullptr;
   }
   auto live = std::make_shared<metrics::LiveMetrics>(port, metrics::NodeLabels{job.identity.rank, ThisHost()});
   live->SetRank(job.identity.rank);

@@ -97,8 +97,7 @@ struct CycleRecord {
 // resumed from ckpt-4, restarts 1/3" for each restart, "" when none.
 std::string RenderCycles(const std::vector<CycleRecord>& cycles);
 
-// How many ports after launcher.master_port the cycles' MASTER_PORT walks through.
-inline constexpr int kMasterPortCycles = 16;
+using env::kMasterPortCycles;
 
 // The cycle's environment: BT_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT, the checkpoint
 // it resumes from, and (where the launcher chose it) a MASTER_PORT of its own, so that a

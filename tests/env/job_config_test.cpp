@@ -185,7 +185,10 @@ std::vector<BadConfig> BadConfigs() {
       {keep(std::string(R"({"launcher": {"metrics": {"path": "/m"}}, )") + kOk + "}"),
        "launcher.metrics.path: unknown key"},
       {keep(std::string(R"({"launcher": {"metrics": {"port": 29500}}, )") + kOk + "}"),
-       "launcher.metrics.port: 29500 is also launcher.master_port"},
+       "launcher.metrics.port: 29500 is also a MASTER_PORT of the training (launcher.master_port 29500)"},
+      {keep(std::string(R"({"launcher": {"metrics": {"port": 29515}, "restart": {"max_restarts": 1}}, )") + kOk + "}"),
+       "launcher.metrics.port: 29515 is also a MASTER_PORT of the training (launcher.master_port 29500 to 29515, one per "
+       "restart cycle)"},
       {keep(std::string(R"({"launcher": {"metrics": {"port": 29400}, "rendezvous": {"port": 29400}}, )") + kOk + "}"),
        "launcher.metrics.port: 29400 is also launcher.rendezvous.port"},
       {keep(std::string(R"({"launcher": {"health": {"enabled": "yes"}}, )") + kOk + "}"),
