@@ -413,14 +413,14 @@ std::string LastCause(const JobOutcome& outcome) {
   return report::FaultKind(outcome.exit_code == 0 ? 1 : outcome.exit_code);
 }
 
-// Node 0's cycles as its restarts' decisions named their faults (each ended the cycle before
-// it), and how the last one ended.
 // The fault that a restart's decision names, on the cycle before it.
 void RecordFault(report::JobRecorder& recorder, const report::JobClock& clock, const CycleRecord& record) {
   recorder.CycleFailed(record.cycle - 1, clock.At(record.fault), report::FaultKind(record.failed_exit_code),
                        record.failed_node, record.failed_host, record.cause);
 }
 
+// Node 0's cycles as its restarts' decisions named their faults (each ended the cycle before
+// it), and how the last one ended.
 void RecordCycles(report::JobRecorder& recorder, const report::JobClock& clock, const std::vector<CycleRecord>& cycles,
                   const JobOutcome& outcome) {
   for (const CycleRecord& record : cycles) RecordFault(recorder, clock, record);
