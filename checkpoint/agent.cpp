@@ -694,9 +694,11 @@ class CheckpointAgent::Impl {
       context.training_succeeded = training_succeeded_;
     }
     std::set<std::string> present;
+    std::map<std::string, std::string> fingerprints;  // of every candidate on disk now
     for (const Candidate& candidate : candidates) {
       present.insert(candidate.name);
       const std::string fingerprint = Fingerprint(candidate);
+      fingerprints[candidate.name] = fingerprint;
       auto handled = handled_.find(candidate.name);
       if (handled != handled_.end() && handled->second == fingerprint) continue;
       if (journal_.Reached(candidate.name, fingerprint, HandoffState::kSnapshotted)) {
@@ -727,6 +729,7 @@ class CheckpointAgent::Impl {
       handing_off += Clock::now() - handoff_started;
     }
     ForgetFailedHandoffsOfRemoved(present);
+    if (draining) AnswerSavesWithNoNewPart(fingerprints);
     std::map<uint64_t, PartKind> without_part;
     for (const auto& [number, declaration] : unanswered_) {
       const bool taken = BoundVersion(number) != nullptr || PairableVersion(declaration) != nullptr;
@@ -749,6 +752,33 @@ class CheckpointAgent::Impl {
     }
     for (const auto& [number, answer] : without_part) AnswerWithout(number, answer);
     return Clock::now() - started - handing_off;
+  }
+
+  // A follower at its drain (its training has ended: its files are final): a save of a name
+  // whose part here is unchanged since the version that answered an earlier save of that
+  // name has no part of this node, and never will: answered lost. Node 0 wrote its own part
+  // again (a file rewritten after the part was complete) and declared a second save; this
+  // node's part, written once, had answered the first, nothing else ever would, and both
+  // drains waited drain_timeout_s (review 12). Never answered with that earlier part: node
+  // 0's new part with this node's old one would be a checkpoint no training wrote. Not while
+  // the training runs: the part may be being written again for that very save.
+  void AnswerSavesWithNoNewPart(const std::map<std::string, std::string>& fingerprints) {
+    if (!options_.board || is_leader()) return;
+    for (const auto& [number, declaration] : std::map(unanswered_)) {
+      if (declaration.cycle != current_cycle_ || BoundVersion(number) != nullptr) continue;
+      auto on_disk = fingerprints.find(declaration.name);
+      if (on_disk == fingerprints.end() || PairableVersion(declaration) != nullptr) continue;
+      const bool answered_before = std::any_of(versions_.begin(), versions_.end(), [&](const auto& entry) {
+        const Version& version = entry.second;
+        return version.name == declaration.name && version.cycle == declaration.cycle && version.declaration &&
+               *version.declaration < number && version.fingerprint == on_disk->second;
+      });
+      if (!answered_before) continue;
+      spdlog::warn("checkpoints: node 0 saved {} again, but this node's part is the one that answered the save "
+                   "before, and its training has ended: that save cannot be committed",
+                   declaration.name);
+      AnswerWithout(number, PartKind::kLost);
+    }
   }
 
   // No part of `name` on disk: this node holds none, unless its part was complete here and

@@ -787,7 +787,9 @@ TEST_F(CheckpointJob, TwoNodesCommitACheckpointInASubdirectory) { RunTwoNodesSav
 
 // Node 0 saves checkpoint-1 again; node 1 does not. Node 1's answer to the first save must
 // not complete the second: node 0's second version stays uncommitted (74, naming node 1),
-// and the commit still names both nodes' first versions.
+// and the commit still names both nodes' first versions. Node 1, its training ended with
+// its part unchanged, answers "lost" at once: the drains do not wait out drain_timeout_s
+// (review 12).
 TEST_F(CheckpointJob, TwoNodesNeverCommitASecondSaveWithTheOtherNodesFirstPart) {
   const std::string wait_commit = "while [ ! -s " + Remote() + "/" + kJob + "/latest ]; do sleep 0.1; done";
   const std::string node0 = HfSave(1) + " && " + wait_commit + " && sleep 0.5 && " + HfSave(1, "300000") + " && sleep 2";
@@ -795,7 +797,13 @@ TEST_F(CheckpointJob, TwoNodesNeverCommitASecondSaveWithTheOtherNodesFirstPart) 
                             "$BT_CHECKPOINT_DIR/checkpoint-1/rng_state_1.pth && " + wait_commit + " && sleep 3";
   auto [leader, follower] = RunTwoNodes(node0, node1, 6);
   EXPECT_EQ(leader.exit_code, 74) << leader.err;
-  EXPECT_NE(leader.err.find("node(s) 1 did not upload their parts"), std::string::npos) << leader.err;
+  EXPECT_NE(leader.err.find("checkpoint-1 was not committed: rank 1's part of this save is lost"), std::string::npos)
+      << leader.err;
+  EXPECT_NE(follower.err.find("node 0 saved checkpoint-1 again, but this node's part is the one that answered the save "
+                              "before"),
+            std::string::npos)
+      << follower.err;
+  EXPECT_EQ(leader.err.find("did not upload their parts"), std::string::npos) << "the drain waited its deadline";
   EXPECT_EQ(fs::file_size(Part("checkpoint-1", 0) + "/checkpoint-1/model.safetensors.bin"), 200000u)
       << "node 0's second save was committed with node 1's first";
   EXPECT_EQ(fs::file_size(Part("checkpoint-1", 1) + "/checkpoint-1/rng_state_1.pth"), 150000u);

@@ -413,6 +413,33 @@ TEST_F(CommitAcrossCycles, ANameSavedAgainInTheNextCycleCommitsOneCyclesParts) {
   EXPECT_TRUE(storage::CommitRecordProblems(*commit).empty());
 }
 
+// Review 12: node 0 wrote its part of a committed save again (a file rewritten in place, its
+// marker still there), node 1 saved its part once. Node 0 declared a second save of the
+// name; node 1's one part had answered the first, so nothing ever answered the second, and
+// both drains waited drain_timeout_s (600 s by default). Once its training ended, node 1
+// answers "lost": the second save is not committed (never node 0's new part with node 1's
+// old one), and neither drain waits.
+TEST_F(CommitAcrossCycles, ASecondSaveOfANameNodeOneNeverWroteEndsItsDrainUncommitted) {
+  auto node0 = Start(0);
+  auto node1 = Start(1);
+  SaveOnNodeOne("ckpt", 1500);
+  SaveOnNodeZero("ckpt", 1000);
+  ASSERT_TRUE(WaitForCommit("ckpt").has_value());
+  testing::WriteFile(Disk(0) + "/ckpt/weights.bin", std::string(3000, 'v'));
+  WaitForUploads(0, 2);
+
+  const auto started = Clock::now();
+  auto [leader, follower] = DrainBoth(*node0, *node1);
+  EXPECT_LT(Clock::now() - started, 10s) << "a drain waited for an answer that never comes";
+  EXPECT_FALSE(leader.committed) << leader.message;
+  EXPECT_NE(leader.message.find("ckpt"), std::string::npos) << leader.message;
+  auto commit = Committed("ckpt");
+  ASSERT_TRUE(commit.has_value()) << leader.message;
+  EXPECT_EQ(CommittedSize(*commit, 0, "weights.bin"), 1000u) << "node 0's second part was committed with node 1's first";
+  EXPECT_EQ(CommittedSize(*commit, 1, "shard-1.bin"), 1500u);
+  EXPECT_TRUE(storage::CommitRecordProblems(*commit).empty());
+}
+
 // Defect 3: node 1's launcher was lost while node 1 wrote its part of checkpoint-1; its
 // replacement (joined in cycle 1, on a fresh disk) holds nothing of it. It answers "lost",
 // never "no part": checkpoint-1 is not committed without node 1's shard; the next save is.
