@@ -899,7 +899,6 @@ class CheckpointAgent::Impl {
     version.queued_at = Clock::now();
     if (uploader_) uploader_->Upload(version.snapshot_path);
     versions_[seq] = version;
-    CountForStats(HandoffState::kSnapshotted);
     handled_[candidate.name] = fingerprint;
     incomplete_noted_.erase(candidate.name);
     if (options_.on_handoff) options_.on_handoff(candidate.name);
