@@ -30,6 +30,7 @@
 #include "launcher/supervision/supervisor.h"
 #include "launcher/timeline.h"
 #include "launcher/watchdog/watchdog.h"
+#include "rendezvous/node_info.h"
 
 namespace bt::launcher {
 namespace {
@@ -245,9 +246,8 @@ std::unique_ptr<watchdog::Watchdog> ArmWatchdog(PreparedJob& job, Peers* peers, 
   } catch (const std::runtime_error& error) {
     throw LaunchFailure(kExitIo, std::string("launcher.watchdog: ") + error.what());
   }
-  char host[256] = "";
-  gethostname(host, sizeof host - 1);
-  return std::make_unique<watchdog::Watchdog>(settings, paths, watchdog::WatchdogNode{job.identity.rank, job.identity.count, host},
+  return std::make_unique<watchdog::Watchdog>(settings, paths,
+                                              watchdog::WatchdogNode{job.identity.rank, job.identity.count, rendezvous::HostName()},
                                               peers, progress);
 }
 

@@ -43,7 +43,7 @@ const std::vector<Family> kCatalogue = {
 
 const Family* FindFamily(std::string_view name) {
   for (const Family& family : kCatalogue) {
-    if (family.name == name) return &family;
+    if (name == family.name) return &family;
   }
   return nullptr;
 }
@@ -57,8 +57,9 @@ size_t CatalogueIndex(std::string_view name) {
 const std::vector<Family>& Catalogue() { return kCatalogue; }
 
 void SampleSink::Add(std::string_view name, double value, Labels labels) {
-  if (FindFamily(name) == nullptr) throw std::logic_error("metric " + std::string(name) + " is not in the catalogue");
-  samples_.push_back({name, std::move(labels), value});
+  const Family* family = FindFamily(name);
+  if (family == nullptr) throw std::logic_error("metric " + std::string(name) + " is not in the catalogue");
+  samples_.push_back({family->name, std::move(labels), value});
 }
 
 uint16_t MetricsPort(uint16_t configured) {
@@ -158,8 +159,6 @@ std::vector<Sample> LiveMetrics::Snapshot() {
 void LiveMetrics::Publish(const std::vector<Sample>& samples) {
   const std::string rank = std::to_string(rank_.load(std::memory_order_relaxed));
   const std::string slot = std::to_string(node_.slot);
-  std::vector<std::string> names;  // string_views are not NUL-terminated
-  names.reserve(samples.size() * 2);
   std::vector<std::vector<bt_metric_label>> labels(samples.size());
   std::vector<bt_metric_sample> plain;
   plain.reserve(samples.size());
@@ -168,10 +167,7 @@ void LiveMetrics::Publish(const std::vector<Sample>& samples) {
     const Family& family = *FindFamily(sample.name);
     labels[i] = {{"node", rank.c_str()}, {"slot", slot.c_str()}, {"host", node_.host.c_str()}};
     for (const auto& [name, value] : sample.labels) labels[i].push_back({name.c_str(), value.c_str()});
-    names.emplace_back(family.name);
-    const char* name = names.back().c_str();
-    names.emplace_back(family.help);
-    plain.push_back({name, names.back().c_str(), family.counter ? BT_METRIC_COUNTER : BT_METRIC_GAUGE, labels[i].data(),
+    plain.push_back({family.name, family.help, family.counter ? BT_METRIC_COUNTER : BT_METRIC_GAUGE, labels[i].data(),
                      labels[i].size(), sample.value});
   }
   plugin_->publish(plugin_->server, plain.data(), plain.size());

@@ -46,8 +46,8 @@ class SampleSink {
 
 // The catalogue's families in the order they are served; and each one's help and type.
 struct Family {
-  std::string_view name;
-  std::string_view help;
+  const char* name;  // C strings: what the plugin takes
+  const char* help;
   bool counter = false;
 };
 const std::vector<Family>& Catalogue();

@@ -30,9 +30,8 @@ struct bt_metric_sample {
 // `error` (a port in use, a bad address).
 typedef void* (*bt_metrics_serve_fn)(const char* bind_address, char* error, size_t error_size);
 // What the next scrapes return: a copy of `samples`, taken whole (a scrape sees one snapshot).
+// There is no stop: civetweb's stop waits up to its poll timeout (about 2 s), so the launcher
+// leaves the server to its exit.
 typedef void (*bt_metrics_publish_fn)(void* server, const bt_metric_sample* samples, size_t count);
-// Stops serving and frees the handle (up to civetweb's poll timeout, about 2 s: the launcher
-// leaves the server to its exit instead).
-typedef void (*bt_metrics_stop_fn)(void* server);
 
 }  // extern "C"

@@ -100,6 +100,4 @@ __attribute__((visibility("default"))) void bt_metrics_publish(void* server, con
   }
 }
 
-__attribute__((visibility("default"))) void bt_metrics_stop(void* server) { delete static_cast<Server*>(server); }
-
 }  // extern "C"

@@ -14,6 +14,7 @@
 #include "launcher/exit_codes.h"
 #include "launcher/health/gpu_checks.h"
 #include "rendezvous/cycles.h"
+#include "rendezvous/node_info.h"
 
 namespace bt::launcher {
 namespace {
@@ -75,12 +76,6 @@ void LogFinding(const Finding& finding) {
   }
 }
 
-std::string HostName() {
-  char host[256] = "";
-  gethostname(host, sizeof host - 1);
-  return host;
-}
-
 // Node 0: every node's findings (its own as it publishes them), waiting up to
 // kExchangeTimeout for the others; a node that never published is named in the table.
 std::vector<health::NodeFindings> CollectFindings(rendezvous::Store& store, int count,
@@ -113,7 +108,7 @@ std::vector<health::NodeFindings> CollectFindings(rendezvous::Store& store, int 
 
 // The findings a table shows: SKIPPED checks are said in each node's own log only.
 health::NodeFindings Shown(int rank, const std::vector<Finding>& findings) {
-  health::NodeFindings node{rank, HostName(), {}};
+  health::NodeFindings node{rank, rendezvous::HostName(), {}};
   for (const Finding& finding : findings) {
     if (finding.severity != Severity::kSkipped) node.findings.push_back(finding);
   }

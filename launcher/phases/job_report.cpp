@@ -18,6 +18,7 @@
 #include "launcher/report/html_report.h"
 #include "launcher/report/steps.h"
 #include "launcher/watchdog/watchdog.h"
+#include "rendezvous/node_info.h"
 #include "storage/bounded_call.h"
 #include "storage/durable_file.h"
 
@@ -25,12 +26,6 @@ namespace bt::launcher {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string HostName() {
-  char host[256] = "";
-  gethostname(host, sizeof host - 1);
-  return host;
-}
 
 constexpr std::chrono::milliseconds kLaneWait{3000};
 constexpr std::chrono::milliseconds kUploadBound{10000};
@@ -164,7 +159,7 @@ report::LaneRecord LaneOf(const Timeline& timeline, const report::JobClock& cloc
   lane.steps = steps.Samples();
   lane.slot = slot;
   lane.node = rank.value_or(-1);
-  lane.host = HostName();
+  lane.host = rendezvous::HostName();
   for (const Timeline::Span& span : timeline.Spans()) lane.phases.push_back({span.name, clock.At(span.start), clock.At(span.end)});
   return lane;
 }

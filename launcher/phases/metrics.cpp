@@ -1,7 +1,5 @@
 #include "launcher/phases/metrics.h"
 
-#include <unistd.h>
-
 #include <cstdlib>
 #include <optional>
 #include <stdexcept>
@@ -10,25 +8,11 @@
 #include <spdlog/spdlog.h>
 
 #include "launcher/exit_codes.h"
+#include "launcher/supervision/peers.h"
+#include "rendezvous/node_info.h"
 
 namespace bt::launcher {
 namespace {
-
-std::string ThisHost() {
-  char host[256] = {};
-  gethostname(host, sizeof host - 1);
-  return host;
-}
-
-// A port number as peers.cpp reads BT_RENDEZVOUS_PORT; nullopt when it is none (that is
-// reported there).
-std::optional<long> PortNumber(const char* text) {
-  if (text == nullptr || *text == '\0') return std::nullopt;
-  char* end = nullptr;
-  const long value = std::strtol(text, &end, 10);
-  if (*end != '\0' || value < 1 || value > 65535) return std::nullopt;
-  return value;
-}
 
 // Whether `port` is one node 0 also serves, as this launcher will use them (the environment's
 // overrides included; MASTER_PORT walking one port per restart cycle when the launcher chose
@@ -37,14 +21,18 @@ std::optional<std::string> PortTakenBy(const PreparedJob& job, uint16_t port) {
   const auto& launcher = job.config.launcher;
   const auto master_variable = job.environment.variables.find("MASTER_PORT");
   if (master_variable != job.environment.variables.end()) {
-    if (const std::optional<long> master = PortNumber(master_variable->second.c_str())) {
-      const bool walks = launcher.restart.max_restarts > 0 && *master == launcher.master_port &&
-                         !job.config.runtime.environment_variables.contains("MASTER_PORT");
-      if (port >= *master && port < *master + (walks ? env::kMasterPortCycles : 1)) return "a MASTER_PORT of the training";
+    char* end = nullptr;
+    const long master = std::strtol(master_variable->second.c_str(), &end, 10);
+    const bool walks = launcher.restart.max_restarts > 0 && master == launcher.master_port &&
+                       !job.config.runtime.environment_variables.contains("MASTER_PORT");
+    if (*end == '\0' && port >= master && port < master + (walks ? env::kMasterPortCycles : 1)) {
+      return "a MASTER_PORT of the training";
     }
   }
-  const long rendezvous = PortNumber(std::getenv("BT_RENDEZVOUS_PORT")).value_or(launcher.rendezvous.port);
-  if (port == rendezvous) return "the rendezvous port (BT_RENDEZVOUS_PORT, launcher.rendezvous.port)";
+  try {
+    if (port == RendezvousPort(job.config)) return "the rendezvous port (BT_RENDEZVOUS_PORT, launcher.rendezvous.port)";
+  } catch (const LaunchFailure&) {  // no port: the rendezvous says so, naming the variable
+  }
   return std::nullopt;
 }
 
@@ -68,7 +56,7 @@ std::shared_ptr<metrics::LiveMetrics> StartMetrics(const PreparedJob& job, Timel
                   port, *taken);
     return nullptr;
   }
-  auto live = std::make_shared<metrics::LiveMetrics>(port, metrics::NodeLabels{job.identity.rank, ThisHost()});
+  auto live = std::make_shared<metrics::LiveMetrics>(port, metrics::NodeLabels{job.identity.rank, rendezvous::HostName()});
   live->SetRank(job.identity.rank);
   live->SetPhase(timeline.Current());
   // Weak: the timeline outlives the run's objects, the metrics do not.

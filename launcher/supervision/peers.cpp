@@ -156,16 +156,19 @@ const std::string& RendezvousTokenFromEnvironment() {
   return token;
 }
 
-RendezvousEndpoint ResolveEndpoint(const env::JobConfig& config, const std::string& job_id) {
-  RendezvousEndpoint endpoint{config.launcher.rendezvous.port, "", false};
-  if (const char* port = std::getenv("BT_RENDEZVOUS_PORT"); port != nullptr && *port != '\0') {
-    char* end = nullptr;
-    long value = std::strtol(port, &end, 10);
-    if (*end != '\0' || value < 1 || value > 65535) {
-      throw LaunchFailure(kExitConfig, std::string("BT_RENDEZVOUS_PORT: expected a port in [1, 65535], got \"") + port + "\"");
-    }
-    endpoint.port = uint16_t(value);
+uint16_t RendezvousPort(const env::JobConfig& config) {
+  const char* port = std::getenv("BT_RENDEZVOUS_PORT");
+  if (port == nullptr || *port == '\0') return config.launcher.rendezvous.port;
+  char* end = nullptr;
+  long value = std::strtol(port, &end, 10);
+  if (*end != '\0' || value < 1 || value > 65535) {
+    throw LaunchFailure(kExitConfig, std::string("BT_RENDEZVOUS_PORT: expected a port in [1, 65535], got \"") + port + "\"");
   }
+  return uint16_t(value);
+}
+
+RendezvousEndpoint ResolveEndpoint(const env::JobConfig& config, const std::string& job_id) {
+  RendezvousEndpoint endpoint{RendezvousPort(config), "", false};
   if (const std::string& token = RendezvousTokenFromEnvironment(); !token.empty()) {
     endpoint.token = token;
     log::RegisterSecret(endpoint.token);

@@ -35,7 +35,11 @@ const std::string& RendezvousTokenFromEnvironment();
 // "localhost", ::1 or 127.0.0.0/8: an address that reaches node 0 only from its own host.
 bool IsLoopback(const std::string& host);
 
-// BT_RENDEZVOUS_PORT, else launcher.rendezvous.port; the token above, else derived.
+// BT_RENDEZVOUS_PORT, else launcher.rendezvous.port. Throws LaunchFailure (65) for a
+// variable that is no port.
+uint16_t RendezvousPort(const env::JobConfig& config);
+
+// RendezvousPort; the token above, else derived.
 RendezvousEndpoint ResolveEndpoint(const env::JobConfig& config, const std::string& job_id);
 
 // The other nodes of the job, as the run sees them. As StopRequests: a peer failed or

@@ -23,10 +23,12 @@ TEST(SampleSink, RefusesANameOutsideTheCatalogue) {
 TEST(SampleSink, EveryFamilyIsNamedOnceWithHelp) {
   std::set<std::string_view> names;
   for (const Family& family : Catalogue()) {
-    EXPECT_TRUE(names.insert(family.name).second) << family.name;
-    EXPECT_TRUE(family.name.starts_with("bt_launch_")) << family.name;
-    EXPECT_FALSE(family.help.empty()) << family.name;
-    EXPECT_EQ(family.counter, family.name.ends_with("_total")) << family.name;
+    const std::string_view name = family.name;
+    const std::string_view help = family.help;
+    EXPECT_TRUE(names.insert(name).second) << name;
+    EXPECT_TRUE(name.starts_with("bt_launch_")) << name;
+    EXPECT_FALSE(help.empty()) << name;
+    EXPECT_EQ(family.counter, name.ends_with("_total")) << name;
   }
 }
 

@@ -371,6 +371,13 @@ class CommitAcrossCycles : public CommitAcrossRestart {
  protected:
   void SetUp() override { NewStore(); }
 
+  // Both nodes save their part of `name` (node 1's first); whether node 0 committed it.
+  bool SaveOnBothNodesAndCommit(const std::string& name, size_t node0_bytes, size_t node1_bytes) {
+    SaveOnNodeOne(name, node1_bytes);
+    SaveOnNodeZero(name, node0_bytes);
+    return WaitForCommit(name).has_value();
+  }
+
   // Waits until `name` is committed, or `within` passes.
   std::optional<storage::CommitRecord> WaitForCommit(const std::string& name, std::chrono::seconds within = 15s) {
     const auto deadline = Clock::now() + within;
@@ -422,9 +429,7 @@ TEST_F(CommitAcrossCycles, ANameSavedAgainInTheNextCycleCommitsOneCyclesParts) {
 TEST_F(CommitAcrossCycles, ASecondSaveOfANameNodeOneNeverWroteEndsItsDrainUncommitted) {
   auto node0 = Start(0);
   auto node1 = Start(1);
-  SaveOnNodeOne("ckpt", 1500);
-  SaveOnNodeZero("ckpt", 1000);
-  ASSERT_TRUE(WaitForCommit("ckpt").has_value());
+  ASSERT_TRUE(SaveOnBothNodesAndCommit("ckpt", 1000, 1500));
   testing::WriteFile(Disk(0) + "/ckpt/weights.bin", std::string(3000, 'v'));
   WaitForUploads(0, 2);
 
@@ -509,9 +514,7 @@ TEST_F(CommitAcrossCycles, APartRemovedBeforeItsHandoffIsLostNeverAbsent) {
   EXPECT_FALSE(Committed("save-1").has_value()) << "save-1 was committed without rank 1's shard";
   fs::remove(staging);
   fs::create_directories(staging);
-  SaveOnNodeOne("save-2", 500);
-  SaveOnNodeZero("save-2", 1000);
-  ASSERT_TRUE(WaitForCommit("save-2").has_value());
+  ASSERT_TRUE(SaveOnBothNodesAndCommit("save-2", 1000, 500));
   auto [leader, follower] = DrainBoth(*node0, *node1);
   EXPECT_FALSE(Committed("save-1").has_value()) << "save-1 was committed without rank 1's shard";
   EXPECT_TRUE(leader.committed) << leader.message;  // a newer save was committed
@@ -591,9 +594,7 @@ TEST_F(CommitAcrossCycles, DeclarationsStayOpenWhileNodeZerosLastCheckpointWaits
 TEST_F(CommitAcrossCycles, AFollowerWhoseDrainEndsWithNodeZerosSavesStillOpenFailsIt) {
   auto node0 = Start(0);
   auto node1 = Start(1);
-  SaveOnNodeOne("export-1", 500);
-  SaveOnNodeZero("export-1", 1000);
-  ASSERT_TRUE(WaitForCommit("export-1").has_value());
+  ASSERT_TRUE(SaveOnBothNodesAndCommit("export-1", 1000, 500));
   const std::string staging = Disk(0) + "/.bt-checkpoint/staging";
   fs::remove_all(staging);
   testing::WriteFile(staging, "not a directory");  // node 0's snapshots fail from now on
@@ -612,9 +613,7 @@ TEST_F(CommitAcrossCycles, AFollowerWhoseDrainEndsWithNodeZerosSavesStillOpenFai
 TEST_F(CommitAcrossCycles, AFollowerWhoseDrainEndsWhileNodeZeroStillTrainsJudgesTheNewestSave) {
   auto node0 = Start(0);
   auto node1 = Start(1);
-  SaveOnNodeOne("export-1", 500);
-  SaveOnNodeZero("export-1", 1000);
-  ASSERT_TRUE(WaitForCommit("export-1").has_value());
+  ASSERT_TRUE(SaveOnBothNodesAndCommit("export-1", 1000, 500));
   std::this_thread::sleep_for(1s);  // node 1 saw the commit
   checkpoint::DrainResult follower = node1->Drain(true, Clock::now() + 3s);
   EXPECT_TRUE(follower.committed) << follower.message;
@@ -649,9 +648,7 @@ TEST_F(CommitAcrossCycles, AFollowerCutOffAfterItsAnswerReadsTheCommitAtTheDesti
   auto node0 = Start(0);
   auto node1 = Start(1);
   cut_off_->cut_after_answering = true;
-  SaveOnNodeOne("export-1", 500);
-  SaveOnNodeZero("export-1", 1000);
-  ASSERT_TRUE(WaitForCommit("export-1").has_value());
+  ASSERT_TRUE(SaveOnBothNodesAndCommit("export-1", 1000, 500));
   ASSERT_TRUE(cut_off_->cut);
   auto [leader, follower] = DrainBoth(*node0, *node1);
   EXPECT_TRUE(leader.committed) << leader.message;
