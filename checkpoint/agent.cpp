@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -127,6 +128,11 @@ class CheckpointAgent::Impl {
     [[maybe_unused]] ssize_t ignored = write(wake_fd_, &one, sizeof one);
     if (thread_.joinable()) thread_.join();
     return result_;
+  }
+
+  DrainResult HandOver(Clock::time_point deadline) {
+    handing_over_ = true;
+    return Drain(false, deadline);
   }
 
   // Waits (a bounded time) until the agent's thread took the cycle: the last cycle's parts
@@ -593,7 +599,7 @@ class CheckpointAgent::Impl {
         last_evaluation = {};
         spdlog::info("checkpoints: the training has ended; committing what is complete (drain deadline in {} s)",
                      std::chrono::duration_cast<std::chrono::seconds>(drain_deadline_ - Clock::now()).count());
-        if (options_.board && is_leader()) BoardCall([&] { options_.board->StartDrain(); });
+        if (options_.board && is_leader() && !handing_over_) BoardCall([&] { options_.board->StartDrain(); });
       }
       if ((fds[2].revents & POLLIN) && watcher_->ReadEvents()) {
         want_evaluation = true;
@@ -604,7 +610,8 @@ class CheckpointAgent::Impl {
       now = Clock::now();
       if (now >= NextHandoffRetry()) want_evaluation = true;
       bool scan_due = now >= last_evaluation + scan_every;
-      if (scan_due || (want_evaluation && now >= last_evaluation + Pause())) {
+      // Handing over, nothing new is handed off: its cycles are sealed, no save of them commits.
+      if (!handing_over_ && (scan_due || (want_evaluation && now >= last_evaluation + Pause()))) {
         const Clock::duration judging = Evaluate(draining);
         PostponeRetriesNotTaken();
         evaluation_gap = std::max<std::chrono::milliseconds>(kMinEvaluationGap,
@@ -616,7 +623,7 @@ class CheckpointAgent::Impl {
       if (options_.board && Clock::now() >= next_board) {
         // Not while a complete checkpoint still waits to be handed off (a full disk): node 0
         // would declare it after the followers left, and none could answer it (soak seed 166).
-        if (draining && is_leader() && !declarations_closed && failed_handoffs_.empty()) {
+        if (draining && is_leader() && !handing_over_ && !declarations_closed && failed_handoffs_.empty()) {
           declarations_closed = true;
           BoardCall([&] { options_.board->CloseDeclarations(); });
         }
@@ -1314,6 +1321,9 @@ class CheckpointAgent::Impl {
     // board call in MarkCommitted waits on the server thread that is deciding).
     if (moved_latest && options_.on_latest) options_.on_latest(version.commit);
     if (options_.commit_gate) options_.commit_gate->Finished(version.seq);
+    if (options_.commits_through_board && version.declaration) {
+      BoardCall([&] { options_.board->CommitWritten(*version.declaration, version.commit, moved_latest); });
+    }
     MarkCommitted(version);
     const std::string where = moved_latest           ? options_.destination.uri + "/" + options_.job_id + "/latest names it"
                               : version.from_last_run ? "a save of the run before this launcher started; `latest` stays "
@@ -1410,6 +1420,7 @@ class CheckpointAgent::Impl {
   // Node 0: a save of a cycle that a restart's decision sealed never starts committing; one
   // begun before the decision is waited for by it, or named by it (CommitGate).
   bool BeginCommit(const Version& version, const storage::CommitRecord& record) {
+    if (options_.commits_through_board) return options_.board->BeginCommit(*version.declaration, version.cycle, record);
     return !options_.commit_gate || options_.commit_gate->TryBegin(version.seq, version.cycle, record);
   }
 
@@ -1488,7 +1499,7 @@ class CheckpointAgent::Impl {
     for (const auto& [seq, version] : versions_) {
       if (version.stage != Stage::kCommitted) return false;
     }
-    if (!options_.board || board_error_) return true;
+    if (!options_.board || board_error_ || handing_over_) return true;
     return declarations_closed;
   }
 
@@ -1827,6 +1838,7 @@ class CheckpointAgent::Impl {
   LeaderLoss leader_loss_;
   std::optional<Clock::time_point> leader_lost_since_;  // when the drain first saw node 0 lost
   bool training_succeeded_ = false;
+  std::atomic<bool> handing_over_{false};  // HandOver: node 0's rank moved, its declarations stay open
   std::optional<int64_t> training_ended_ns_;
   std::thread thread_;
   DrainResult result_;
@@ -1856,6 +1868,8 @@ DrainResult CheckpointAgent::Drain(bool training_succeeded, std::chrono::steady_
 }
 
 void CheckpointAgent::BeginCycle(int64_t cycle) { impl_->BeginCycle(cycle); }
+
+DrainResult CheckpointAgent::HandOver(std::chrono::steady_clock::time_point deadline) { return impl_->HandOver(deadline); }
 
 void CheckpointAgent::RestartDecided(int64_t cycle) { impl_->RestartDecided(cycle); }
 

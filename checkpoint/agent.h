@@ -65,6 +65,17 @@ class CommitBoard {
   virtual bool DeclarationsClosed() = 0;
   virtual void StartDrain() = 0;       // node 0: its training ended, its drain began
   virtual bool LeaderDraining() = 0;
+  // A leader on another launcher than node 0's (rank 0 moved to a spare), whose commits node
+  // 0's restart decisions learn of through the store (rendezvous/commit_keys.h): the commit
+  // `record` of `declaration`, a save of `cycle`, is about to be written; false when a
+  // restart's decision sealed that cycle first (it is never written).
+  virtual bool BeginCommit(uint64_t /*declaration*/, int64_t /*cycle*/, const storage::CommitRecord& /*record*/) {
+    return true;
+  }
+  // ... and is written; `latest` names it when `moved_latest`.
+  virtual void CommitWritten(uint64_t /*declaration*/, const storage::CommitRecord& /*record*/, bool /*moved_latest*/) {}
+  // The training ranks whose launcher is gone now, as node 0's server says.
+  virtual std::vector<int> AbsentRanks() { return {}; }
 };
 
 struct AgentOptions {
@@ -77,6 +88,9 @@ struct AgentOptions {
   std::vector<std::string> uploader_environ;
   std::string uploader_binary;        // bt-launch itself (its `upload-worker` subcommand)
   CommitBoard* board = nullptr;       // null: this node commits on its own
+  // Rank 0 on another launcher than node 0's (a spare took it): its commits go through the
+  // board's BeginCommit/CommitWritten, node 0's restart decisions being in another process.
+  bool commits_through_board = false;
   bool publish_latest = true;         // without a board: whether this node writes `latest`
   // The restart cycle this launcher joined the job in: 0 from the start, a replacement's
   // rejoin cycle (Peers::TakeRejoin). A replacement answers "lost" for the saves declared
@@ -133,6 +147,11 @@ class CheckpointAgent {
   ~CheckpointAgent();
   CheckpointAgent(const CheckpointAgent&) = delete;
   CheckpointAgent& operator=(const CheckpointAgent&) = delete;
+
+  // Node 0's launcher, whose rank moved to a spare after a restart's decision sealed its
+  // cycles: writes the commits it had begun (at most until `deadline`), abandons the rest, and
+  // stops, leaving the job's declarations open for the node running rank 0 now.
+  DrainResult HandOver(std::chrono::steady_clock::time_point deadline);
 
   // The training has ended (`succeeded`: every command exited 0). Commits what is complete
   // and waits until it is uploaded and committed, or until `deadline`; once `leader_loss`

@@ -9,6 +9,7 @@
 #include <optional>
 #include <utility>
 
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "launcher/exit_codes.h"
@@ -30,6 +31,7 @@
 #include "launcher/supervision/supervisor.h"
 #include "launcher/timeline.h"
 #include "launcher/watchdog/watchdog.h"
+#include "rendezvous/commit_keys.h"
 #include "rendezvous/node_info.h"
 
 namespace bt::launcher {
@@ -179,6 +181,11 @@ std::shared_ptr<CommittedCheckpoints> CommittedCheckpointsOf(const PreparedJob& 
 // already on its way to be written before it names that commit as it is.
 constexpr auto kCommitOnItsWayWait = std::chrono::milliseconds(500);
 
+// How long an agent that stops committing while the job goes on (node 0 whose rank moved, or
+// rank 0 leaving a spare's node) writes the commits it had begun: the restart's decision
+// named the newest of them, so `latest` should name it too.
+constexpr auto kHandOverBound = std::chrono::seconds(30);
+
 // Node 0's answer to a failed cycle (launcher.restart); none when restarts are off.
 // The failed cycle is sealed first (`commit_gate`): no save of it commits after the decision
 // reads what node 0 committed last.
@@ -284,6 +291,8 @@ env::NodeIdentity TrainingIdentity(const env::NodeIdentity& identity, int rank) 
 // until the leader gives it one (CycleHooks::promote). Used on the run's thread only.
 struct TrainingRole {
   std::optional<int> rank;
+  // Node 0 running no rank (it moved to a spare): it keeps serving the store and runs nothing.
+  bool keeps_store = false;
 };
 
 // What a launcher's checkpoint phase needs beyond the job, for a spare that starts its own
@@ -300,16 +309,45 @@ struct StepSources {
   std::function<void(std::string_view lines)> from_output;  // null: no step_pattern
 };
 
+// Node 0 whose rank runs on a spare: no command, but it still decides restarts (its server)
+// and gathers the others' stacks for a hang (its watchdog answers and gathers as after a
+// job's end). Waits, however long, for the leader's next restart or the job's verdict;
+// `every_slice` reads what the node running rank 0 committed meanwhile.
+JobOutcome KeepTheStore(int64_t cycle, Peers& peers, watchdog::Watchdog* watch, SignalRouter& signals,
+                        report::JobRecorder* recorder, const std::string& resume, const std::function<void()>& every_slice) {
+  spdlog::info("cycle {}: this node runs no rank (rank 0 runs on a spare); it keeps serving the rendezvous", cycle);
+  if (watch) {
+    watch->BeginCycle(cycle);
+    watch->EndCycle();
+  }
+  if (recorder) recorder->CycleRan(cycle, resume);
+  JobOutcome outcome;
+  int signal_number = 0;
+  const bool restarted = peers.AwaitRestart(signals, signal_number, every_slice);
+  if (every_slice) every_slice();  // what the decision ending the cycle resumes from, before its end
+  if (recorder) recorder->CycleEnded(cycle);
+  if (signal_number != 0) {
+    outcome.shutdown_signal = signal_number;
+    outcome.exit_code = 128 + signal_number;
+  } else if (auto verdict = restarted ? std::nullopt : peers.Verdict()) {
+    outcome.stop_reason = *verdict;
+    outcome.exit_code = peers.StopExitCode();
+  }
+  return outcome;
+}
+
 // Each cycle's commands under a fresh supervisor (a stopped one stays stopped), watched
 // for hangs, and the load of the checkpoint the next cycle resumes from.
 CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, CheckpointStart checkpoint_start, Peers* peers,
                         watchdog::Watchdog* watch, HealthWatch* health, watchdog::Progress* progress, SignalRouter& signals,
-                        TrainingRole& role, report::JobRecorder* recorder, StepSources step_sources) {
+                        TrainingRole& role, report::JobRecorder* recorder, StepSources step_sources,
+                        std::function<void()> read_remote_commits) {
   const std::optional<storage::DestinationSpec>& destination = checkpoint_start.destination;
   CheckpointPhase& checkpoint_phase = checkpoint_start.phase;
   CycleHooks hooks;
-  hooks.run = [&cli, &job, peers, watch, health, progress, &signals, &checkpoint_phase, &role, recorder,
-               step_sources](int64_t cycle, const std::string& resume) {
+  hooks.run = [&cli, &job, peers, watch, health, progress, &signals, &checkpoint_phase, &role, recorder, step_sources,
+               read_remote_commits](int64_t cycle, const std::string& resume) {
+    if (role.keeps_store) return KeepTheStore(cycle, *peers, watch, signals, recorder, resume, read_remote_commits);
     // What the last cycle left is that cycle's: judged before this cycle's training writes.
     if (checkpoint_phase.agent) checkpoint_phase.agent->BeginCycle(cycle);
     auto grace = std::chrono::milliseconds(int64_t(job.config.launcher.grace_period_s * 1000));
@@ -325,7 +363,8 @@ CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, Checkpoin
     if (watch) watch->BeginCycle(cycle);
     if (recorder) recorder->CycleRan(cycle, resume);
     JobOutcome outcome = supervisor.Run(CommandsToRun(cli, job.config),
-                                        CycleEnviron(job.environment, job.config, cycle, resume, role.rank),
+                                        CycleEnviron(job.environment, job.config, cycle, resume, role.rank,
+                                                     peers ? peers->MasterAddress() : std::nullopt),
                                         job.environment.working_dir, &stops);
     if (recorder) recorder->CycleEnded(cycle);
     if (watch) {
@@ -339,7 +378,8 @@ CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, Checkpoin
     if (checkpoint_phase.agent) checkpoint_phase.agent->RestartDecided(cycle);
   };
   if (health) {
-    hooks.leave = [health]() -> std::optional<std::string> {
+    hooks.leave = [health, &role]() -> std::optional<std::string> {
+      if (role.keeps_store) return std::nullopt;  // it serves the store: it stays to the end
       std::vector<health::Finding> fatal = health->Fatal();
       if (fatal.empty()) return std::nullopt;
       return DescribeFatal(fatal);
@@ -366,17 +406,34 @@ CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, Checkpoin
     if (!destination) return;
     try {
       checkpoint_phase = StartCheckpoints(job.config, job.environment, *destination, TrainingIdentity(job.identity, rank),
-                                          peers->store(), [&] { CheckStop(peers, signals); }, cycle);
+                                          peers->store(), [&] { CheckStop(peers, signals); }, cycle, nullptr, nullptr,
+                                          nullptr, peers->ServesTheStore());
     } catch (const rendezvous::StoreError& error) {
       // Node 0 cut it off meanwhile (it was frozen while chosen): a lost leader, not a bug.
       throw LaunchFailure(kExitUnavailable, std::string("this spare cannot reach node 0's store as it takes rank ") +
                                                 std::to_string(rank) + ": " + error.what());
     }
   };
+  // Node 0 whose rank moved: the commits its agent had begun are written, the rest (all of
+  // sealed cycles) abandoned, and the node running rank 0 commits from now on.
+  hooks.hand_over = [&job, &checkpoint_phase, &role](int64_t cycle) {
+    if (role.keeps_store) return;  // handed over at an earlier restart
+    role.rank.reset();
+    role.keeps_store = true;
+    log::SetNodeRank(job.identity.rank, -1);
+    spdlog::warn("this node's rank runs on a spare from cycle {}: it keeps serving the rendezvous and deciding restarts, "
+                 "and runs no command",
+                 cycle);
+    if (!checkpoint_phase.agent) return;
+    const checkpoint::DrainResult result = checkpoint_phase.agent->HandOver(std::chrono::steady_clock::now() + kHandOverBound);
+    spdlog::info("checkpoints: handed over to the node running rank 0: {}", result.message);
+    checkpoint_phase = {};
+  };
   return hooks;
 }
 
-// The live metrics follow the restarts, and a spare's promotion (its rank, its checkpoints).
+// The live metrics follow the restarts, a spare's promotion (its rank, its checkpoints) and
+// node 0 handing its rank over.
 void CountCycles(CycleHooks& hooks, RunCounters& run, metrics::LiveMetrics& live, const CheckpointPhase& checkpoints,
                  std::shared_ptr<void>& checkpoint_metrics) {
   hooks.restart_known = [known = hooks.restart_known, &run](const CycleRecord& record) {
@@ -390,19 +447,46 @@ void CountCycles(CycleHooks& hooks, RunCounters& run, metrics::LiveMetrics& live
     live.SetRank(rank);
     checkpoint_metrics = ReadCheckpoints(&live, checkpoints.agent.get());
   };
+  hooks.hand_over = [hand_over = hooks.hand_over, &live, &checkpoint_metrics](int64_t cycle) {
+    checkpoint_metrics.reset();  // the hand-over ends the agent it reads
+    hand_over(cycle);
+    live.SetRank(-1);
+  };
 }
 
 // What node 0 does when `latest` moves: its restart decisions name that commit, and the job's
 // report counts it. Null where neither is wanted.
+// `own_saves`: the commits are of this node's own parts, saved in its BT_CHECKPOINT_DIR (else
+// they are known when they are read: node 0 running no rank).
 std::function<void(const storage::CommitRecord&)> OnLatestOf(std::shared_ptr<CommittedCheckpoints> commits,
                                                              report::JobRecorder* recorder, const report::JobClock& clock,
-                                                             const PreparedJob& job) {
+                                                             const PreparedJob& job, bool own_saves = true) {
   if (!commits && !recorder) return nullptr;
   auto dir = job.environment.variables.find("BT_CHECKPOINT_DIR");
-  const std::string checkpoint_dir = dir != job.environment.variables.end() ? dir->second : "";
+  const std::string checkpoint_dir = dir != job.environment.variables.end() && own_saves ? dir->second : "";
   return [commits, recorder, &clock, checkpoint_dir](const storage::CommitRecord& commit) {
     if (commits) commits->Committed(commit);
     if (recorder) recorder->Committed(commit.name, SavedAt(checkpoint_dir, commit.name, clock), commit.cycle);
+  };
+}
+
+// Node 0 running no rank: what the node running rank 0 committed, as it tells node 0's table
+// (rendezvous::kCommitLatestKey), handed to `on_latest` once per new record. Null where no one
+// would be told.
+std::function<void()> RemoteCommitsReader(Peers* peers, std::function<void(const storage::CommitRecord&)> on_latest) {
+  if (peers == nullptr || !peers->ServesTheStore() || !on_latest) return nullptr;
+  auto last = std::make_shared<std::string>();
+  return [peers, on_latest = std::move(on_latest), last] {
+    try {
+      const std::optional<std::string> text = peers->store()->Peek({rendezvous::kCommitLatestKey}).front();
+      if (!text || *text == *last) return;
+      *last = *text;
+      const nlohmann::json value = nlohmann::json::parse(*text);
+      on_latest(storage::CommitRecord::FromText(value.at("record").get<std::string>(), rendezvous::kCommitLatestKey));
+    } catch (const std::exception& error) {
+      spdlog::warn("checkpoints: cannot read what the node running rank 0 committed ({}): {}",
+                   rendezvous::kCommitLatestKey, error.what());
+    }
   };
 }
 
@@ -431,11 +515,18 @@ void RecordCycles(report::JobRecorder& recorder, const report::JobClock& clock, 
 // slot), its uploads not waited for (the restart's decision sealed its cycle's saves), its
 // findings in the last lines, for whoever replaces the node.
 int LeaveUnhealthy(const JobOutcome& outcome, const PreparedJob& job, CheckpointPhase& checkpoints, Timeline& timeline,
-                   const report::LaneRecord& lane, Peers* peers) {
-  if (checkpoints.agent) checkpoints.agent->Drain(false, std::chrono::steady_clock::now());
+                   const report::LaneRecord& lane, Peers* peers, std::optional<int> training_rank) {
+  // Rank 0 commits the job's checkpoints: it writes those it had begun (a decision named the
+  // newest), and never closes the declarations the next node running rank 0 goes on with.
+  if (checkpoints.agent && training_rank == 0) {
+    checkpoints.agent->HandOver(std::chrono::steady_clock::now() + kHandOverBound);
+  } else if (checkpoints.agent) {
+    checkpoints.agent->Drain(false, std::chrono::steady_clock::now());
+  }
   LogTimeline(timeline);
   SendLane(peers, lane);
-  const char* others = job.identity.rank == 0 ? "node 0 serves the rendezvous: the job ends with it"
+  const char* others = job.identity.rank == 0 ? "node 0 serves the rendezvous and no spare took its rank: the job ends "
+                                               "with it"
                        : job.identity.spares > 0
                            ? "a ready spare takes its rank, or the others wait for a launcher in its slot"
                            : "the others wait for a launcher in its slot (launcher.restart.rejoin_timeout_s)";
@@ -490,6 +581,7 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline, 
     int start_rank = job.identity.rank;
     if (start.ranks && !joined_late) start_rank = peers->StartWithRanks(*start.ranks);
     if (!peers || peers->RunsARank()) role.rank = rejoin ? rejoin->training_rank : start_rank;
+    role.keeps_store = !role.rank && peers && peers->ServesTheStore();  // node 0 cannot train: rank 0 starts on a spare
     if (job.identity.spares > 0) log::SetNodeRank(job.identity.rank, role.rank.value_or(-1));
     if (!rejoin && role.rank) resume = ResumePoint(job, destination, peers.get(), signals);
     if (node0_commits) node0_commits->Started(resume);
@@ -516,7 +608,7 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline, 
     checkpoints = StartCheckpoints(job.config, job.environment, *destination, TrainingIdentity(job.identity, *role.rank),
                                    peers ? peers->store() : nullptr, [&] { CheckStop(peers.get(), signals); },
                                    rejoin ? rejoin->cycle : 0, std::move(on_latest), commit_gate,
-                                   AbsentRanksOf(peers.get()));
+                                   AbsentRanksOf(peers.get()), !peers || peers->ServesTheStore());
   }
   std::shared_ptr<void> checkpoint_metrics = ReadCheckpoints(live.get(), checkpoints.agent.get());
   // Shared: the relay's matcher thread may outlive this function (launcher/phases/job_report.h).
@@ -551,8 +643,11 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline, 
 
   timeline.Begin("run");
   std::vector<CycleRecord> cycles;
+  const std::function<void()> read_remote_commits =
+      RemoteCommitsReader(peers.get(), OnLatestOf(node0_commits, recorder.get(), clock, job, false));
+  const bool checkpointing = destination && job.config.runtime.checkpointing_config.enabled;
   CycleHooks hooks = CycleHooksOf(cli, job, {destination, checkpoints}, peers.get(), watch.get(), health_watch.get(),
-                                  &progress, signals, role, recorder.get(), step_sources);
+                                  &progress, signals, role, recorder.get(), step_sources, read_remote_commits);
   // Node 0 records each fault as its restart is decided, not only at the end: the live goodput
   // charges a hang to its own bucket from then on (review 12), and the end repeats the same.
   if (recorder) {
@@ -564,7 +659,7 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline, 
   if (recorder) RecordCycles(*recorder, clock, cycles, outcome);
   if (outcome.left_job) {
     return LeaveUnhealthy(outcome, job, checkpoints, timeline, LaneOf(timeline, clock, *steps, job.identity.rank, role.rank),
-                          peers.get());
+                          peers.get(), role.rank);
   }
   // Its lane once it knows the job's verdict, before its drain (not drawn; node 0's is): node 0
   // reads the lanes after its exit barrier and waits for the connected ones, at most 3 s.
@@ -582,13 +677,15 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline, 
     exit_code = peers->Finish(outcome, signals);
     timeline.Annotate("job exit " + std::to_string(exit_code));
   }
+  // The commits rank 0 made on a spare during its drain, for node 0's report.
+  if (role.keeps_store && read_remote_commits) read_remote_commits();
   if (!committed && !FailedWithItsPeers(peers.get(), outcome, exit_code)) exit_code = kExitIo;
   LogTimeline(timeline);
   if (recorder) {
     // The report says what the job's time became; it never changes how the job ended.
     try {
       WriteJobReport(job, peers.get(), LaneOf(timeline, clock, *steps, job.identity.rank, role.rank), clock, *recorder,
-                     {destination, checkpoints.agent != nullptr && committed});
+                     {destination, checkpointing && committed});
     } catch (const std::exception& error) {
       spdlog::warn("report: not written: {}", error.what());
     }

@@ -54,7 +54,6 @@ std::vector<int> ParseStartRanks(const std::string& text, int slots, int ranks) 
     taken[slot.get<size_t>()] = true;
     slot_of_rank.push_back(slot.get<int>());
   }
-  if (!slot_of_rank.empty() && slot_of_rank.front() != 0) throw FrameError(std::string(kStartRanksKey) + ": rank 0 is slot 0's");
   return slot_of_rank;
 }
 

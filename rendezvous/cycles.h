@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "rendezvous/commit_keys.h"
 #include "rendezvous/wire.h"
 
 namespace bt::rendezvous {
@@ -24,6 +25,9 @@ struct CycleFailure {
   int exit_code = 0;
   bool lost = false;          // its launcher is gone (no report)
   bool cannot_train = false;  // its hardware cannot train (launcher.health), as its launcher said
+  // A checkpoint leader on another launcher than node 0's (rank 0 on a spare): its commits, as
+  // the server read them once it sealed the failed cycle (rendezvous/commit_keys.h).
+  RemoteCommits remote_commits;
 };
 
 // The policy's answer: the fields pushed with the restart (the checkpoint to resume from,
@@ -40,7 +44,7 @@ using RestartPolicy = std::function<RestartAnswer(const CycleFailure&)>;
 
 // Which launcher slot runs which training rank (launcher.spares, docs/SPARES.md): slots
 // 0..ranks-1 start with their own rank, the others are hot spares. A slot's rank moves to a
-// spare when its node leaves; slot 0 (the store's server) keeps rank 0.
+// spare when its node leaves, slot 0's too (its launcher keeps serving the store).
 class RankAssignment {
  public:
   RankAssignment(int slots, int ranks);
@@ -66,8 +70,8 @@ class RankAssignment {
 // read every node's health (a node that cannot train starts as a spare; launcher/phases/health.cpp).
 inline constexpr const char* kStartRanksKey = "bt/ranks";
 
-// kStartRanksKey's value: a JSON array, one distinct slot in [0, slots) per rank, rank 0 on
-// slot 0. Throws FrameError naming what is wrong.
+// kStartRanksKey's value: a JSON array, one distinct slot in [0, slots) per rank. Throws
+// FrameError naming what is wrong.
 std::vector<int> ParseStartRanks(const std::string& text, int slots, int ranks);
 
 class Cycles {

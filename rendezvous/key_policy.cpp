@@ -13,6 +13,7 @@ enum class Writer {
   kOwner,    // the node whose rank the key names ({rank} below)
   kTrainer,  // the node that runs the training rank the key names (a spare once it took it)
   kCounter,  // a counter every joined node adds to (the leader alone may set it)
+  kCheckpointLeader,  // node 0, or the node running training rank 0: it commits the job's checkpoints
 };
 
 struct KeyRule {
@@ -24,6 +25,7 @@ struct KeyRule {
 // leader's (node 0's). Each phase's keys are named where the phase is (launcher/phases/).
 constexpr std::array kRules = {
     KeyRule{"bt/roster", Writer::kServer},
+    KeyRule{"bt/ckpt/absent", Writer::kServer},  // rendezvous/commit_keys.h
     KeyRule{"bt/phase/{rank}", Writer::kOwner},
     KeyRule{"bt/ready", Writer::kCounter},
     KeyRule{"bt/fabric/inventory/{rank}", Writer::kOwner},
@@ -36,6 +38,15 @@ constexpr std::array kRules = {
     KeyRule{"bt/nccl/result/{rank}", Writer::kOwner},
     KeyRule{"bt/ckpt/answer/*/rank-{rank}/*", Writer::kTrainer},  // launcher/phases/commit_board.cpp
     KeyRule{"bt/ckpt/launchers/rank-{rank}", Writer::kTrainer},
+    KeyRule{"bt/ckpt/declared", Writer::kCheckpointLeader},
+    KeyRule{"bt/ckpt/declared/*", Writer::kCheckpointLeader},
+    KeyRule{"bt/ckpt/resumed", Writer::kCheckpointLeader},
+    KeyRule{"bt/ckpt/outcome/*", Writer::kCheckpointLeader},
+    KeyRule{"bt/ckpt/closed", Writer::kCheckpointLeader},
+    KeyRule{"bt/ckpt/draining", Writer::kCheckpointLeader},
+    KeyRule{"bt/ckpt/commit/*", Writer::kCheckpointLeader},  // rendezvous/commit_keys.h
+    KeyRule{"bt/ckpt/commit/*/state", Writer::kCheckpointLeader},
+    KeyRule{"bt/ckpt/latest", Writer::kCheckpointLeader},
     KeyRule{"bt/hang/*/stacks/{rank}", Writer::kOwner},
     KeyRule{"bt/hang/*/answered", Writer::kCounter},
     KeyRule{"bt/health/node/{rank}", Writer::kOwner},  // launcher/phases/health.cpp
@@ -111,6 +122,10 @@ std::optional<std::string> WriteRefusal(std::string_view key, KeyWrite write, in
         if (write == KeyWrite::kRead || *owner == training_rank.value_or(rank)) return std::nullopt;
         return "node " + std::to_string(rank) + " writes " + Quoted(key) + ", which belongs to the node running rank " +
                std::to_string(*owner) + (training_rank ? " (it runs " + (*training_rank < 0 ? std::string("none, a spare") : "rank " + std::to_string(*training_rank)) + ")" : "");
+      case Writer::kCheckpointLeader:
+        if (write == KeyWrite::kRead || rank == 0 || training_rank == 0) return std::nullopt;
+        return "node " + std::to_string(rank) + " writes " + Quoted(key) +
+               ", which only the checkpoint leader (node 0, or the node running rank 0) writes";
       case Writer::kCounter:
         if (write != KeyWrite::kSet || rank == 0) return std::nullopt;
         return "node " + std::to_string(rank) + " sets the counter " + Quoted(key) + ", which nodes only add to";

@@ -694,6 +694,10 @@ class StoreServer::Loop {
     size_t bytes = 0;
     for (const auto& key : *keys) {
       if (!key.is_string()) throw FrameError("field \"keys\": expected strings");
+      if (key == kAbsentRanksKey) {  // answered from the server's own state, never stored
+        values.push_back(BytesValue(nlohmann::json(absent()).dump()));
+        continue;
+      }
       auto it = values_.find(key.get_ref<const std::string&>());
       if (it == values_.end()) {
         values.push_back(nullptr);
@@ -927,7 +931,7 @@ class StoreServer::Loop {
     std::string refusal;
     if (restartable && verdict_.kind == ServerVerdict::Kind::kPending) {
       const CycleFailure failure{cycles_.current(), rank, infos_[size_t(rank)].host, message, exit_code, lost,
-                                 cannot_train};
+                                 cannot_train, SealRemoteCommits(cycles_.current())};
       const std::string leaves = cycles_.HasSpares() ? cycles_.CountFailure(failure) : "";
       std::optional<Message> restart;
       try {
@@ -946,7 +950,10 @@ class StoreServer::Loop {
                                                 {"to", *spare}, {"why", leaves}};
           MoveRank(rank, *spare);
         }
-        if (cycles_.HasSpares()) (*restart)["decision"]["slots"] = cycles_.assignment().Slots();
+        if (cycles_.HasSpares()) {
+          (*restart)["decision"]["slots"] = cycles_.assignment().Slots();
+          if (auto master = MasterAddress()) (*restart)["decision"]["master_addr"] = *master;
+        }
         BeginCycle(*restart);
         if (lost && spare) rejoined_.push_back(rank);  // its job's stop is not known (no launcher rejoins it)
         if (spare) TellPromoted(*spare);
@@ -977,15 +984,36 @@ class StoreServer::Loop {
     return true;
   }
 
+  // A checkpoint leader on a spare (rank 0 moved) commits through this table: the decision
+  // seals the failed cycle's commits there first, on this thread, between two of the leader's
+  // requests (rendezvous/commit_keys.h). Nothing is there while node 0 runs rank 0.
+  RemoteCommits SealRemoteCommits(int64_t cycle) {
+    std::lock_guard lock(store_mutex_);
+    auto declared = values_.find(kCommitDeclaredKey);
+    int64_t count = 0;
+    if (declared != values_.end()) {
+      try {
+        count = AddToCounter(kCommitDeclaredKey, &declared->second, 0);
+      } catch (const StoreError&) {
+        count = 0;
+      }
+    }
+    return rendezvous::SealRemoteCommits(values_, cycle, count);
+  }
+
+  // Where the job's MASTER_ADDR points once rank 0 runs on a spare: that node, as this server
+  // sees it. Nullopt while node 0 runs rank 0 (every node's MASTER_ADDR is node 0's already).
+  std::optional<std::string> MasterAddress() const {
+    const int slot = cycles_.assignment().SlotOf(0);
+    if (slot == 0) return std::nullopt;
+    return infos_[size_t(slot)].seen_from;
+  }
+
   // The first spare ready to take `from`'s rank, or nullopt (then `from` restarts in place,
-  // or its rank waits for a launcher in its slot). Slot 0 keeps rank 0: its launcher serves
-  // the store and commits the job's checkpoints.
+  // or its rank waits for a launcher in its slot). Slot 0's rank moves too: its launcher
+  // keeps serving the store, and the spare running rank 0 commits the job's checkpoints.
   std::optional<int> ChooseSpare(int from, const std::string& why, bool stays_without_spare) {
     const std::string node = NodeName(from);
-    if (from == 0) {
-      spdlog::warn("rendezvous: {} must leave ({}) but keeps rank 0: it serves the rendezvous (docs/SPARES.md)", node, why);
-      return std::nullopt;
-    }
     for (int slot = 0; slot < options_.node_count; ++slot) {
       if (cycles_.assignment().IsSpare(slot) && joined_[size_t(slot)] >= 0 && spare_ready_[size_t(slot)]) return slot;
     }

@@ -411,7 +411,7 @@ CheckpointPhase StartCheckpoints(const env::JobConfig& config, const env::JobEnv
                                  rendezvous::Store* store, const std::function<void()>& check_stop,
                                  int64_t incarnation, std::function<void(const storage::CommitRecord&)> on_latest,
                                  std::shared_ptr<checkpoint::CommitGate> commit_gate,
-                                 std::function<std::vector<int>()> absent_ranks) {
+                                 std::function<std::vector<int>()> absent_ranks, bool serves_the_store) {
   CheckpointPhase phase;
   if (!config.runtime.checkpointing_config.enabled) return phase;
   checkpoint::AgentOptions options;
@@ -424,8 +424,8 @@ CheckpointPhase StartCheckpoints(const env::JobConfig& config, const env::JobEnv
   options.uploader_environ = destination.rclone_environ;
   options.uploader_binary = storage::CurrentExecutable();
   options.incarnation = incarnation;
-  if (identity.rank == 0) options.commit_gate = std::move(commit_gate);
-  if (identity.rank == 0) options.absent_ranks = std::move(absent_ranks);
+  if (identity.rank == 0 && serves_the_store) options.commit_gate = std::move(commit_gate);
+  if (identity.rank == 0 && serves_the_store) options.absent_ranks = std::move(absent_ranks);
   options.resume_point_read = true;  // RunPhases reads it before this phase (ResumePoint)
   auto load_dir = environment.variables.find("BT_LOAD_CHECKPOINT_DIR");
   if (load_dir != environment.variables.end()) options.load_dir = load_dir->second;
@@ -433,6 +433,11 @@ CheckpointPhase StartCheckpoints(const env::JobConfig& config, const env::JobEnv
   if (identity.count > 1 && store != nullptr) {
     phase.board = MakeStoreCommitBoard(*store, identity.count, identity.rank, incarnation);
     options.board = phase.board.get();
+    if (identity.rank == 0 && !serves_the_store) {
+      // Rank 0 on a spare: node 0's decisions and absent ranks are read through the store.
+      options.commits_through_board = true;
+      options.absent_ranks = [board = phase.board.get()] { return board->AbsentRanks(); };
+    }
     if (identity.rank != 0) WaitForResumedDeclarations(*store, check_stop);
   } else if (identity.count > 1) {
     spdlog::warn("checkpoints: the mpi rendezvous backend has no store during the run, so nodes cannot agree on "

@@ -72,14 +72,15 @@ struct CheckpointPhase {
 // waits on it for node 0's resumed saves (up to 20 s), calling `check_stop`, which throws.
 // `incarnation`: the cycle this launcher joined the job in (a replacement's rejoin cycle, else
 // 0; AgentOptions::incarnation). `on_latest` (node 0 with restarts on): each commit `latest`
-// was moved to, on the agent's thread.
+// was moved to, on the agent's thread. `serves_the_store`: this launcher is node 0's; rank 0
+// elsewhere (a spare took it) commits through the store (AgentOptions::commits_through_board).
 CheckpointPhase StartCheckpoints(const env::JobConfig& config, const env::JobEnvironment& environment,
                                  const storage::DestinationSpec& destination, const env::NodeIdentity& identity,
                                  rendezvous::Store* store, const std::function<void()>& check_stop,
                                  int64_t incarnation = 0,
                                  std::function<void(const storage::CommitRecord&)> on_latest = nullptr,
                                  std::shared_ptr<checkpoint::CommitGate> commit_gate = nullptr,
-                                 std::function<std::vector<int>()> absent_ranks = nullptr);
+                                 std::function<std::vector<int>()> absent_ranks = nullptr, bool serves_the_store = true);
 
 // Commits what is complete within launcher.checkpoint.drain_timeout_s (on a follower that
 // `leader_loss` says is cut off from node 0: only its own uploads, within its bound). Returns

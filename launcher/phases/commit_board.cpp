@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/commit_rule.h"
+#include "rendezvous/commit_keys.h"
 #include "storage/json_bytes.h"
 
 namespace bt::launcher {
@@ -15,7 +16,7 @@ using checkpoint::CommitBoard;
 using checkpoint::PartKind;
 
 constexpr std::chrono::seconds kStoreGetTimeout{10};
-constexpr const char* kDeclaredKey = "bt/ckpt/declared";
+constexpr const char* kDeclaredKey = rendezvous::kCommitDeclaredKey;
 constexpr const char* kClosedKey = "bt/ckpt/closed";
 constexpr const char* kDrainingKey = "bt/ckpt/draining";  // node 0's drain began
 
@@ -103,6 +104,34 @@ class StoreCommitBoard final : public CommitBoard {
   bool DeclarationsClosed() override { return store_.Add(kClosedKey, 0) > 0; }
   void StartDrain() override { store_.Add(kDrainingKey, 1); }
   bool LeaderDraining() override { return store_.Add(kDrainingKey, 0) > 0; }
+
+  // The record first, then the state's one atomic step: a decision that sealed the save in
+  // between made the state kCommitSealed or more, and finds the record when it reads 1.
+  bool BeginCommit(uint64_t declaration, int64_t cycle, const storage::CommitRecord& record) override {
+    store_.Set(rendezvous::CommitProposalKey(declaration), nlohmann::json{{"cycle", cycle}, {"record", record.ToText()}}.dump());
+    return store_.Add(rendezvous::CommitStateKey(declaration), 1) == 1;
+  }
+
+  // `latest` first: a decision reading the state as written reads the record it names.
+  void CommitWritten(uint64_t declaration, const storage::CommitRecord& record, bool moved_latest) override {
+    if (moved_latest) {
+      store_.Set(rendezvous::kCommitLatestKey,
+                 nlohmann::json{{"declaration", declaration}, {"record", record.ToText()}}.dump());
+    }
+    store_.Add(rendezvous::CommitStateKey(declaration), 1);
+  }
+
+  std::vector<int> AbsentRanks() override {
+    const std::optional<std::string> text = store_.Peek({rendezvous::kAbsentRanksKey}).front();
+    std::vector<int> ranks;
+    if (!text) return ranks;
+    const nlohmann::json value = nlohmann::json::parse(*text, nullptr, false);
+    if (!value.is_array()) throw std::runtime_error(std::string("the store's ") + rendezvous::kAbsentRanksKey + " is not a list of ranks");
+    for (const auto& rank : value) {
+      if (rank.is_number_integer()) ranks.push_back(rank.get<int>());
+    }
+    return ranks;
+  }
 
  private:
   // The rank's launchers in the order they joined; one launcher joins a rank at a time.

@@ -212,8 +212,9 @@ std::string DescribeFatal(const std::vector<Finding>& findings) {
 }
 
 // Node 0, with hot spares: who runs which rank from the first cycle. A node with a fatal
-// finding gives its rank to a spare whose findings are clean (slot 0 keeps rank 0: it serves
-// the store); without such a spare it keeps it, and its own failure ends the start.
+// finding gives its rank to a spare whose findings are clean (node 0 too: it keeps serving
+// the store and runs no command); without such a spare it keeps it, and its own failure ends
+// the start.
 std::vector<int> StartRanks(const env::JobConfig& config, const env::NodeIdentity& identity,
                             const std::vector<health::NodeFindings>& nodes) {
   rendezvous::RankAssignment assignment(identity.count, identity.training_count());
@@ -224,7 +225,7 @@ std::vector<int> StartRanks(const env::JobConfig& config, const env::NodeIdentit
     published[size_t(node.node)] = true;
     fatal[size_t(node.node)] = health::HasFatal(node.findings);
   }
-  for (int slot = 1; slot < identity.training_count(); ++slot) {
+  for (int slot = 0; slot < identity.training_count(); ++slot) {
     if (!fatal[size_t(slot)]) continue;
     for (int spare = identity.training_count(); spare < identity.count; ++spare) {
       if (!assignment.IsSpare(spare) || !published[size_t(spare)] || fatal[size_t(spare)]) continue;
@@ -284,6 +285,12 @@ StartHealth CheckHealthBeforeStart(const env::JobConfig& config, const env::Node
   // Its rank starts on a spare (or it is a spare): it passes the ready barrier with the
   // others, runs nothing, and leaves (75) once they start (RunCycles).
   if (start_ranks && std::find(start_ranks->begin(), start_ranks->end(), identity.rank) == start_ranks->end()) {
+    if (identity.rank == 0) {
+      spdlog::error("health: this node cannot train; rank 0 starts on a spare, and this node keeps serving the rendezvous "
+                    "without running a command (replace it once the job ends):\n{}",
+                    DescribeFatal(findings));
+      return {start_ranks, true};
+    }
     spdlog::error("health: this node cannot train; it runs no rank and leaves once every node is ready:\n{}",
                   DescribeFatal(findings));
     return {start_ranks, true};

@@ -287,6 +287,7 @@ void TcpPeers::DrainEvents() {
       cycle_ = event->cycle;
       preparing_rejoin_ = true;
       training_rank_ = event->training_rank;
+      NoteMasterAddress(event->decision);
       if (restart_ && restart_->cycle <= event->cycle) restart_.reset();
       rejoin_ = std::move(*event);
     } else if (event->kind == PeerEvent::Kind::kRestart || event->kind == PeerEvent::Kind::kCycleGo) {
@@ -310,6 +311,10 @@ void TcpPeers::OnCycleEvent(PeerEvent event) {
       cycle_go_ = std::move(event.decision);
       return;
     }
+    if (restart_ && event.cycle == restart_->cycle) {
+      early_go_ = std::move(event);
+      return;
+    }
     spdlog::warn("ignoring the leader's start of cycle {}: this node is in cycle {}", event.cycle, newest);
     return;
   }
@@ -325,6 +330,7 @@ void TcpPeers::OnCycleEvent(PeerEvent event) {
     for (const auto& slot : *slots) slot_of_rank.push_back(slot.is_number_integer() ? slot.get<int>() : -1);
     training_rank_ = RankOfSlot(slot_of_rank, identity_.rank);
   }
+  NoteMasterAddress(event.decision);
   restart_ = std::move(event);
   stop_delivered_ = false;  // the job of this cycle (when one runs) is stopped for the restart
 }
@@ -381,6 +387,31 @@ void TcpPeers::BeginCycle(int64_t cycle) {
   stop_delivered_ = false;
   reported_ = false;
   cycle_started_ = false;
+  if (early_go_ && early_go_->cycle == cycle) {
+    cycle_started_ = true;
+    cycle_go_ = std::move(early_go_->decision);
+  }
+  early_go_.reset();
+}
+
+// With spares, each restart says where training rank 0 runs when it is not on node 0.
+void TcpPeers::NoteMasterAddress(const rendezvous::Message& decision) {
+  auto master = decision.find("master_addr");
+  if (master != decision.end() && master->is_string()) {
+    master_addr_ = master->get<std::string>();
+  } else if (decision.contains("slots")) {
+    master_addr_.reset();
+  }
+}
+
+bool TcpPeers::AwaitRestart(SignalRouter& signals, int& signal_number, const std::function<void()>& every_slice) {
+  while (true) {
+    WaitUntil([&] { return verdict_.has_value() || restart_.has_value(); }, signals,
+              Clock::now() + std::chrono::milliseconds(250), signal_number);
+    if (signal_number != 0 || verdict_) return false;
+    if (restart_) return true;
+    if (every_slice) every_slice();
+  }
 }
 
 std::optional<PeerEvent> TcpPeers::TakeRestart() {
@@ -414,6 +445,12 @@ bool TcpPeers::AwaitRestartOrVerdict(SignalRouter& signals, int& signal_number) 
 
 int TcpPeers::StartWithRanks(const std::vector<int>& slots) {
   training_rank_ = RankOfSlot(slots, identity_.rank);
+  // Rank 0 starts on a spare (node 0 cannot train): every node's MASTER_ADDR is that node's.
+  if (!slots.empty() && slots.front() != 0) {
+    for (const rendezvous::NodeInfo& node : Roster()) {
+      if (node.rank == slots.front()) master_addr_ = node.seen_from;
+    }
+  }
   return training_rank_;
 }
 

@@ -118,6 +118,19 @@ class Peers : public StopRequests {
     signal_number = 0;
     return false;
   }
+  // Where the job's MASTER_ADDR points when training rank 0 runs on another launcher than
+  // node 0's (a spare took it): that node's address as node 0 sees it; nullopt otherwise.
+  virtual std::optional<std::string> MasterAddress() { return std::nullopt; }
+  // This launcher serves the rendezvous store (node 0 of the tcp backend): when its rank moves
+  // to a spare it stays, deciding restarts, and runs no command (docs/SPARES.md).
+  virtual bool ServesTheStore() const { return false; }
+  // Node 0 running no rank: waits, however long, until the leader pushes a restart (true) or
+  // the job's verdict comes or a shutdown signal (`signal_number`) (false); `every_slice`
+  // runs between the waits (four times a second).
+  virtual bool AwaitRestart(SignalRouter&, int& signal_number, const std::function<void()>& /*every_slice*/) {
+    signal_number = 0;
+    return false;
+  }
   // The job's verdict (abort, lost leader) when one came.
   virtual std::optional<std::string> Verdict() { return std::nullopt; }
   // Node 0 cannot be reached any more (cut off, or gone): nothing this node sends it counts,
@@ -189,6 +202,12 @@ class TcpPeers final : public Peers {
   bool AwaitCycleStart(int64_t cycle, double stopped_s, std::chrono::steady_clock::time_point deadline, SignalRouter& signals,
                        int& signal_number, const std::function<bool()>& leaving = {}) override;
   std::optional<std::string> Verdict() override;
+  std::optional<std::string> MasterAddress() override {
+    DrainEvents();
+    return master_addr_;
+  }
+  bool ServesTheStore() const override { return server_ != nullptr; }
+  bool AwaitRestart(SignalRouter& signals, int& signal_number, const std::function<void()>& every_slice) override;
   // Node 0 too: its own launcher stalled past the heartbeat timeout and the others left.
   bool LeaderLost() override { return client_->LeaderLost() || (server_ && server_->StalledItself()); }
   bool SharesHangs() const override { return true; }
@@ -200,6 +219,7 @@ class TcpPeers final : public Peers {
   TcpPeers(const env::JobConfig& config, const env::NodeIdentity& identity);
   void DrainEvents();
   void OnCycleEvent(rendezvous::PeerEvent event);
+  void NoteMasterAddress(const rendezvous::Message& decision);
   // Takes the leader's events until `done()` holds (true), a shutdown signal arrives (true,
   // `signal_number` set) or `deadline` passes (false).
   bool WaitUntil(const std::function<bool()>& done, SignalRouter& signals,
@@ -221,6 +241,10 @@ class TcpPeers final : public Peers {
   bool cycle_started_ = false;                    // the leader's go for cycle_ came
   rendezvous::Message cycle_go_;                  // that go
   int training_rank_;                             // -1: none (RunsARank)
+  std::optional<std::string> master_addr_;        // MasterAddress()
+  // A go for the cycle of a restart not taken yet: the barrier passed without this launcher
+  // (node 0 running no rank), which must not wait for it.
+  std::optional<rendezvous::PeerEvent> early_go_;
   std::mutex stack_request_mutex_;
   StackRequestHandler stack_request_handler_;
 };

@@ -39,7 +39,8 @@ class RestartBudget {
       return {std::nullopt, "no restart left (" + Used() + " used, launcher.restart.max_restarts)"};
     }
     // From memory: node 0's agent is the only writer of `latest` (no read on this thread).
-    std::optional<storage::CommitRecord> latest = committed_ ? committed_->LatestForDecision() : std::nullopt;
+    std::optional<storage::CommitRecord> latest =
+        committed_ ? committed_->LatestForDecision(failure.remote_commits) : std::nullopt;
     if (auto refusal = NoProgress(latest)) return {std::nullopt, *refusal};
     started_from_ = latest;
     ++used_;
@@ -311,6 +312,30 @@ void CommittedCheckpoints::Committed(const storage::CommitRecord& record) {
   latest_ = record;
 }
 
+namespace {
+
+// A record text a remote leader left in node 0's table (rendezvous/commit_keys.h); nullopt,
+// logged, when it does not parse: the decision then names what node 0 knows.
+std::optional<storage::CommitRecord> RemoteRecord(const std::optional<std::string>& text, const char* what) {
+  if (!text) return std::nullopt;
+  try {
+    return storage::CommitRecord::FromText(*text, std::string("the store's ") + rendezvous::kCommitLatestKey);
+  } catch (const std::exception& error) {
+    spdlog::error("restart: the commit {} by the node running rank 0 is not a commit record: {}", what, error.what());
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+std::optional<storage::CommitRecord> CommittedCheckpoints::LatestForDecision(const rendezvous::RemoteCommits& remote) const {
+  // Sealed first, always: node 0's own agent begins no commit of the failed cycle after this.
+  std::optional<storage::CommitRecord> on_its_way = seal_ ? seal_() : std::nullopt;
+  if (auto record = RemoteRecord(remote.on_its_way, "on its way")) return record;
+  if (auto record = RemoteRecord(remote.latest, "`latest` names")) return record;
+  return on_its_way ? on_its_way : Latest();
+}
+
 std::optional<storage::CommitRecord> CommittedCheckpoints::AtStart() const {
   std::lock_guard lock(mutex_);
   return at_start_;
@@ -367,9 +392,12 @@ std::string RenderCycles(const std::vector<CycleRecord>& cycles) {
 }
 
 std::vector<std::string> CycleEnviron(const env::JobEnvironment& environment, const env::JobConfig& config, int64_t cycle,
-                                      const std::string& resume, std::optional<int> training_rank) {
+                                      const std::string& resume, std::optional<int> training_rank,
+                                      const std::optional<std::string>& master_addr) {
   env::JobEnvironment copy = environment;
   auto& variables = copy.variables;
+  // Only where the launcher set it (to node 0's address, as BT_LEADER_ADDR): one the user set is theirs.
+  if (master_addr && variables["MASTER_ADDR"] == variables["BT_LEADER_ADDR"]) variables["MASTER_ADDR"] = *master_addr;
   if (training_rank) {
     // NODE_RANK only where the launcher set it (to the slot, as BT_NODE_RANK): one the user
     // set is theirs.
@@ -397,7 +425,7 @@ JobOutcome RunCycles(const env::JobConfig& config, Peers* peers, SignalRouter& s
   std::optional<PeerEvent> restart = std::move(rejoin);
   bool first_cycle_here = restart.has_value();  // a replacement has loaded nothing yet
   JobOutcome outcome;
-  if (!restart && peers && !peers->RunsARank()) {
+  if (!restart && peers && !peers->RunsARank() && !peers->ServesTheStore()) {
     restart = WaitAsSpare(*peers, signals, hooks, outcome);
     if (!restart) return outcome;
     first_cycle_here = true;
@@ -411,10 +439,14 @@ JobOutcome RunCycles(const env::JobConfig& config, Peers* peers, SignalRouter& s
       if (!RestartsEnabled(config, peers)) return outcome;
       restart = NextRestart(*peers, signals, hooks, outcome);
       if (!restart) return outcome;
-      if (auto reason = hooks.leave ? hooks.leave() : std::nullopt) return LeaveTheJob(outcome, *reason);
-      if (!peers->RunsARank()) return LeaveTheJob(outcome, RankMovedAway(*restart));
+      // Node 0 whose rank moved stays: it serves the store (hand_over, below).
+      if (peers->RunsARank() || !peers->ServesTheStore()) {
+        if (auto reason = hooks.leave ? hooks.leave() : std::nullopt) return LeaveTheJob(outcome, *reason);
+        if (!peers->RunsARank()) return LeaveTheJob(outcome, RankMovedAway(*restart));
+      }
     }
     if (hooks.restart_decided) hooks.restart_decided(restart->cycle);
+    if (!peers->RunsARank() && peers->ServesTheStore() && hooks.hand_over) hooks.hand_over(restart->cycle);
     restart = MeetAtBarrier(config, *peers, signals, hooks, *restart, first_cycle_here, outcome, cycles);
     if (!restart) return outcome;
     first_cycle_here = false;

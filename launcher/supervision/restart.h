@@ -41,10 +41,10 @@ class CommittedCheckpoints {
   // committing (checkpoint::CommitGate), so nothing older commits after the decision; it
   // returns the commit still on its way, which `latest` is about to name (nullopt: none).
   void SealBeforeDecision(std::function<std::optional<storage::CommitRecord>()> seal) { seal_ = std::move(seal); }
-  std::optional<storage::CommitRecord> LatestForDecision() const {
-    std::optional<storage::CommitRecord> on_its_way = seal_ ? seal_() : std::nullopt;
-    return on_its_way ? on_its_way : Latest();
-  }
+  // `remote`: what a checkpoint leader on a spare (rank 0 moved) committed, read by the
+  // server as it sealed the failed cycle; it is newer than anything node 0's own agent
+  // committed, which stopped committing when rank 0 left node 0.
+  std::optional<storage::CommitRecord> LatestForDecision(const rendezvous::RemoteCommits& remote = {}) const;
 
  private:
   mutable std::mutex mutex_;
@@ -103,9 +103,11 @@ using env::kMasterPortCycles;
 // it resumes from, and (where the launcher chose it) a MASTER_PORT of its own, so that a
 // store torchrun left in TIME_WAIT never holds the next cycle's port. `training_rank`
 // (BT_NODE_RANK, and NODE_RANK where the launcher set it) is the launcher's slot unless a
-// spare took another node's rank.
+// spare took another node's rank; `master_addr` (MASTER_ADDR where the launcher set it) the
+// node running training rank 0 when that is not node 0 (Peers::MasterAddress).
 std::vector<std::string> CycleEnviron(const env::JobEnvironment& environment, const env::JobConfig& config, int64_t cycle,
-                                      const std::string& resume, std::optional<int> training_rank = std::nullopt);
+                                      const std::string& resume, std::optional<int> training_rank = std::nullopt,
+                                      const std::optional<std::string>& master_addr = std::nullopt);
 
 struct CycleHooks {
   // Runs one cycle's start commands (a fresh supervisor each time).
@@ -129,6 +131,10 @@ struct CycleHooks {
   // A restart's decision reached this node (its record as the timeline shows it): the cycle,
   // the restarts used. May be empty.
   std::function<void(const CycleRecord& record)> restart_known;
+  // Node 0, whose rank the restart into `cycle` moved to a spare: it stays (it serves the
+  // store and decides restarts) and hands the commit of checkpoints over to the node running
+  // rank 0 now; from then on its cycles run no command. May be empty.
+  std::function<void(int64_t cycle)> hand_over;
 };
 
 // Runs cycle after cycle until one ends the job, and returns that cycle's outcome (already

@@ -1587,6 +1587,90 @@ TEST(Spares, AGpuOffTheBusMovesItsRankToTheSpareWhichResumesFromTheCommittedChec
   EXPECT_EQ(again.out.find("cycle"), std::string::npos) << "the new spare ran a rank: " << again.out;
 }
 
+// Xid 79 on node 0's GPU: rank 0 moves to the spare while node 0's launcher keeps serving
+// the store and deciding restarts. MASTER_ADDR follows rank 0 (node 0's address was given as
+// "localhost", the spare's is what node 0 sees, 127.0.0.1); the spare commits checkpoint-8 as
+// the job's checkpoint leader, and the next restart, decided on node 0, resumes from it.
+TEST(Spares, RankZeroMovesToTheSpareWhileNodeZeroKeepsTheStoreAndTheCommitsFollowIt) {
+  TempDir scratch;
+  const std::string latest = scratch.path() + "/remote/" + kJobId + "/latest";
+  const std::string latest_is_8 = "for i in $(seq 300); do grep -q checkpoint-8 " + latest + " && break; sleep 0.1; done";
+  const std::string report = std::string(kReportResume) + "; echo \"rank $BT_NODE_RANK cycle $BT_RESTART_COUNT " +
+                             "MASTER_ADDR=$MASTER_ADDR\"";
+  const std::string commands = nlohmann::json::array(
+      {"case $BT_RESTART_COUNT in 0) " + Save(4) + " && " + WaitFor(latest) + " && echo started; exec sleep 60;; " +
+       "1) " + report + "; " + Save(8) + " && " + latest_is_8 + " && if [ $BT_NODE_RANK = 1 ]; then exit 3; fi; " +
+       "exec sleep 60;; *) " + report + ";; esac"}).dump();
+  nlohmann::json settings = restart::RestartSettings(scratch, 3);
+  settings["health"] = {{"interval_s", 1}};
+  settings["spares"] = 1;
+  Job job(2, commands, "", true, settings);
+  std::vector<std::string> states;
+  std::vector<std::unique_ptr<LauncherProcess>> processes;
+  for (int slot = 0; slot < 3; ++slot) {
+    states.push_back(scratch.path() + "/nvml-" + std::to_string(slot));
+    WriteNvmlState(states.back(), "gpus 2\ngpu 1 uuid GPU-zero-1\n");
+    std::map<std::string, std::string> env = FakeNvml(states.back());
+    env["BT_LEADER_ADDR"] = "localhost";
+    processes.push_back(std::make_unique<LauncherProcess>(SpareJobSpec(job, slot, 3, env)));
+  }
+  ASSERT_TRUE(processes[0]->WaitForOutput("started", 40s)) << processes[0]->Finish().err;
+  ASSERT_TRUE(processes[0]->WaitForLog("is a ready spare", 10s)) << processes[0]->Finish().err;
+  WriteNvmlState(states[0], "gpus 2\ngpu 1 uuid GPU-zero-1\nxid 1 1 79\n");
+  auto results = Job::FinishAll(processes);
+  for (int slot = 0; slot < 3; ++slot) {
+    EXPECT_EQ(results[size_t(slot)].exit_code, 0) << "node " << slot << ": " << results[size_t(slot)].err;
+  }
+  const ProcessResult& node0 = results[0];
+  const ProcessResult& spare = results[2];
+  EXPECT_NE(node0.err.find("rank 0 moves from node 0"), std::string::npos) << node0.err;
+  EXPECT_NE(node0.err.find("it keeps serving the rendezvous"), std::string::npos) << node0.err;
+  EXPECT_EQ(node0.out.find("cycle 1"), std::string::npos) << "node 0 ran a command after its rank moved: " << node0.out;
+  EXPECT_NE(spare.err.find("this spare takes rank 0 from cycle 1"), std::string::npos) << spare.err;
+  // Rank 0 resumed from checkpoint-4 on the spare, and MASTER_ADDR named it on both ranks.
+  EXPECT_NE(spare.out.find(restart::ResumeReport(1, 4)), std::string::npos) << spare.out << spare.err;
+  EXPECT_NE(spare.out.find("rank 0 cycle 1 MASTER_ADDR=127.0.0.1"), std::string::npos) << spare.out;
+  EXPECT_NE(results[1].out.find("rank 1 cycle 1 MASTER_ADDR=127.0.0.1"), std::string::npos) << results[1].out;
+  // The spare committed checkpoint-8; node 0's next decision resumed every rank from it.
+  EXPECT_NE(spare.err.find("committed checkpoint-8"), std::string::npos) << spare.err;
+  EXPECT_NE(spare.out.find(restart::ResumeReport(2, 8)), std::string::npos) << spare.out << spare.err;
+  EXPECT_NE(results[1].out.find(restart::ResumeReport(2, 8)), std::string::npos) << results[1].out << results[1].err;
+  EXPECT_NE(node0.err.find("from checkpoint checkpoint-8"), std::string::npos) << node0.err;
+  EXPECT_NE(spare.out.find("rank 0 cycle 2 MASTER_ADDR=127.0.0.1"), std::string::npos) << spare.out;
+}
+
+// Node 0 has an uncorrectable ECC error at the start: rank 0 starts on the spare, whose
+// MASTER_ADDR every rank gets; node 0 serves the store, runs nothing, and the job finishes.
+TEST(Spares, NodeZeroUnhealthyAtTheStartServesTheStoreWhileRankZeroStartsOnTheSpare) {
+  TempDir scratch;
+  const std::string commands =
+      nlohmann::json::array({"echo \"rank $BT_NODE_RANK MASTER_ADDR=$MASTER_ADDR\"; " + restart::Save(2) +
+                             "; sleep 3"}).dump();
+  nlohmann::json settings = restart::RestartSettings(scratch, 1);
+  settings["spares"] = 1;
+  Job job(2, commands, "", true, settings);
+  std::vector<std::unique_ptr<LauncherProcess>> processes;
+  for (int slot = 0; slot < 3; ++slot) {
+    const std::string state = scratch.path() + "/nvml-" + std::to_string(slot);
+    WriteNvmlState(state, std::string("gpus 2\ngpu 1 uuid GPU-start-1\n") + (slot == 0 ? "gpu 1 ecc_uncorrected 3\n" : ""));
+    std::map<std::string, std::string> env = FakeNvml(state);
+    env["BT_LEADER_ADDR"] = "localhost";
+    processes.push_back(std::make_unique<LauncherProcess>(SpareJobSpec(job, slot, 3, env)));
+  }
+  auto results = Job::FinishAll(processes);
+  for (int slot = 0; slot < 3; ++slot) {
+    EXPECT_EQ(results[size_t(slot)].exit_code, 0) << "node " << slot << ": " << results[size_t(slot)].err;
+  }
+  EXPECT_EQ(results[0].out, "") << "node 0 ran a command: " << results[0].out;
+  EXPECT_NE(results[0].err.find("rank 0 starts on a spare, and this node keeps serving the rendezvous"), std::string::npos)
+      << results[0].err;
+  EXPECT_NE(results[2].out.find("rank 0 MASTER_ADDR=127.0.0.1"), std::string::npos) << results[2].out << results[2].err;
+  EXPECT_NE(results[1].out.find("rank 1 MASTER_ADDR=127.0.0.1"), std::string::npos) << results[1].out;
+  // The spare commits as rank 0: checkpoint-2 is the job's `latest`.
+  EXPECT_NE(results[2].err.find("committed checkpoint-2"), std::string::npos) << results[2].err;
+  EXPECT_NE(ReadFile(scratch.path() + "/remote/" + std::string(kJobId) + "/latest").find("checkpoint-2"), std::string::npos);
+}
+
 // A node whose job fails every cycle though its health reads fine: it restarts in place
 // until it has failed launcher.restart.max_failures_per_node cycles, then its rank moves to
 // the spare and it leaves (75).
