@@ -7,19 +7,24 @@
 namespace bt::rendezvous {
 namespace {
 
-std::optional<int64_t> Counter(const std::unordered_map<std::string, std::string>& table, const std::string& key) {
-  auto it = table.find(key);
-  if (it == table.end()) return std::nullopt;
+constexpr std::string_view kCommitPrefix = "bt/ckpt/commit/";
+
+std::optional<int64_t> Integer(std::string_view text) {
   int64_t value = 0;
-  const std::string& text = it->second;
   auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  if (text.empty() || error != std::errc() || end != text.data() + text.size()) return std::nullopt;
   return value;
 }
 
+std::optional<int64_t> Counter(const std::unordered_map<std::string, std::string>& table, const std::string& key) {
+  auto it = table.find(key);
+  if (it == table.end()) return std::nullopt;
+  return Integer(it->second);
+}
+
 // The JSON object stored at `key` with an integer `number_field` and a string "record".
-std::optional<std::pair<int64_t, std::string>> Proposal(const std::unordered_map<std::string, std::string>& table,
-                                                        const std::string& key, const char* number_field) {
+std::optional<std::pair<int64_t, std::string>> NumberedRecord(const std::unordered_map<std::string, std::string>& table,
+                                                              const std::string& key, const char* number_field) {
   auto it = table.find(key);
   if (it == table.end()) return std::nullopt;
   const nlohmann::json value = nlohmann::json::parse(it->second, nullptr, false);
@@ -34,22 +39,32 @@ std::optional<std::pair<int64_t, std::string>> Proposal(const std::unordered_map
 
 }  // namespace
 
-std::string CommitProposalKey(uint64_t declaration) { return "bt/ckpt/commit/" + std::to_string(declaration); }
-std::string CommitStateKey(uint64_t declaration) { return CommitProposalKey(declaration) + "/state"; }
+std::string CommitProposalKey(uint64_t declaration) { return std::string(kCommitPrefix) + std::to_string(declaration); }
+std::string CommitStateKey(uint64_t declaration, int64_t cycle) {
+  return CommitProposalKey(declaration) + "/" + std::to_string(cycle);
+}
 
-RemoteCommits SealRemoteCommits(std::unordered_map<std::string, std::string>& table, int64_t cycle, int64_t declared) {
+bool BornSealed(std::string_view key, int64_t sealed_through) {
+  if (!key.starts_with(kCommitPrefix)) return false;
+  key.remove_prefix(kCommitPrefix.size());
+  const size_t slash = key.find('/');
+  if (slash == std::string_view::npos || !Integer(key.substr(0, slash))) return false;
+  const std::optional<int64_t> cycle = Integer(key.substr(slash + 1));
+  return cycle && *cycle <= sealed_through;
+}
+
+RemoteCommits ReadRemoteCommits(const std::unordered_map<std::string, std::string>& table, int64_t cycle,
+                                int64_t declared) {
   RemoteCommits commits;
   std::optional<std::pair<int64_t, std::string>> newest_on_its_way;  // (declaration, record)
   for (int64_t number = 0; number < declared; ++number) {
-    const std::string state_key = CommitStateKey(uint64_t(number));
-    const std::optional<int64_t> state = Counter(table, state_key);
-    if (!state || *state >= kCommitSealed || *state >= 2) continue;  // none, sealed before, or written
-    const auto proposal = Proposal(table, CommitProposalKey(uint64_t(number)), "cycle");
-    if (!proposal || proposal->first > cycle) continue;  // a save of a later cycle is not this decision's
-    table[state_key] = std::to_string(*state + kCommitSealed);
-    if (*state == 1) newest_on_its_way = std::make_pair(number, proposal->second);
+    const auto proposal = NumberedRecord(table, CommitProposalKey(uint64_t(number)), "cycle");
+    if (!proposal || proposal->first > cycle) continue;  // none, or a save of a later cycle: not this decision's
+    if (Counter(table, CommitStateKey(uint64_t(number), proposal->first)) == 1) {
+      newest_on_its_way = std::make_pair(number, proposal->second);
+    }
   }
-  const auto latest = Proposal(table, kCommitLatestKey, "declaration");
+  const auto latest = NumberedRecord(table, kCommitLatestKey, "declaration");
   if (latest) commits.latest = latest->second;
   if (newest_on_its_way && (!latest || newest_on_its_way->first > latest->first)) {
     commits.on_its_way = newest_on_its_way->second;

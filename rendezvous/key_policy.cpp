@@ -45,7 +45,7 @@ constexpr std::array kRules = {
     KeyRule{"bt/ckpt/closed", Writer::kCheckpointLeader},
     KeyRule{"bt/ckpt/draining", Writer::kCheckpointLeader},
     KeyRule{"bt/ckpt/commit/*", Writer::kCheckpointLeader},  // rendezvous/commit_keys.h
-    KeyRule{"bt/ckpt/commit/*/state", Writer::kCheckpointLeader},
+    KeyRule{"bt/ckpt/commit/*/*", Writer::kCheckpointLeader},
     KeyRule{"bt/ckpt/latest", Writer::kCheckpointLeader},
     KeyRule{"bt/hang/*/stacks/{rank}", Writer::kOwner},
     KeyRule{"bt/hang/*/answered", Writer::kCounter},

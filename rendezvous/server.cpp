@@ -727,9 +727,14 @@ class StoreServer::Loop {
       return Refuse(connection, message, *why);
     }
     auto it = values_.find(key);
+    // A commit's state of a sealed cycle is created sealed: its begin reads it, in this one step.
+    const std::string sealed = std::to_string(kCommitSealed);
+    const std::string* stored = it != values_.end()                          ? &it->second
+                                : BornSealed(key, commits_sealed_through_) ? &sealed
+                                                                           : nullptr;
     int64_t value = 0;
     try {
-      value = AddToCounter(key, it == values_.end() ? nullptr : &it->second, delta);
+      value = AddToCounter(key, stored, delta);
     } catch (const StoreError& error) {
       return Reply(connection, message, {{"op", "error"}, {"message", error.what()}});
     }
@@ -985,10 +990,11 @@ class StoreServer::Loop {
   }
 
   // A checkpoint leader on a spare (rank 0 moved) commits through this table: the decision
-  // seals the failed cycle's commits there first, on this thread, between two of the leader's
-  // requests (rendezvous/commit_keys.h). Nothing is there while node 0 runs rank 0.
+  // seals the failed cycle first, on this thread, between two of the leader's requests: no
+  // commit of it begins after this (OnAdd, BornSealed), and what began is named
+  // (rendezvous/commit_keys.h). Nothing is there while node 0 runs rank 0.
   RemoteCommits SealRemoteCommits(int64_t cycle) {
-    std::lock_guard lock(store_mutex_);
+    commits_sealed_through_ = std::max(commits_sealed_through_, cycle);
     auto declared = values_.find(kCommitDeclaredKey);
     int64_t count = 0;
     if (declared != values_.end()) {
@@ -998,7 +1004,7 @@ class StoreServer::Loop {
         count = 0;
       }
     }
-    return rendezvous::SealRemoteCommits(values_, cycle, count);
+    return ReadRemoteCommits(values_, cycle, count);
   }
 
   // Where the job's MASTER_ADDR points once rank 0 runs on a spare: that node, as this server
@@ -1608,6 +1614,7 @@ class StoreServer::Loop {
                  options_.max_failures_per_node};
   std::vector<bool> spare_ready_;  // by slot: a spare that said it is prepared (OnSpareReady)
   std::vector<bool> moved_away_;   // by slot: its launcher's rank moved to a spare
+  int64_t commits_sealed_through_ = -1;  // loop only: SealRemoteCommits
   std::vector<int> rank_slots_;    // mutex_: cycles_.assignment().Slots(), for absent() and unreported()
   int64_t stacks_asked_in_ = -1;  // the cycle whose hang the nodes were asked for stacks
   int64_t stalled_cycle_ = -1;    // the cycle stalled_ counts

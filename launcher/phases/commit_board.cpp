@@ -105,11 +105,11 @@ class StoreCommitBoard final : public CommitBoard {
   void StartDrain() override { store_.Add(kDrainingKey, 1); }
   bool LeaderDraining() override { return store_.Add(kDrainingKey, 0) > 0; }
 
-  // The record first, then the state's one atomic step: a decision that sealed the save in
-  // between made the state kCommitSealed or more, and finds the record when it reads 1.
+  // The record first, then the state's one atomic step: a decision that sealed the cycle
+  // before it made the state start sealed; one after it finds the record when it reads 1.
   bool BeginCommit(uint64_t declaration, int64_t cycle, const storage::CommitRecord& record) override {
     store_.Set(rendezvous::CommitProposalKey(declaration), nlohmann::json{{"cycle", cycle}, {"record", record.ToText()}}.dump());
-    return store_.Add(rendezvous::CommitStateKey(declaration), 1) == 1;
+    return store_.Add(rendezvous::CommitStateKey(declaration, cycle), 1) == 1;
   }
 
   // `latest` first: a decision reading the state as written reads the record it names.
@@ -118,7 +118,7 @@ class StoreCommitBoard final : public CommitBoard {
       store_.Set(rendezvous::kCommitLatestKey,
                  nlohmann::json{{"declaration", declaration}, {"record", record.ToText()}}.dump());
     }
-    store_.Add(rendezvous::CommitStateKey(declaration), 1);
+    store_.Add(rendezvous::CommitStateKey(declaration, record.cycle), 1);
   }
 
   std::vector<int> AbsentRanks() override {

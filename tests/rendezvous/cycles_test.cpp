@@ -114,6 +114,18 @@ TEST(RankAssignment, SlotsStartWithTheirOwnRankAndTheRestAreSpares) {
   EXPECT_EQ(assignment.RankOf(2), 1);
 }
 
+// Node 0 that cannot train at the start gives rank 0 to a spare like any node; a list that
+// is no assignment is refused naming what is wrong.
+TEST(RankAssignment, StartRanksMayPutRankZeroOnASpare) {
+  EXPECT_EQ(ParseStartRanks("[2, 1]", 3, 2), (std::vector<int>{2, 1}));
+  const RankAssignment assignment = RankAssignment::FromSlots(3, {2, 1});
+  EXPECT_TRUE(assignment.IsSpare(0));
+  EXPECT_EQ(assignment.SlotOf(0), 2);
+  EXPECT_THROW(ParseStartRanks("[1, 1]", 3, 2), FrameError);
+  EXPECT_THROW(ParseStartRanks("[3, 1]", 3, 2), FrameError);
+  EXPECT_THROW(ParseStartRanks("[0]", 3, 2), FrameError);
+}
+
 TEST(Cycles, ASparesArrivalNeitherOpensNorHoldsTheBarrier) {
   Cycles cycles(3, 2, Always());
   std::string refusal;

@@ -58,6 +58,27 @@ TEST(KeyPolicy, CheckpointKeysBelongToTheNodeRunningTheirRank) {
   EXPECT_TRUE(WriteRefusal("bt/phase/1", KeyWrite::kSet, 3, 1));
 }
 
+// The keys by which the job's checkpoints are committed are the checkpoint leader's: node 0,
+// or the node running training rank 0 once a spare took it; no other node can forge what node
+// 0's restart decision resumes from (rendezvous/commit_keys.h), and the absent ranks are the
+// server's own.
+TEST(KeyPolicy, CommitKeysBelongToNodeZeroOrTheNodeRunningRankZero) {
+  for (const char* key : {"bt/ckpt/latest", "bt/ckpt/commit/4", "bt/ckpt/commit/4/2", "bt/ckpt/declared",
+                          "bt/ckpt/declared/4", "bt/ckpt/outcome/4", "bt/ckpt/closed", "bt/ckpt/draining",
+                          "bt/ckpt/resumed"}) {
+    EXPECT_FALSE(WriteRefusal(key, KeyWrite::kSet, 0, -1)) << key;  // node 0 whose rank moved: its hand-over
+    EXPECT_FALSE(WriteRefusal(key, KeyWrite::kSet, 3, 0)) << key;   // the spare running rank 0
+    EXPECT_FALSE(WriteRefusal(key, KeyWrite::kRead, 2, 1)) << key;  // any node reads
+    const auto forged = WriteRefusal(key, KeyWrite::kAdd, 2, 1);
+    ASSERT_TRUE(forged) << key;
+    EXPECT_NE(forged->find("only the checkpoint leader"), std::string::npos) << *forged;
+    EXPECT_TRUE(WriteRefusal(key, KeyWrite::kSet, 1)) << key;       // no spares: node 0's alone
+    EXPECT_TRUE(WriteRefusal(key, KeyWrite::kSet, 4, -1)) << key;   // a spare
+  }
+  EXPECT_TRUE(WriteRefusal("bt/ckpt/absent", KeyWrite::kSet, 0));
+  EXPECT_TRUE(WriteRefusal("bt/ckpt/absent", KeyWrite::kSet, 3, 0));
+}
+
 TEST(KeyPolicy, EachSegmentOfTheKeyMatchesOneOfThePattern) {
   EXPECT_FALSE(WriteRefusal("bt/phase/3", KeyWrite::kSet, 3));
   const auto other = WriteRefusal("bt/phase/4", KeyWrite::kSet, 3);
