@@ -316,10 +316,7 @@ struct StepSources {
 JobOutcome KeepTheStore(int64_t cycle, Peers& peers, watchdog::Watchdog* watch, SignalRouter& signals,
                         report::JobRecorder* recorder, const std::string& resume, const std::function<void()>& every_slice) {
   spdlog::info("cycle {}: this node runs no rank (rank 0 runs on a spare); it keeps serving the rendezvous", cycle);
-  if (watch) {
-    watch->BeginCycle(cycle);
-    watch->EndCycle();
-  }
+  if (watch) watch->GatherOnly(cycle);
   if (recorder) recorder->CycleRan(cycle, resume);
   JobOutcome outcome;
   int signal_number = 0;

@@ -576,6 +576,7 @@ void Watchdog::BeginCycle(int64_t cycle) {
     hung_ = false;
     cycle_ = cycle;
   }
+  answers_ = true;
   // Before the job starts, not on the watch thread: pids repeat (a new pod's namespace), and
   // a pass running while the job's processes arm deleted a new process's marker and dump
   // together with the stale marker of the same pid it had judged a moment before.
@@ -583,6 +584,12 @@ void Watchdog::BeginCycle(int64_t cycle) {
   phase_ = Phase::kWatching;
   cycle_start_ = Clock::now();
   WakeSupervisorIn(kTick);  // the first check: TakeStop starts the thread then
+}
+
+void Watchdog::GatherOnly(int64_t cycle) {
+  BeginCycle(cycle);
+  answers_ = false;
+  EndCycle();
 }
 
 void Watchdog::EndCycle() {
@@ -712,7 +719,7 @@ void Watchdog::Watch(int64_t cycle, bool watching, Clock::time_point since) {
       if (request->cycle != cycle) continue;
       spdlog::warn("watchdog: {}", request->message);
       const auto asked = Clock::now();  // about when every node measures how long its job was quiet
-      AnswerStackRequest(cycle, !watching);
+      if (answers_) AnswerStackRequest(cycle, !watching);
       if (node_.rank == 0) GatherAndDeclare(cycle, request->rank, asked);
       continue;
     }

@@ -5,6 +5,7 @@
 // restarts or ends the job like any failure. A single node does all of it alone.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -83,6 +84,9 @@ class Watchdog final : public StopRequests {
   // answer to a stack request of that cycle, until the next cycle or the end).
   void BeginCycle(int64_t cycle);
   void EndCycle();
+  // Node 0 running no rank (it moved to a spare) in `cycle`: it has no job to watch or stacks
+  // to send (its answer would count as a rank's), but it gathers the others' and calls the hang.
+  void GatherOnly(int64_t cycle);
   // Whether this node's watchdog stopped the job of the cycle that just ended as hung (a
   // node alone; with peers the hang reaches every node as the cycle's failure).
   bool StoppedAsHung() const;
@@ -136,6 +140,7 @@ class Watchdog final : public StopRequests {
   Progress& progress_;
   int wake_fd_ = -1;  // a timerfd: the first check's time, or at once for a stop (fd())
   Phase phase_ = Phase::kIdle;
+  std::atomic<bool> answers_{true};  // GatherOnly: false for the cycle
   Clock::time_point cycle_start_;
 
   mutable std::mutex mutex_;

@@ -1639,6 +1639,45 @@ TEST(Spares, RankZeroMovesToTheSpareWhileNodeZeroKeepsTheStoreAndTheCommitsFollo
   EXPECT_NE(spare.out.find("rank 0 cycle 2 MASTER_ADDR=127.0.0.1"), std::string::npos) << spare.out;
 }
 
+// After rank 0 moved to the spare, node 0 runs nothing but still watches for hangs: a cycle
+// in which every rank stops making progress is called hung on node 0 (its report names the
+// ranks, not node 0), and the job restarts and finishes.
+TEST(Spares, AHangAfterRankZeroMovedIsCalledByNodeZeroAndRestarts) {
+  TempDir scratch;
+  const std::string commands = nlohmann::json::array(
+      {"case $BT_RESTART_COUNT in 0) echo started; exec sleep 60;; 1) echo hanging; exec sleep 60;; "
+       "*) echo \"rank $BT_NODE_RANK cycle $BT_RESTART_COUNT ok\";; esac"}).dump();
+  nlohmann::json settings = restart::RestartSettings(scratch, 3);
+  settings["health"] = {{"interval_s", 1}};
+  settings["spares"] = 1;
+  settings["watchdog"] = {{"stall_timeout_s", 3}, {"startup_timeout_s", 3}, {"stack_timeout_s", 5}};
+  Job job(2, commands, "", false, settings);
+  std::vector<std::string> states;
+  std::vector<std::unique_ptr<LauncherProcess>> processes;
+  for (int slot = 0; slot < 3; ++slot) {
+    states.push_back(scratch.path() + "/nvml-" + std::to_string(slot));
+    WriteNvmlState(states.back(), "gpus 2\ngpu 1 uuid GPU-hang-1\n");
+    processes.push_back(std::make_unique<LauncherProcess>(SpareJobSpec(job, slot, 3, FakeNvml(states.back()))));
+  }
+  ASSERT_TRUE(processes[0]->WaitForOutput("started", 40s)) << processes[0]->Finish().err;
+  WriteNvmlState(states[0], "gpus 2\ngpu 1 uuid GPU-hang-1\nxid 1 1 79\n");
+  ASSERT_TRUE(processes[0]->WaitForLog("restarting every node in cycle 2", 40s)) << processes[0]->Finish().err;
+  auto results = Job::FinishAll(processes);
+  for (int slot = 0; slot < 3; ++slot) {
+    EXPECT_EQ(results[size_t(slot)].exit_code, 0) << "node " << slot << ": " << results[size_t(slot)].err;
+  }
+  EXPECT_NE(results[0].err.find("collecting every node's stacks"), std::string::npos) << results[0].err;
+  const size_t verdict = results[0].err.find("restart 2/3: cycle 1 failed (node 2 (");
+  ASSERT_NE(verdict, std::string::npos) << results[0].err;
+  EXPECT_NE(results[0].err.find("; rank 0) hung: no progress", verdict), std::string::npos)
+      << "cycle 1 not failed as hung: " << results[0].err;
+  // Node 0 sent no stacks of its own (it runs nothing) and waited for both ranks'.
+  EXPECT_EQ(results[0].err.find("sent this node's stacks"), std::string::npos) << results[0].err;
+  EXPECT_EQ(results[0].err.find("no stacks from node(s)"), std::string::npos) << results[0].err;
+  EXPECT_NE(results[2].out.find("rank 0 cycle 2 ok"), std::string::npos) << results[2].out << results[2].err;
+  EXPECT_NE(results[1].out.find("rank 1 cycle 2 ok"), std::string::npos) << results[1].out;
+}
+
 // Node 0 has an uncorrectable ECC error at the start: rank 0 starts on the spare, whose
 // MASTER_ADDR every rank gets; node 0 serves the store, runs nothing, and the job finishes.
 TEST(Spares, NodeZeroUnhealthyAtTheStartServesTheStoreWhileRankZeroStartsOnTheSpare) {
