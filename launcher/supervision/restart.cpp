@@ -38,7 +38,8 @@ class RestartBudget {
     if (used_ >= settings_.max_restarts) {
       return {std::nullopt, "no restart left (" + Used() + " used, launcher.restart.max_restarts)"};
     }
-    // From memory: node 0's agent is the only writer of `latest` (no read on this thread).
+    // From memory: the agent running rank 0 is the only writer of `latest` (node 0's, or one
+    // on a spare whose commits the server read from its table); no read on this thread.
     std::optional<storage::CommitRecord> latest =
         committed_ ? committed_->LatestForDecision(failure.remote_commits) : std::nullopt;
     if (auto refusal = NoProgress(latest)) return {std::nullopt, *refusal};
@@ -397,7 +398,11 @@ std::vector<std::string> CycleEnviron(const env::JobEnvironment& environment, co
   env::JobEnvironment copy = environment;
   auto& variables = copy.variables;
   // Only where the launcher set it (to node 0's address, as BT_LEADER_ADDR): one the user set is theirs.
-  if (master_addr && variables["MASTER_ADDR"] == variables["BT_LEADER_ADDR"]) variables["MASTER_ADDR"] = *master_addr;
+  auto master = variables.find("MASTER_ADDR");
+  auto leader = variables.find("BT_LEADER_ADDR");
+  if (master_addr && master != variables.end() && leader != variables.end() && master->second == leader->second) {
+    master->second = *master_addr;
+  }
   if (training_rank) {
     // NODE_RANK only where the launcher set it (to the slot, as BT_NODE_RANK): one the user
     // set is theirs.

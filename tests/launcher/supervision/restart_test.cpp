@@ -70,6 +70,49 @@ TEST(RestartPolicy, TheDecisionNamesACommitStillOnItsWay) {
   EXPECT_EQ(commit->parts, (std::map<int, std::string>{{0, "v7"}}));
 }
 
+// Rank 0 on a spare commits through node 0's table (rendezvous/commit_keys.h): what the
+// server read there as it sealed the failed cycle is newer than anything node 0's own agent
+// committed before rank 0 left it; a record there that does not parse names nothing.
+TEST(RestartPolicy, TheDecisionNamesWhatTheLeaderOnASpareCommittedOrHasOnItsWay) {
+  env::RestartSettings settings;
+  settings.max_restarts = 5;
+  auto committed = std::make_shared<CommittedCheckpoints>();
+  committed->Started(std::nullopt);
+  committed->Committed(Commit("checkpoint-5", {{0, "v5"}}));
+  bool sealed = false;
+  committed->SealBeforeDecision([&sealed] {
+    sealed = true;
+    return std::optional<storage::CommitRecord>();
+  });
+  auto policy = MakeRestartPolicy(settings, committed);
+  auto named = [&](rendezvous::RemoteCommits remote) {
+    rendezvous::CycleFailure failure = FailureOf(0, 1);
+    failure.remote_commits = std::move(remote);
+    auto answer = policy(failure);
+    EXPECT_TRUE(answer.decision);
+    auto commit = answer.decision ? ResumeCommitOf(*answer.decision) : std::nullopt;
+    return commit ? commit->name : std::string("none");
+  };
+  EXPECT_EQ(named({Commit("checkpoint-8", {{0, "v8"}}).ToText(), std::nullopt}), "checkpoint-8");
+  EXPECT_TRUE(sealed) << "node 0's own agent is sealed whatever the remote leader committed";
+  EXPECT_EQ(named({Commit("checkpoint-8", {{0, "v8"}}).ToText(), Commit("checkpoint-9", {{0, "v9"}}).ToText()}),
+            "checkpoint-9");
+  EXPECT_EQ(named({std::string("{not a record"), std::nullopt}), "checkpoint-5");
+}
+
+TEST(CycleEnviron, MasterAddrFollowsRankZeroOnlyWhereTheLauncherSetIt) {
+  env::JobConfig config;
+  env::JobEnvironment environment;
+  environment.variables = {{"MASTER_ADDR", "10.0.0.1"}, {"BT_LEADER_ADDR", "10.0.0.1"}};
+  auto has = [](const std::vector<std::string>& environ, const std::string& entry) {
+    return std::find(environ.begin(), environ.end(), entry) != environ.end();
+  };
+  EXPECT_TRUE(has(CycleEnviron(environment, config, 1, "", 0, "10.0.0.9"), "MASTER_ADDR=10.0.0.9"));
+  EXPECT_TRUE(has(CycleEnviron(environment, config, 1, "", 0, std::nullopt), "MASTER_ADDR=10.0.0.1"));
+  environment.variables["MASTER_ADDR"] = "trainer-0.svc";  // the user's own
+  EXPECT_TRUE(has(CycleEnviron(environment, config, 1, "", 0, "10.0.0.9"), "MASTER_ADDR=trainer-0.svc"));
+}
+
 TEST(RestartPolicy, ACommitFromBeforeVersionsStaysUnversionedInTheDecision) {
   env::RestartSettings settings;
   settings.max_restarts = 5;
