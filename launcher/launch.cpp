@@ -184,7 +184,7 @@ constexpr auto kCommitOnItsWayWait = std::chrono::milliseconds(500);
 // How long an agent that stops committing while the job goes on (node 0 whose rank moved, or
 // rank 0 leaving a spare's node) writes the commits it had begun: the restart's decision
 // named the newest of them, so `latest` should name it too.
-constexpr auto kHandOverBound = std::chrono::seconds(30);
+constexpr auto kHandOverBound = std::chrono::seconds(10);
 
 // Node 0's answer to a failed cycle (launcher.restart); none when restarts are off.
 // The failed cycle is sealed first (`commit_gate`): no save of it commits after the decision
@@ -310,9 +310,9 @@ struct StepSources {
 };
 
 // Node 0 whose rank runs on a spare: no command, but it still decides restarts (its server)
-// and gathers the others' stacks for a hang (its watchdog answers and gathers as after a
-// job's end). Waits, however long, for the leader's next restart or the job's verdict;
-// `every_slice` reads what the node running rank 0 committed meanwhile.
+// and gathers the others' stacks for a hang (Watchdog::GatherOnly). Waits, however long, for
+// its server's next restart or the job's verdict; `every_slice` reads what the node running
+// rank 0 committed meanwhile.
 JobOutcome KeepTheStore(int64_t cycle, Peers& peers, watchdog::Watchdog* watch, SignalRouter& signals,
                         report::JobRecorder* recorder, const std::string& resume, const std::function<void()>& every_slice) {
   spdlog::info("cycle {}: this node runs no rank (rank 0 runs on a spare); it keeps serving the rendezvous", cycle);

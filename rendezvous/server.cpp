@@ -901,7 +901,15 @@ class StoreServer::Loop {
     const int64_t cycle = message.contains("cycle") ? IntField(message, "cycle") : cycles_.current();
     Reply(connection, message, {{"op", "ok"}});
     if (connection.rank < 0 || IgnoredAsStale(connection, "report", cycle) || reported_[size_t(connection.rank)]) return;
-    if (cycles_.assignment().IsSpare(connection.rank)) return;  // a spare runs nothing: its outcome decides nothing
+    if (cycles_.assignment().IsSpare(connection.rank)) {
+      // A spare runs nothing: its outcome decides nothing. But node 0 running no rank that
+      // stops (a SIGTERM, its launcher's own failure) takes the store with it: the job ends
+      // now, not when the others find the store gone.
+      if (connection.rank == 0 && code != 0 && verdict_.kind == ServerVerdict::Kind::kPending) {
+        Abort(0, NodeName(0) + " (running no rank, serving the rendezvous) stopped: " + cause, int(code));
+      }
+      return;
+    }
     {
       std::lock_guard lock(mutex_);
       reported_[size_t(connection.rank)] = true;

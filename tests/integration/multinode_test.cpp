@@ -1678,6 +1678,37 @@ TEST(Spares, AHangAfterRankZeroMovedIsCalledByNodeZeroAndRestarts) {
   EXPECT_NE(results[1].out.find("rank 1 cycle 2 ok"), std::string::npos) << results[1].out;
 }
 
+// Node 0 running no rank still holds the store: a SIGTERM to it (its pod deleted) ends the
+// whole job at once, every node stopped with the signal's code, not each one finding the store
+// gone after its heartbeat timeout.
+TEST(Spares, ASigtermToNodeZeroRunningNoRankStopsTheWholeJobAtOnce) {
+  TempDir scratch;
+  const std::string commands = Commands("echo started; exec sleep 60", "echo \"rank $BT_NODE_RANK running\"; exec sleep 60");
+  nlohmann::json settings = restart::RestartSettings(scratch, 2);
+  settings["health"] = {{"interval_s", 1}};
+  settings["spares"] = 1;
+  Job job(2, commands, "", false, settings);
+  std::vector<std::string> states;
+  std::vector<std::unique_ptr<LauncherProcess>> processes;
+  for (int slot = 0; slot < 3; ++slot) {
+    states.push_back(scratch.path() + "/nvml-" + std::to_string(slot));
+    WriteNvmlState(states.back(), "gpus 2\ngpu 1 uuid GPU-term-1\n");
+    processes.push_back(std::make_unique<LauncherProcess>(SpareJobSpec(job, slot, 3, FakeNvml(states.back()))));
+  }
+  ASSERT_TRUE(processes[0]->WaitForOutput("started", 40s)) << processes[0]->Finish().err;
+  WriteNvmlState(states[0], "gpus 2\ngpu 1 uuid GPU-term-1\nxid 1 1 79\n");
+  ASSERT_TRUE(processes[2]->WaitForOutput("rank 0 running", 30s)) << processes[2]->Finish().err;
+  ASSERT_TRUE(processes[1]->WaitForOutput("rank 1 running", 30s)) << processes[1]->Finish().err;
+  const auto term = std::chrono::steady_clock::now();
+  processes[0]->Signal(SIGTERM);
+  auto results = Job::FinishAll(processes);
+  EXPECT_LT(std::chrono::steady_clock::now() - term, 10s);
+  for (int slot = 0; slot < 3; ++slot) {
+    EXPECT_EQ(results[size_t(slot)].exit_code, 143) << "node " << slot << ": " << results[size_t(slot)].err;
+  }
+  EXPECT_NE(results[1].err.find("running no rank, serving the rendezvous) stopped"), std::string::npos) << results[1].err;
+}
+
 // Node 0 has an uncorrectable ECC error at the start: rank 0 starts on the spare, whose
 // MASTER_ADDR every rank gets; node 0 serves the store, runs nothing, and the job finishes.
 TEST(Spares, NodeZeroUnhealthyAtTheStartServesTheStoreWhileRankZeroStartsOnTheSpare) {

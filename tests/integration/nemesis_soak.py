@@ -36,6 +36,15 @@ checks ../shared/DESIGN.md §3's commit rule and:
   no-secret           the secret in the job's environment appears in no log line and no
                       process's command line
 
+About two seeds in five (SOAK_SPARES=1 forces it, 0 turns it off; it needs the fake NVML the
+build makes, tests/health/fake_nvml.c) run with a hot spare (launcher.spares 1, a fourth
+launcher on a host of its own) and one more fault, gpu-lost: Xid 79 on a node's GPU. The
+node's rank, node 0's too, moves to the spare; a node that left (75) is replaced in its
+slot by a launcher on a healthy host, which joins as a spare. Node 0 whose rank moved keeps
+serving the store to the end; node 0 that cannot train with no spare ready ends the job
+(75 on node 0, 69 on the others: a fault a restart does not absorb). A 75 is the code of the
+node that left, not the job's: exit-codes compares the others.
+
 Usage: nemesis_soak.py BT_LAUNCH [--seeds N | --seed S] [--first-seed S] [--keep]
   SOAK=N        runs N seeds (the default: 3, a few minutes on two cores)
   SOAK_SUBNET   the bridge's /24 (10.78.0): soaks run side by side each need their own
@@ -171,6 +180,7 @@ FAULTS = {
     "fill-disk": (2, True),                # the node's checkpoint tmpfs full, then freed
     "sigterm-all": (1, False),
     "kill-all": (1, False),                # every launcher SIGKILLed, started again (a platform retry)
+    "gpu-lost": (2, True),                 # with a spare only: Xid 79 on a node's GPU; its rank moves
 }
 
 
@@ -190,7 +200,8 @@ class Violation(Exception):
 
 
 class Hosts:
-    """Three hosts on a bridge, each a network namespace with its own checkpoint tmpfs."""
+    """Four hosts on a bridge (the fourth for a seed with a spare), each a network namespace
+    with its own checkpoint tmpfs."""
 
     def __init__(self, work):
         self.tag = "bs%d" % os.getpid()  # at most 7 digits: interface names stay under 16 bytes
@@ -213,7 +224,7 @@ class Hosts:
         sh("ip", "link", "add", self.bridge, "type", "bridge")
         sh("ip", "link", "set", self.bridge, "up")
         sh("ip", "addr", "add", self.bridge_address + "/24", "dev", self.bridge)  # the object store's host
-        for node in range(NODES):
+        for node in range(NODES + 1):
             ns = self.namespace(node)
             sh("ip", "netns", "add", ns)
             self.namespaces.append(ns)
@@ -476,6 +487,14 @@ class Soak:
         self.logs = os.path.join(work, "logs")
         self.secret = "soak-secret-%032x" % random.Random(seed ^ 0x5EC).getrandbits(128)
         self.savers = "rank0" if self.rng.random() < 0.25 else "all"  # DDP: only rank 0 saves
+        # Its own draw, so that a seed without a spare replays as it did before spares.
+        self.fake_nvml = os.path.join(os.path.dirname(os.path.dirname(binary)), "tests", "fake_nvml",
+                                      "libnvidia-ml.so.1")
+        forced = os.environ.get("SOAK_SPARES")
+        wanted = int(forced) if forced in ("0", "1") else int(random.Random(seed ^ 0x5BA4E).random() < 0.4)
+        self.spares = wanted if os.path.exists(self.fake_nvml) else 0
+        self.slots = NODES + self.spares
+        self.gpu_lost = set()  # (attempt, slot) whose GPU the nemesis failed
         self.faults = {}
         self.violations = []
         self.decisions = []   # (time seen, attempt, line) from node 0's log
@@ -492,8 +511,9 @@ class Soak:
             f.write(self.secret + "\n")
         with open(os.path.join(self.work, "train.py"), "w") as f:
             f.write(TRAINING)
-        for node in range(NODES):
+        for node in range(self.slots):
             self.hosts.mount_disk(self.checkpoint_dir(node))
+            self.write_gpu(node, healthy=True)
         digest = hashlib.sha256(self.secret.encode()).hexdigest()
         command = "exec python3 %s %s %d %s %s %s" % (os.path.join(self.work, "train.py"), self.ledgers, STEPS,
                                                       STEP_PERIOD_S, self.savers, digest)
@@ -508,9 +528,20 @@ class Soak:
                                         "heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S},
                          "checkpoint": {"destination": self.destination_uri, "drain_timeout_s": DRAIN_TIMEOUT_S,
                                         "scan_interval_s": 0.5, "quiet_period_s": 600}}}
+        if self.spares:
+            config["launcher"]["spares"] = self.spares
+            config["launcher"]["health"] = {"interval_s": 1}
         self.config = os.path.join(self.work, "job.json")
         with open(self.config, "w") as f:
             json.dump(config, f, indent=1)
+
+    def write_gpu(self, slot, healthy):
+        """The fake NVML's state of the slot's host (read at every call): one GPU, healthy or
+        fallen off the bus (Xid 79). Written whole, renamed over the old one."""
+        path = os.path.join(self.work, "nvml-%d" % slot)
+        with open(path + ".tmp", "w") as f:
+            f.write("gpus 1\ngpu 0 uuid GPU-soak-%d\n%s" % (slot, "" if healthy else "xid 1 0 79\n"))
+        os.rename(path + ".tmp", path)
 
     def root(self, node):
         return os.path.join(self.work, "root-%d" % node)
@@ -522,11 +553,14 @@ class Soak:
         log_path = os.path.join(self.logs, "attempt%d-node%d-%d.log" % (attempt, node.rank, len(node.launchers)))
         environment = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
                        "TMPDIR": os.path.join(self.work, "tmp"), "BT_LEADER_ADDR": self.hosts.address(0),
-                       "BT_NODE_RANK": str(node.rank), "BT_GROUP_SIZE": str(NODES),
+                       "BT_NODE_RANK": str(node.rank), "BT_GROUP_SIZE": str(self.slots),
                        "BT_RENDEZVOUS_TOKEN": "soak-token", "BT_SECRETS_DIR": os.path.join(self.work, "secrets"),
                        "SOAK_ATTEMPT": str(attempt), "SOAK_TAG": self.hosts.tag}
         if self.object_store:
             environment.update(self.object_store.launcher_env)
+        if self.spares:
+            environment.update({"BT_NVML_LIBRARY": self.fake_nvml,
+                                "BT_FAKE_NVML_STATE": os.path.join(self.work, "nvml-%d" % node.rank)})
         argv = ["ip", "netns", "exec", self.hosts.namespace(node.rank), "unshare", "--uts", "sh", "-c",
                 "hostname host%d; exec %s run --config %s --root %s" % (node.rank, shlex.quote(self.binary),
                                                                        shlex.quote(self.config),
@@ -572,7 +606,7 @@ class Soak:
     def schedule(self, faulty):
         """The attempt's faults, drawn from the seed before anything runs, so that a seed
         replays the same kinds, targets, times and durations: [fault dict]."""
-        kinds = sorted(k for k in FAULTS if k != "kill-rclone" or self.object_store)
+        kinds = sorted(k for k in FAULTS if (k != "kill-rclone" or self.object_store) and (k != "gpu-lost" or self.spares))
         weights = [FAULTS[k][0] for k in kinds]
         faults, at = [], self.rng.uniform(2, 8)
         for _ in range(self.rng.randrange(1, 4) if faulty else 0):
@@ -687,6 +721,13 @@ class Soak:
             time.sleep(pause)
             os.unlink(filler)
             return "node %d's checkpoint disk full for %.1f s" % (rank, pause)
+        if kind == "gpu-lost":
+            slot = fault["any"]
+            if nodes[slot].current().poll() is not None or (attempt, slot) in self.gpu_lost:
+                return None
+            self.gpu_lost.add((attempt, slot))
+            self.write_gpu(slot, healthy=False)
+            return "Xid 79 on node %d's GPU" % slot
         if kind == "sigterm-all":
             for node in nodes:
                 if node.current().poll() is None:
@@ -703,8 +744,9 @@ class Soak:
 
     # --- one attempt --------------------------------------------------------------------
     def run_attempt(self, attempt, faulty):
-        nodes = [Node(rank) for rank in range(NODES)]
+        nodes = [Node(rank) for rank in range(self.slots)]
         for node in nodes:
+            self.write_gpu(node.rank, healthy=True)  # a retry runs on healthy hosts
             self.start_launcher(node, attempt)
         started = time.time()
         injected = []
@@ -713,6 +755,8 @@ class Soak:
         while time.time() - started < ATTEMPT_DEADLINE_S:
             if all(node.current().poll() is not None for node in nodes):
                 break
+            if nodes[0].current().poll() == 75 and ended_by_fault is None:
+                ended_by_fault = "gpu-lost"  # node 0 could not train and no spare was ready: the job ends
             self.recreate_failed_followers(nodes, attempt, ended_by_fault)
             if pending and time.time() - started >= pending[0]["at"] and ended_by_fault is None:
                 fault = pending.pop(0)
@@ -758,7 +802,8 @@ class Soak:
         for node in nodes[1:]:
             process, _, killed = node.launchers[-1]
             code = process.poll()
-            if code != 69 or killed or len(node.launchers) > 3:  # 69: it lost node 0 (a pod that failed)
+            # 69: it lost node 0 (a pod that failed); 75: it cannot train (a new pod on a healthy host)
+            if code not in (69, 75) or killed or len(node.launchers) > 3:
                 continue
             if not hasattr(process, "failed_at"):
                 process.failed_at = time.time()
@@ -766,6 +811,8 @@ class Soak:
             if time.time() - process.failed_at >= 1.5 and nodes[0].current().poll() is None:
                 log("  seed %d attempt %d: node %d's launcher exited %d while node 0 runs: a new one in its slot" %
                     (self.seed, attempt, node.rank, code))
+                if code == 75:
+                    self.write_gpu(node.rank, healthy=True)
                 self.start_launcher(node, attempt)
 
     def violation(self, invariant, attempt, text):
@@ -789,9 +836,9 @@ class Soak:
     def check_attempt(self, attempt, nodes, injected, ended_by_fault):
         # no-survivors: the guard kills a dead launcher's job; give it a moment.
         deadline = time.time() + 5
-        while time.time() < deadline and any(self.hosts.pids(n) for n in range(NODES)):
+        while time.time() < deadline and any(self.hosts.pids(n) for n in range(self.slots)):
             time.sleep(0.2)
-        for rank in range(NODES):
+        for rank in range(self.slots):
             left = self.hosts.pids(rank)
             if left:
                 table = processes()
@@ -826,6 +873,9 @@ class Soak:
                     with open(path, "rb") as f:
                         if b"rendezvous failed: leader" in f.read():
                             del codes[node.rank]
+        # A node that cannot train exits 75 (its pod is replaced): its code is not the job's.
+        for rank in [rank for rank, (code, _) in codes.items() if code == 75]:
+            del codes[rank]
         if len(set(code for code, _ in codes.values())) > 1:
             self.violation("exit-codes", attempt, "the nodes' last launchers exited %s" %
                            {rank: code for rank, (code, _) in codes.items()})
@@ -1080,7 +1130,8 @@ def main():
         try:
             hosts.create()
             soak = Soak(binary, seed, work, hosts, args)
-            log("seed %d: %s saving, work %s" % (seed, "only rank 0" if soak.savers != "all" else "every rank", work))
+            log("seed %d: %s saving%s, work %s" % (seed, "only rank 0" if soak.savers != "all" else "every rank",
+                                                   ", a hot spare" if soak.spares else "", work))
             violations = soak.run()
         finally:
             hosts.destroy()
