@@ -1527,6 +1527,30 @@ LaunchSpec SpareJobSpec(Job& job, int slot, int launchers, std::map<std::string,
   return job.Spec(slot, {}, env);
 }
 
+// A job of two ranks and one spare whose three launchers each read a fake NVML state file of
+// their own (`nvml-<slot>`, GPU 1 named `uuid`), written before they start; `env` for every
+// launcher.
+struct TwoRanksAndASpare {
+  std::vector<std::string> states;
+  std::vector<std::unique_ptr<LauncherProcess>> processes;
+
+  std::string uuid;
+
+  TwoRanksAndASpare(Job& job, const TempDir& scratch, std::string gpu_uuid,
+                    const std::map<std::string, std::string>& env = {})
+      : uuid(std::move(gpu_uuid)) {
+    for (int slot = 0; slot < 3; ++slot) {
+      states.push_back(scratch.path() + "/nvml-" + std::to_string(slot));
+      WriteNvmlState(states.back(), "gpus 2\ngpu 1 uuid " + uuid + "\n");
+      std::map<std::string, std::string> launcher_env = FakeNvml(states.back());
+      launcher_env.insert(env.begin(), env.end());
+      processes.push_back(std::make_unique<LauncherProcess>(SpareJobSpec(job, slot, 3, launcher_env)));
+    }
+  }
+  // GPU 1 of node 0 falls off the bus.
+  void XidOnNodeZero() { WriteNvmlState(states[0], "gpus 2\ngpu 1 uuid " + uuid + "\nxid 1 1 79\n"); }
+};
+
 // Xid 79 on GPU 3 of node 1 while it trains: node 1 leaves (75) naming the GPU, and the
 // spare (slot 3) runs rank 1 from the committed checkpoint in the next cycle; then a
 // launcher started again in slot 1 joins as a new spare, and the job finishes.
@@ -1605,18 +1629,11 @@ TEST(Spares, RankZeroMovesToTheSpareWhileNodeZeroKeepsTheStoreAndTheCommitsFollo
   settings["health"] = {{"interval_s", 1}};
   settings["spares"] = 1;
   Job job(2, commands, "", true, settings);
-  std::vector<std::string> states;
-  std::vector<std::unique_ptr<LauncherProcess>> processes;
-  for (int slot = 0; slot < 3; ++slot) {
-    states.push_back(scratch.path() + "/nvml-" + std::to_string(slot));
-    WriteNvmlState(states.back(), "gpus 2\ngpu 1 uuid GPU-zero-1\n");
-    std::map<std::string, std::string> env = FakeNvml(states.back());
-    env["BT_LEADER_ADDR"] = "localhost";
-    processes.push_back(std::make_unique<LauncherProcess>(SpareJobSpec(job, slot, 3, env)));
-  }
+  TwoRanksAndASpare launchers(job, scratch, "GPU-zero-1", {{"BT_LEADER_ADDR", "localhost"}});
+  auto& processes = launchers.processes;
   ASSERT_TRUE(processes[0]->WaitForOutput("started", 40s)) << processes[0]->Finish().err;
   ASSERT_TRUE(processes[0]->WaitForLog("is a ready spare", 10s)) << processes[0]->Finish().err;
-  WriteNvmlState(states[0], "gpus 2\ngpu 1 uuid GPU-zero-1\nxid 1 1 79\n");
+  launchers.XidOnNodeZero();
   auto results = Job::FinishAll(processes);
   for (int slot = 0; slot < 3; ++slot) {
     EXPECT_EQ(results[size_t(slot)].exit_code, 0) << "node " << slot << ": " << results[size_t(slot)].err;
@@ -1652,15 +1669,10 @@ TEST(Spares, AHangAfterRankZeroMovedIsCalledByNodeZeroAndRestarts) {
   settings["spares"] = 1;
   settings["watchdog"] = {{"stall_timeout_s", 3}, {"startup_timeout_s", 3}, {"stack_timeout_s", 5}};
   Job job(2, commands, "", false, settings);
-  std::vector<std::string> states;
-  std::vector<std::unique_ptr<LauncherProcess>> processes;
-  for (int slot = 0; slot < 3; ++slot) {
-    states.push_back(scratch.path() + "/nvml-" + std::to_string(slot));
-    WriteNvmlState(states.back(), "gpus 2\ngpu 1 uuid GPU-hang-1\n");
-    processes.push_back(std::make_unique<LauncherProcess>(SpareJobSpec(job, slot, 3, FakeNvml(states.back()))));
-  }
+  TwoRanksAndASpare launchers(job, scratch, "GPU-hang-1");
+  auto& processes = launchers.processes;
   ASSERT_TRUE(processes[0]->WaitForOutput("started", 40s)) << processes[0]->Finish().err;
-  WriteNvmlState(states[0], "gpus 2\ngpu 1 uuid GPU-hang-1\nxid 1 1 79\n");
+  launchers.XidOnNodeZero();
   ASSERT_TRUE(processes[0]->WaitForLog("restarting every node in cycle 2", 40s)) << processes[0]->Finish().err;
   auto results = Job::FinishAll(processes);
   for (int slot = 0; slot < 3; ++slot) {
@@ -1688,15 +1700,10 @@ TEST(Spares, ASigtermToNodeZeroRunningNoRankStopsTheWholeJobAtOnce) {
   settings["health"] = {{"interval_s", 1}};
   settings["spares"] = 1;
   Job job(2, commands, "", false, settings);
-  std::vector<std::string> states;
-  std::vector<std::unique_ptr<LauncherProcess>> processes;
-  for (int slot = 0; slot < 3; ++slot) {
-    states.push_back(scratch.path() + "/nvml-" + std::to_string(slot));
-    WriteNvmlState(states.back(), "gpus 2\ngpu 1 uuid GPU-term-1\n");
-    processes.push_back(std::make_unique<LauncherProcess>(SpareJobSpec(job, slot, 3, FakeNvml(states.back()))));
-  }
+  TwoRanksAndASpare launchers(job, scratch, "GPU-term-1");
+  auto& processes = launchers.processes;
   ASSERT_TRUE(processes[0]->WaitForOutput("started", 40s)) << processes[0]->Finish().err;
-  WriteNvmlState(states[0], "gpus 2\ngpu 1 uuid GPU-term-1\nxid 1 1 79\n");
+  launchers.XidOnNodeZero();
   ASSERT_TRUE(processes[2]->WaitForOutput("rank 0 running", 30s)) << processes[2]->Finish().err;
   ASSERT_TRUE(processes[1]->WaitForOutput("rank 1 running", 30s)) << processes[1]->Finish().err;
   const auto term = std::chrono::steady_clock::now();
