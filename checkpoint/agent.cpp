@@ -1093,6 +1093,7 @@ class CheckpointAgent::Impl {
       case Kind::kModified: return OnModified(*version, event);
       case Kind::kUploaded: return OnUploaded(*version);
       case Kind::kLatestPublished: return OnCommitWritten(*version);
+      case Kind::kCommitReady: return AnswerCommitReady(*version);
     }
   }
 
@@ -1312,6 +1313,24 @@ class CheckpointAgent::Impl {
     if (uploader_) uploader_->Commit(version.seq, version.commit, version.moves_latest);
   }
 
+  // The uploader is about to write `version`'s commit. A leader on a spare asks node 0's table
+  // whether it still may (a restart after its launcher was lost revoked it, and a frozen or
+  // cut-off launcher cannot reach the store): a commit written after a newer leader's would
+  // move `latest` back (review 13, F3). Node 0's own commits are its to write while the job runs.
+  void AnswerCommitReady(Version& version) {
+    if (!publishing_.contains(version.seq) || !uploader_) return;
+    bool go = true;
+    if (options_.commits_through_board && version.declaration) {
+      go = false;
+      BoardCall([&] { go = options_.board->CommitStillBegun(*version.declaration, version.cycle); });
+    }
+    uploader_->AnswerCommit(version.seq, go);
+    if (go) return;
+    publishing_.erase(version.seq);
+    AbandonSave(version.seq, "this node may no longer write its commit: a restart revoked it (this launcher was taken "
+                             "for lost), or node 0's store is out of reach");
+  }
+
   void OnCommitWritten(Version& version) {
     if (!publishing_.erase(version.seq)) return;
     const bool moved_latest = version.moves_latest && version.seq > published_seq_;
@@ -1420,7 +1439,9 @@ class CheckpointAgent::Impl {
   // Node 0: a save of a cycle that a restart's decision sealed never starts committing; one
   // begun before the decision is waited for by it, or named by it (CommitGate).
   bool BeginCommit(const Version& version, const storage::CommitRecord& record) {
-    if (options_.commits_through_board) return options_.board->BeginCommit(*version.declaration, version.cycle, record);
+    if (options_.commits_through_board) {
+      return !Sealed(version.cycle) && options_.board->BeginCommit(*version.declaration, version.cycle, record);
+    }
     return !options_.commit_gate || options_.commit_gate->TryBegin(version.seq, version.cycle, record);
   }
 
@@ -1429,7 +1450,7 @@ class CheckpointAgent::Impl {
     spdlog::warn("checkpoints: the save of {} (cycle {}) is not committed: {}", version.name, version.cycle, why);
     if (!newest_abandoned_ || seq > newest_abandoned_->seq) newest_abandoned_ = AbandonedSave{seq, version.name, version.cycle, why};
     JournalRecord(seq, version.name, HandoffState::kAbandoned, why);
-    options_.board->SetOutcome(*version.declaration, CommitBoard::Outcome::kAbandoned);
+    BoardCall([&] { options_.board->SetOutcome(*version.declaration, CommitBoard::Outcome::kAbandoned); });
     RemoveStaging(version);
     versions_.erase(seq);
   }

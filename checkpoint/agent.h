@@ -72,6 +72,9 @@ class CommitBoard {
   virtual bool BeginCommit(uint64_t /*declaration*/, int64_t /*cycle*/, const storage::CommitRecord& /*record*/) {
     return true;
   }
+  // Just before each try to write that commit: whether it is still this launcher's to write
+  // (false once a restart revoked it, or the store is out of reach: a newer leader may exist).
+  virtual bool CommitStillBegun(uint64_t /*declaration*/, int64_t /*cycle*/) { return true; }
   // ... and is written; `latest` names it when `moved_latest`.
   virtual void CommitWritten(uint64_t /*declaration*/, const storage::CommitRecord& /*record*/, bool /*moved_latest*/) {}
   // The training ranks whose launcher is gone now, as node 0's server says.

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstring>
 #include <ctime>
+#include <deque>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -48,13 +49,15 @@ const char* KindName(UploaderEvent::Kind kind) {
     case UploaderEvent::Kind::kRetrying: return "retrying";
     case UploaderEvent::Kind::kModified: return "modified";
     case UploaderEvent::Kind::kLatestPublished: return "latest";
+    case UploaderEvent::Kind::kCommitReady: return "commit-ready";
   }
   return "?";
 }
 
 std::optional<UploaderEvent::Kind> KindFromName(const std::string& name) {
   for (auto kind : {UploaderEvent::Kind::kProgress, UploaderEvent::Kind::kUploaded, UploaderEvent::Kind::kRetrying,
-                    UploaderEvent::Kind::kModified, UploaderEvent::Kind::kLatestPublished}) {
+                    UploaderEvent::Kind::kModified, UploaderEvent::Kind::kLatestPublished,
+                    UploaderEvent::Kind::kCommitReady}) {
     if (name == KindName(kind)) return kind;
   }
   return std::nullopt;
@@ -124,9 +127,44 @@ storage::Manifest ManifestHeader(const Snapshot& snapshot, const UploaderConfig&
   return manifest;
 }
 
+// The worker's requests, one JSON line each on stdin. A commit waits for its answer (go or
+// drop) while later requests are kept, in order, for after it.
+class Requests {
+ public:
+  // The next request, nullopt once stdin closed (the launcher is gone).
+  std::optional<nlohmann::json> Next() {
+    if (!kept_.empty()) {
+      nlohmann::json request = std::move(kept_.front());
+      kept_.pop_front();
+      return request;
+    }
+    return Read();
+  }
+
+  // Whether the launcher says to write the commit of `seq`; false once stdin closed.
+  bool AwaitAnswer(uint64_t seq) {
+    while (auto request = Read()) {
+      const nlohmann::json& value = *request;
+      const bool answer = value.is_object() && value.value("op", "") == "answer" && value.value("seq", uint64_t(0)) == seq;
+      if (answer) return value.value("go", false);
+      kept_.push_back(std::move(*request));
+    }
+    return false;
+  }
+
+ private:
+  static std::optional<nlohmann::json> Read() {
+    std::string line;
+    if (!std::getline(std::cin, line)) return std::nullopt;
+    return nlohmann::json::parse(line, nullptr, false);
+  }
+
+  std::deque<nlohmann::json> kept_;
+};
+
 class Worker {
  public:
-  explicit Worker(const UploaderConfig& config) : config_(config) {
+  Worker(const UploaderConfig& config, Requests& requests) : config_(config), requests_(requests) {
     storage::DestinationSpec spec = storage::ParseDestination(config.destination_uri, "destination");
     // The launcher started this process with exactly rclone's environment.
     for (char** entry = environ; *entry != nullptr; ++entry) spec.rclone_environ.emplace_back(*entry);
@@ -183,9 +221,14 @@ class Worker {
     Emit({UploaderEvent::Kind::kModified, snapshot.seq, snapshot.name, path});
   }
 
+  // Each try waits for the launcher's go first: one that lost the leadership meanwhile (cut
+  // off, frozen past the heartbeat timeout while a spare took rank 0) drops it, and nothing
+  // reaches the destination after a newer leader's commits (review 13, F3).
   void Commit(uint64_t seq, storage::CommitRecord record, bool move_latest) {
     record.job_id = config_.job_id;
     RetryUntilDone(seq, record.name, [&] {
+      Emit({UploaderEvent::Kind::kCommitReady, seq, record.name, ""});
+      if (!requests_.AwaitAnswer(seq)) return;
       destination_->Commit(record, move_latest);
       Emit({UploaderEvent::Kind::kLatestPublished, seq, record.name, ""});
     });
@@ -210,6 +253,7 @@ class Worker {
   }
 
   UploaderConfig config_;
+  Requests& requests_;
   std::unique_ptr<storage::Destination> destination_;
   bool reads_back_ = true;
 };
@@ -225,16 +269,17 @@ int RunUploadWorker(const UploaderConfig& config, pid_t parent) {
   for (int signal_number : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2}) ::signal(signal_number, SIG_IGN);
   setpriority(PRIO_PROCESS, 0, 10);
   syscall(SYS_ioprio_set, 1 /* IOPRIO_WHO_PROCESS */, 0, kIoPriorityLowestBestEffort);
+  Requests requests;
   std::unique_ptr<Worker> worker;
   try {
-    worker = std::make_unique<Worker>(config);
+    worker = std::make_unique<Worker>(config, requests);
   } catch (const std::exception& error) {
     std::cerr << "bt-launch upload-worker: " << error.what() << std::endl;
     return 65;
   }
-  for (std::string line; std::getline(std::cin, line);) {
+  while (auto request = requests.Next()) {
     try {
-      worker->Handle(nlohmann::json::parse(line));
+      worker->Handle(*request);
     } catch (const std::exception& error) {
       std::cerr << "bt-launch upload-worker: bad request: " << error.what() << std::endl;
     }
@@ -303,6 +348,10 @@ void UploaderProcess::Upload(const std::string& snapshot_path) {
 
 void UploaderProcess::Commit(uint64_t seq, const storage::CommitRecord& record, bool move_latest) {
   Send(nlohmann::json{{"op", "commit"}, {"seq", seq}, {"record", storage::BytesToJson(record.ToText())}, {"move_latest", move_latest}}.dump());
+}
+
+void UploaderProcess::AnswerCommit(uint64_t seq, bool go) {
+  Send(nlohmann::json{{"op", "answer"}, {"seq", seq}, {"go", go}}.dump());
 }
 
 std::vector<UploaderEvent> UploaderProcess::ReadEvents(bool& exited) {

@@ -24,7 +24,10 @@ struct UploaderConfig {
 };
 
 struct UploaderEvent {
-  enum class Kind { kProgress, kUploaded, kRetrying, kModified, kLatestPublished } kind;
+  // kCommitReady: a commit's versions are uploaded and its record is about to be written: the
+  // worker waits for AnswerCommit before each try (a fence: the launcher may no longer be the
+  // one that commits, and must say so before anything reaches the destination).
+  enum class Kind { kProgress, kUploaded, kRetrying, kModified, kLatestPublished, kCommitReady } kind;
   uint64_t seq = 0;         // the snapshot's journal number
   std::string name;         // the checkpoint
   std::string message;      // kRetrying: the error; kModified: the file that changed
@@ -51,6 +54,8 @@ class UploaderProcess {
   // Makes `record`'s versions current (storage::Destination::Commit); answered by
   // kLatestPublished with `seq`, the journal number of this node's version.
   void Commit(uint64_t seq, const storage::CommitRecord& record, bool move_latest);
+  // The answer to kCommitReady for `seq`: write it (`go`), or drop it (never written).
+  void AnswerCommit(uint64_t seq, bool go);
   // Every complete event line read so far; sets `exited` when the worker has gone away.
   std::vector<UploaderEvent> ReadEvents(bool& exited);
   // Closes its input and waits for it to exit, SIGKILL after `wait_ms`.

@@ -580,7 +580,9 @@ int RunPhases(const CliOptions& cli, SignalRouter& signals, Timeline& timeline, 
     if (!peers || peers->RunsARank()) role.rank = rejoin ? rejoin->training_rank : start_rank;
     role.keeps_store = !role.rank && peers && peers->ServesTheStore();  // node 0 cannot train: rank 0 starts on a spare
     if (job.identity.spares > 0) log::SetNodeRank(job.identity.rank, role.rank.value_or(-1));
-    if (!rejoin && role.rank) resume = ResumePoint(job, destination, peers.get(), signals);
+    // Node 0 running no rank reads it too: its restart decisions resume from it until the
+    // spare running rank 0 commits a newer one.
+    if (!rejoin && (role.rank || role.keeps_store)) resume = ResumePoint(job, destination, peers.get(), signals);
     if (node0_commits) node0_commits->Started(resume);
     PrepareToRun(job, destination, resume, role.rank, rejoin.has_value(), peers.get(), signals, timeline);
   } catch (const LaunchFailure& failure) {

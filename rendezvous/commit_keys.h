@@ -6,10 +6,12 @@
 //
 //   bt/ckpt/commit/<n>            {"cycle": c, "record": "<record text>"}: the commit of
 //                                 declaration n, a save of cycle c, the leader is about to write
-//   bt/ckpt/commit/<n>/<c>        its state, a counter: the leader adds 1 to begin (1: on its
-//                                 way) and 1 once written (2). Once a restart's decision sealed
-//                                 cycle c, the server creates such a counter at kCommitSealed
-//                                 (BornSealed): a begin that reads more than 1 never writes
+//   bt/ckpt/commit/<n>/<c>        its state, a counter (added to, never set): the leader adds 1
+//                                 to begin (1: on its way), reads it again before each try to
+//                                 write (still 1), and adds 1 once written (2). Once a restart's
+//                                 decision sealed cycle c, the server creates such a counter at
+//                                 kCommitSealed (BornSealed): a begin that reads more than 1
+//                                 never writes; a lost leader's begun ones are revoked
 //   bt/ckpt/latest                {"declaration": n, "record": "<record text>"}: the commit
 //                                 `latest` names, set by the leader once written, before its
 //                                 state reads 2
@@ -33,6 +35,12 @@ inline constexpr int64_t kCommitSealed = int64_t(1) << 40;
 
 std::string CommitProposalKey(uint64_t declaration);
 std::string CommitStateKey(uint64_t declaration, int64_t cycle);
+// The leader's declaration `n` ({"name","save","cycle",...}) and its outcome (a counter: 1
+// committed, 2 abandoned; launcher/phases/commit_board.cpp).
+std::string DeclarationKey(uint64_t declaration);
+std::string OutcomeKey(uint64_t declaration);
+inline constexpr int64_t kOutcomeCommitted = 1;
+inline constexpr int64_t kOutcomeAbandoned = 2;
 
 // Whether `key` is the state of a commit of a cycle up to `sealed_through`: created by an add,
 // it starts at kCommitSealed instead of 0.
@@ -44,6 +52,14 @@ struct RemoteCommits {
   std::optional<std::string> latest;      // the record `latest` names now
   std::optional<std::string> on_its_way;  // the newest commit begun and not written, when newer than `latest`
 };
+
+// On the server's thread, when the launcher running rank 0 was lost: nothing it declared of
+// `cycle` or before can commit any more. Every commit it began and had not written is revoked
+// (its state made more than 1), so that its uploader, should that launcher come back, never
+// writes it (CommitStillBegun), and no decision names a commit that may never be written; and
+// every such save without an outcome gets one (committed when its commit was written,
+// abandoned otherwise), so that no follower's drain waits for an outcome nobody would set.
+void SettleLostLeadersSaves(std::unordered_map<std::string, std::string>& table, int64_t cycle, int64_t declared);
 
 // On the server's thread, once a restart's decision sealed cycle `cycle` (and every one
 // before): what is committed and what is on its way. `declared` is the job's declaration

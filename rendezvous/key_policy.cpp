@@ -14,6 +14,7 @@ enum class Writer {
   kTrainer,  // the node that runs the training rank the key names (a spare once it took it)
   kCounter,  // a counter every joined node adds to (the leader alone may set it)
   kCheckpointLeader,  // node 0, or the node running training rank 0: it commits the job's checkpoints
+  kCommitState,       // a counter only the checkpoint leader adds to; nobody sets it (rendezvous/commit_keys.h)
 };
 
 struct KeyRule {
@@ -45,7 +46,7 @@ constexpr std::array kRules = {
     KeyRule{"bt/ckpt/closed", Writer::kCheckpointLeader},
     KeyRule{"bt/ckpt/draining", Writer::kCheckpointLeader},
     KeyRule{"bt/ckpt/commit/*", Writer::kCheckpointLeader},  // rendezvous/commit_keys.h
-    KeyRule{"bt/ckpt/commit/*/*", Writer::kCheckpointLeader},
+    KeyRule{"bt/ckpt/commit/*/*", Writer::kCommitState},
     KeyRule{"bt/ckpt/latest", Writer::kCheckpointLeader},
     KeyRule{"bt/hang/*/stacks/{rank}", Writer::kOwner},
     KeyRule{"bt/hang/*/answered", Writer::kCounter},
@@ -126,6 +127,10 @@ std::optional<std::string> WriteRefusal(std::string_view key, KeyWrite write, in
         if (write == KeyWrite::kRead || rank == 0 || training_rank == 0) return std::nullopt;
         return "node " + std::to_string(rank) + " writes " + Quoted(key) +
                ", which only the checkpoint leader (node 0, or the node running rank 0) writes";
+      case Writer::kCommitState:
+        if (write == KeyWrite::kRead || (write == KeyWrite::kAdd && (rank == 0 || training_rank == 0))) return std::nullopt;
+        return "node " + std::to_string(rank) + (write == KeyWrite::kSet ? " sets " : " adds to ") + Quoted(key) +
+               ", a commit's state that only the checkpoint leader adds to";
       case Writer::kCounter:
         if (write != KeyWrite::kSet || rank == 0) return std::nullopt;
         return "node " + std::to_string(rank) + " sets the counter " + Quoted(key) + ", which nodes only add to";

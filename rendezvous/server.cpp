@@ -617,7 +617,8 @@ class StoreServer::Loop {
     std::string label = infos_[size_t(slot)].Label();
     if (!cycles_.HasSpares() || label.empty() || label.back() != ')') return label;
     const int rank = cycles_.assignment().RankOf(slot);
-    label.insert(label.size() - 1, rank < 0 ? "; a spare" : "; rank " + std::to_string(rank));
+    const std::string no_rank = slot == 0 ? "; running no rank" : "; a spare";
+    label.insert(label.size() - 1, rank < 0 ? no_rank : "; rank " + std::to_string(rank));
     return label;
   }
 
@@ -906,7 +907,7 @@ class StoreServer::Loop {
       // stops (a SIGTERM, its launcher's own failure) takes the store with it: the job ends
       // now, not when the others find the store gone.
       if (connection.rank == 0 && code != 0 && verdict_.kind == ServerVerdict::Kind::kPending) {
-        Abort(0, NodeName(0) + " (running no rank, serving the rendezvous) stopped: " + cause, int(code));
+        Abort(0, NodeName(0) + " stopped (it serves the rendezvous): " + cause, int(code));
       }
       return;
     }
@@ -943,8 +944,9 @@ class StoreServer::Loop {
                  bool cannot_train = false) {
     std::string refusal;
     if (restartable && verdict_.kind == ServerVerdict::Kind::kPending) {
+      const bool leader_lost = lost && cycles_.assignment().RankOf(rank) == 0;
       const CycleFailure failure{cycles_.current(), rank, infos_[size_t(rank)].host, message, exit_code, lost,
-                                 cannot_train, SealRemoteCommits(cycles_.current())};
+                                 cannot_train, SealRemoteCommits(cycles_.current(), leader_lost)};
       const std::string leaves = cycles_.HasSpares() ? cycles_.CountFailure(failure) : "";
       std::optional<Message> restart;
       try {
@@ -999,9 +1001,11 @@ class StoreServer::Loop {
 
   // A checkpoint leader on a spare (rank 0 moved) commits through this table: the decision
   // seals the failed cycle first, on this thread, between two of the leader's requests: no
-  // commit of it begins after this (OnAdd, BornSealed), and what began is named
-  // (rendezvous/commit_keys.h). Nothing is there while node 0 runs rank 0.
-  RemoteCommits SealRemoteCommits(int64_t cycle) {
+  // commit of it begins after this (OnAdd, BornSealed), and what began is named, unless that
+  // leader's launcher is the one lost (`leader_lost`): then what it began may never be
+  // written, and is revoked instead, and its saves are settled (rendezvous/commit_keys.h).
+  // Nothing is there while node 0 runs rank 0.
+  RemoteCommits SealRemoteCommits(int64_t cycle, bool leader_lost) {
     commits_sealed_through_ = std::max(commits_sealed_through_, cycle);
     auto declared = values_.find(kCommitDeclaredKey);
     int64_t count = 0;
@@ -1011,6 +1015,10 @@ class StoreServer::Loop {
       } catch (const StoreError&) {
         count = 0;
       }
+    }
+    if (leader_lost) {
+      std::lock_guard lock(store_mutex_);
+      SettleLostLeadersSaves(values_, cycle, count);
     }
     return ReadRemoteCommits(values_, cycle, count);
   }

@@ -22,7 +22,7 @@ constexpr const char* kDrainingKey = "bt/ckpt/draining";  // node 0's drain bega
 
 // Keyed by the declaration's number, not the checkpoint's name: a name saved again is a new
 // declaration, and an answer to the first can never complete the second.
-std::string DeclarationKey(uint64_t number) { return std::string(kDeclaredKey) + "/" + std::to_string(number); }
+using rendezvous::DeclarationKey;
 // One key per rank and per launcher of that rank: a replacement's answer never writes over
 // its predecessor's, and node 0's rule decides which one counts.
 std::string AnswerKey(uint64_t declaration, int rank, int64_t incarnation) {
@@ -31,7 +31,7 @@ std::string AnswerKey(uint64_t declaration, int rank, int64_t incarnation) {
 }
 // The cycles in which the launchers of a rank joined after the first (a JSON array).
 std::string LaunchersKey(int rank) { return "bt/ckpt/launchers/rank-" + std::to_string(rank); }
-std::string OutcomeKey(uint64_t declaration) { return "bt/ckpt/outcome/" + std::to_string(declaration); }
+using rendezvous::OutcomeKey;
 
 PartKind ParseKind(const std::string& text, const std::string& key) {
   if (text == "version") return PartKind::kVersion;
@@ -92,7 +92,8 @@ class StoreCommitBoard final : public CommitBoard {
 
   void Restart(int64_t cycle) override { rule_.Restart(cycle); }
 
-  // One counter per declaration: 1 committed, 2 abandoned (Add is the store's atomic write).
+  // One counter per declaration: 1 committed, 2 abandoned (Add is the store's atomic write;
+  // node 0's server settles the saves of a lost leader on a spare the same way).
   void SetOutcome(uint64_t declaration, Outcome outcome) override {
     if (GetOutcome(declaration) == Outcome::kPending) store_.Add(OutcomeKey(declaration), int64_t(outcome));
   }
@@ -110,6 +111,10 @@ class StoreCommitBoard final : public CommitBoard {
   bool BeginCommit(uint64_t declaration, int64_t cycle, const storage::CommitRecord& record) override {
     store_.Set(rendezvous::CommitProposalKey(declaration), nlohmann::json{{"cycle", cycle}, {"record", record.ToText()}}.dump());
     return store_.Add(rendezvous::CommitStateKey(declaration, cycle), 1) == 1;
+  }
+
+  bool CommitStillBegun(uint64_t declaration, int64_t cycle) override {
+    return store_.Add(rendezvous::CommitStateKey(declaration, cycle), 0) == 1;
   }
 
   // `latest` first: a decision reading the state as written reads the record it names.

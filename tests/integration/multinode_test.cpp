@@ -1713,7 +1713,7 @@ TEST(Spares, ASigtermToNodeZeroRunningNoRankStopsTheWholeJobAtOnce) {
   for (int slot = 0; slot < 3; ++slot) {
     EXPECT_EQ(results[size_t(slot)].exit_code, 143) << "node " << slot << ": " << results[size_t(slot)].err;
   }
-  EXPECT_NE(results[1].err.find("running no rank, serving the rendezvous) stopped"), std::string::npos) << results[1].err;
+  EXPECT_NE(results[1].err.find("; running no rank) stopped (it serves the rendezvous)"), std::string::npos) << results[1].err;
 }
 
 // Node 0 has an uncorrectable ECC error at the start: rank 0 starts on the spare, whose
@@ -1746,6 +1746,42 @@ TEST(Spares, NodeZeroUnhealthyAtTheStartServesTheStoreWhileRankZeroStartsOnTheSp
   // The spare commits as rank 0: checkpoint-2 is the job's `latest`.
   EXPECT_NE(results[2].err.find("committed checkpoint-2"), std::string::npos) << results[2].err;
   EXPECT_NE(ReadFile(scratch.path() + "/remote/" + std::string(kJobId) + "/latest").find("checkpoint-2"), std::string::npos);
+}
+
+// A retried job whose node 0 cannot train any more: rank 0 starts on the spare from the job's
+// committed checkpoint, and node 0's first restart decision (before the spare committed
+// anything) resumes every rank from that checkpoint too, not from scratch.
+TEST(Spares, ARetryWhoseNodeZeroCannotTrainResumesFromTheJobsCheckpointAtEveryRestart) {
+  TempDir scratch;
+  const std::string latest = scratch.path() + "/remote/" + kJobId + "/latest";
+  {
+    Job first(2, Commands(Save(4) + " && " + WaitFor(latest), "true"), "", true, restart::RestartSettings(scratch, 1));
+    auto processes = first.StartAll();
+    for (const ProcessResult& result : Job::FinishAll(processes)) ASSERT_EQ(result.exit_code, 0) << result.err;
+  }
+  const std::string report = std::string(kReportResume) + "; echo \"rank $BT_NODE_RANK cycle $BT_RESTART_COUNT\"";
+  const std::string commands = nlohmann::json::array(
+      {report + "; if [ $BT_RESTART_COUNT = 0 ] && [ $BT_NODE_RANK = 1 ]; then sleep 0.5; exit 3; fi"}).dump();
+  nlohmann::json settings = restart::RestartSettings(scratch, 2);
+  settings["spares"] = 1;
+  Job retry(2, commands, "", true, settings);
+  std::vector<std::unique_ptr<LauncherProcess>> processes;
+  for (int slot = 0; slot < 3; ++slot) {
+    const std::string state = scratch.path() + "/nvml-" + std::to_string(slot);
+    WriteNvmlState(state, std::string("gpus 2\ngpu 1 uuid GPU-retry-1\n") + (slot == 0 ? "gpu 1 ecc_uncorrected 3\n" : ""));
+    processes.push_back(std::make_unique<LauncherProcess>(SpareJobSpec(retry, slot, 3, FakeNvml(state))));
+  }
+  auto results = Job::FinishAll(processes);
+  for (int slot = 0; slot < 3; ++slot) {
+    EXPECT_EQ(results[size_t(slot)].exit_code, 0) << "node " << slot << ": " << results[size_t(slot)].err;
+  }
+  EXPECT_EQ(results[0].out, "") << "node 0 ran a command: " << results[0].out;
+  EXPECT_NE(results[0].err.find("from checkpoint checkpoint-4"), std::string::npos) << results[0].err;
+  for (int slot : {1, 2}) {
+    EXPECT_NE(results[size_t(slot)].out.find(restart::ResumeReport(1, 4)), std::string::npos)
+        << "node " << slot << ": " << results[size_t(slot)].out << results[size_t(slot)].err;
+  }
+  EXPECT_NE(results[2].out.find("rank 0 cycle 1"), std::string::npos) << results[2].out;
 }
 
 // A node whose job fails every cycle though its health reads fine: it restarts in place

@@ -96,6 +96,34 @@ TEST(RemoteCommits, AWrittenCommitNewerThanTheOneOnItsWayStaysLatest) {
   EXPECT_FALSE(commits.on_its_way);
 }
 
+// The launcher running rank 0 was lost with a commit begun: it may never be written, so no
+// decision names it, and should that launcher come back its uploader asks first and is told
+// no. Every save it declared gets its outcome, which followers' drains wait for.
+TEST(RemoteCommits, ALostLeadersSavesAreSettledAndItsBegunCommitRevokedNotNamed) {
+  Board board;
+  for (uint64_t number : {0, 1, 2, 3}) {
+    board.table[DeclarationKey(number)] = nlohmann::json{{"name", "c"}, {"save", "s"}, {"cycle", number < 3 ? 1 : 2}}.dump();
+  }
+  board.declared = 4;
+  board.Propose(0, 1, "written");
+  board.Step(0, 1);
+  board.Latest(0, "written");
+  board.Step(0, 1);  // the leader was lost before it set the outcome
+  board.Propose(1, 1, "begun");
+  ASSERT_EQ(board.Step(1, 1), 1);
+  // Declaration 2: answered, never begun. Declaration 3: of a later cycle.
+  SettleLostLeadersSaves(board.table, 1, board.declared);
+  const RemoteCommits commits = board.Seal(1);
+  EXPECT_EQ(commits.latest, "written");
+  EXPECT_FALSE(commits.on_its_way);
+  EXPECT_NE(board.table[CommitStateKey(1, 1)], "1") << "its uploader's check must read no";
+  EXPECT_EQ(board.table[CommitStateKey(0, 1)], "2") << "a written commit stays as it is";
+  EXPECT_EQ(board.table[OutcomeKey(0)], std::to_string(kOutcomeCommitted));
+  EXPECT_EQ(board.table[OutcomeKey(1)], std::to_string(kOutcomeAbandoned));
+  EXPECT_EQ(board.table[OutcomeKey(2)], std::to_string(kOutcomeAbandoned));
+  EXPECT_FALSE(board.table.contains(OutcomeKey(3)));
+}
+
 TEST(RemoteCommits, OnlyCommitStatesAreBornSealed) {
   EXPECT_TRUE(BornSealed("bt/ckpt/commit/7/2", 2));
   EXPECT_TRUE(BornSealed("bt/ckpt/commit/7/0", 2));

@@ -63,7 +63,7 @@ TEST(KeyPolicy, CheckpointKeysBelongToTheNodeRunningTheirRank) {
 // 0's restart decision resumes from (rendezvous/commit_keys.h), and the absent ranks are the
 // server's own.
 TEST(KeyPolicy, CommitKeysBelongToNodeZeroOrTheNodeRunningRankZero) {
-  for (const char* key : {"bt/ckpt/latest", "bt/ckpt/commit/4", "bt/ckpt/commit/4/2", "bt/ckpt/declared",
+  for (const char* key : {"bt/ckpt/latest", "bt/ckpt/commit/4", "bt/ckpt/declared",
                           "bt/ckpt/declared/4", "bt/ckpt/outcome/4", "bt/ckpt/closed", "bt/ckpt/draining",
                           "bt/ckpt/resumed"}) {
     EXPECT_FALSE(WriteRefusal(key, KeyWrite::kSet, 0, -1)) << key;  // node 0 whose rank moved: its hand-over
@@ -75,6 +75,12 @@ TEST(KeyPolicy, CommitKeysBelongToNodeZeroOrTheNodeRunningRankZero) {
     EXPECT_TRUE(WriteRefusal(key, KeyWrite::kSet, 1)) << key;       // no spares: node 0's alone
     EXPECT_TRUE(WriteRefusal(key, KeyWrite::kSet, 4, -1)) << key;   // a spare
   }
+  // A commit's state is only ever added to: no set can undo a decision's seal.
+  EXPECT_FALSE(WriteRefusal("bt/ckpt/commit/4/2", KeyWrite::kAdd, 3, 0));
+  EXPECT_FALSE(WriteRefusal("bt/ckpt/commit/4/2", KeyWrite::kAdd, 0, -1));
+  EXPECT_TRUE(WriteRefusal("bt/ckpt/commit/4/2", KeyWrite::kSet, 3, 0));
+  EXPECT_TRUE(WriteRefusal("bt/ckpt/commit/4/2", KeyWrite::kSet, 0));
+  EXPECT_TRUE(WriteRefusal("bt/ckpt/commit/4/2", KeyWrite::kAdd, 2, 1));
   EXPECT_TRUE(WriteRefusal("bt/ckpt/absent", KeyWrite::kSet, 0));
   EXPECT_TRUE(WriteRefusal("bt/ckpt/absent", KeyWrite::kSet, 3, 0));
 }
