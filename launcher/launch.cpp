@@ -703,7 +703,11 @@ int RunSubcommand(const CliOptions& cli) {
     return RunPhases(cli, signals, timeline, clock);
   } catch (const LaunchFailure& failure) {
     // The one line saying why, then where the time went before it.
-    spdlog::error("{}", failure.what());
+    if (failure.code() == 0) {
+      spdlog::info("{}", failure.what());
+    } else {
+      spdlog::error("{}", failure.what());
+    }
     timeline.Annotate("failed");
     LogTimeline(timeline);
     return failure.code();

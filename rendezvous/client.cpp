@@ -345,7 +345,11 @@ Message StoreClient::Request(Message request, std::chrono::milliseconds timeout)
   std::optional<Message> reply = std::move(pending_[id]);
   pending_.erase(id);  // a late answer to a timed-out wait finds no entry and is dropped
   if (reply) {
-    if (StringField(*reply, "op") == "error") throw StoreError("the leader refused: " + StringField(*reply, "message"));
+    if (StringField(*reply, "op") == "error") {
+      const std::string why = "the leader refused: " + StringField(*reply, "message");
+      if (reply->value("succeeded", false) == true) throw JobAlreadySucceeded(why);
+      throw StoreError(why);
+    }
     return *reply;
   }
   if (broken_) throw StoreError(*broken_);

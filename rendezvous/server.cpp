@@ -777,6 +777,11 @@ class StoreServer::Loop {
     info.seen_from = connection.peer;
     info.joined_after_s = std::chrono::duration<double>(Clock::now() - start_).count();
     if (verdict_.kind == ServerVerdict::Kind::kPending && roster_complete_) return OnLateJoin(connection, message, info, count);
+    if (verdict_.kind == ServerVerdict::Kind::kResult) {
+      return Reply(connection, message, {{"op", "error"},
+                                         {"message", "the job has already ended: every node succeeded"},
+                                         {"succeeded", true}});
+    }
     if (verdict_.kind != ServerVerdict::Kind::kPending || joined_count_ == options_.node_count) {
       return Reply(connection, message, {{"op", "error"}, {"message", "the rendezvous is already closed"}});
     }

@@ -24,6 +24,13 @@ class StoreError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A join the leader refused because the job had already ended with every node's success
+// (a replaced pod started after the others finished): nothing is left to do.
+class JobAlreadySucceeded : public StoreError {
+ public:
+  using StoreError::StoreError;
+};
+
 class Store {
  public:
   virtual ~Store() = default;

@@ -255,6 +255,10 @@ std::unique_ptr<TcpPeers> TcpPeers::Join(const env::JobConfig& config, const env
   if (peers->server_) peers->leader_store_ = std::make_unique<LeaderStore>(*peers->client_, *peers->server_);
   try {
     peers->client_->Join(rendezvous::LocalNodeInfo(identity.rank), identity.count);
+  } catch (const rendezvous::JobAlreadySucceeded& error) {
+    // A pod recreated after the others finished (its predecessor left, a spare took its rank):
+    // the job succeeded, and failing here would fail it again in the orchestrator's eyes.
+    throw LaunchFailure(0, std::string("nothing to do: ") + error.what() + " (exit 0)");
   } catch (const std::runtime_error& error) {  // StoreError, or StoreTimeout from a stalled leader
     throw LaunchFailure(kExitUnavailable, std::string("rendezvous failed: ") + error.what());
   }

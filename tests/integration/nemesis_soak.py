@@ -865,13 +865,15 @@ class Soak:
                 del codes[rank]
         # A follower killed in its drain once the job was over (node 0 exited 0: every rank had
         # finished): its replacement finds no node 0 to join and ends as a new pod of a
-        # finished job does, 69 at join_timeout_s (soak seed 4111). Held to that.
+        # finished job does, 69 at join_timeout_s (soak seed 4111), or refused by a node 0
+        # still closing its rendezvous (seed 9132, a spare had its rank). Held to that (one
+        # that asks while node 0 still knows every node succeeded exits 0).
         if codes.get(0, (None,))[0] == 0:
             for node in nodes[1:]:
                 path = node.launchers[-1][1]
                 if len(node.launchers) > 1 and codes.get(node.rank, (None,))[0] == 69:
                     with open(path, "rb") as f:
-                        if b"rendezvous failed: leader" in f.read():
+                        if b"rendezvous failed: " in f.read():
                             del codes[node.rank]
         # A node that cannot train exits 75 (its pod is replaced): its code is not the job's.
         for rank in [rank for rank, (code, _) in codes.items() if code == 75]:

@@ -515,6 +515,31 @@ TEST(Server, NodeThatLeavesBeforeCompletionIsMissingAgain) {
   EXPECT_NE(timeout->message.find("ranks 1-2;"), std::string::npos) << timeout->message;
 }
 
+// A launcher that joins once every node reported success (a pod recreated after the others
+// finished) is told the job succeeded, which it exits 0 on; after a failure it is refused.
+TEST(Server, AJoinAfterTheJobSucceededIsToldSo) {
+  StoreServer server(Options(2));
+  auto nodes = JoinAll(server, 2);
+  nodes[0]->Report(0, "");
+  nodes[1]->Report(0, "");
+  ASSERT_TRUE(NextEvent(*nodes[0], PeerEvent::Kind::kResult));
+  auto late = Connect(server);
+  EXPECT_THROW(late->Join(Node(1), 2), JobAlreadySucceeded);
+  StoreServer failed_server(Options(2));
+  auto failed = JoinAll(failed_server, 2);
+  failed[1]->Report(3, "exit code 3");
+  ASSERT_TRUE(NextEvent(*failed[0], PeerEvent::Kind::kAbort));
+  auto refused = Connect(failed_server);
+  try {
+    refused->Join(Node(1), 2);
+    ADD_FAILURE() << "a join after a failed job was accepted";
+  } catch (const JobAlreadySucceeded&) {
+    ADD_FAILURE() << "a failed job was said to have succeeded";
+  } catch (const StoreError& error) {
+    EXPECT_NE(std::string(error.what()).find("already closed"), std::string::npos) << error.what();
+  }
+}
+
 TEST(Server, FailedReportAbortsEveryoneNamingTheNode) {
   StoreServer server(Options(2));
   auto nodes = JoinAll(server, 2);
