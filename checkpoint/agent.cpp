@@ -1324,7 +1324,8 @@ class CheckpointAgent::Impl {
       go = false;
       BoardCall([&] { go = options_.board->CommitStillBegun(*version.declaration, version.cycle); });
     }
-    uploader_->AnswerCommit(version.seq, go);
+    uploader_->AnswerCommit(version.seq, go, options_.commits_through_board ? options_.commit_lease
+                                                                             : std::chrono::milliseconds{0});
     if (go) return;
     publishing_.erase(version.seq);
     AbandonSave(version.seq, "this node may no longer write its commit: a restart revoked it (this launcher was taken "
@@ -1411,6 +1412,8 @@ class CheckpointAgent::Impl {
         return;  // versions_ changed under the loop; the next pass goes on
       }
       if (save->decision == Decision::kCommit) {
+        // Not before the last leader's commits are all written or revoked (a rank 0 moved).
+        if (options_.commits_through_board && !options_.board->PredecessorHandedOver()) continue;
         storage::CommitRecord record = RecordOfAnswers(version, *save);
         if (!BeginCommit(version, record)) {
           AbandonSave(seq, "node 0 decided a restart after cycle " + std::to_string(version.cycle) +

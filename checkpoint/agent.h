@@ -79,6 +79,9 @@ class CommitBoard {
   virtual void CommitWritten(uint64_t /*declaration*/, const storage::CommitRecord& /*record*/, bool /*moved_latest*/) {}
   // The training ranks whose launcher is gone now, as node 0's server says.
   virtual std::vector<int> AbsentRanks() { return {}; }
+  // A leader that took rank 0 in a later cycle: whether the one before it has stopped
+  // committing (rendezvous::kHandedOverKey); until then it begins no commit.
+  virtual bool PredecessorHandedOver() { return true; }
 };
 
 struct AgentOptions {
@@ -94,6 +97,9 @@ struct AgentOptions {
   // Rank 0 on another launcher than node 0's (a spare took it): its commits go through the
   // board's BeginCommit/CommitWritten, node 0's restart decisions being in another process.
   bool commits_through_board = false;
+  // With commits_through_board: how long a `go` for a commit lets the uploader start writing
+  // it (less than the heartbeat timeout: a launcher frozen past it has lost rank 0 by then).
+  std::chrono::milliseconds commit_lease{0};
   bool publish_latest = true;         // without a board: whether this node writes `latest`
   // The restart cycle this launcher joined the job in: 0 from the start, a replacement's
   // rejoin cycle (Peers::TakeRejoin). A replacement answers "lost" for the saves declared

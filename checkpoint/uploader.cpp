@@ -127,6 +127,13 @@ storage::Manifest ManifestHeader(const Snapshot& snapshot, const UploaderConfig&
   return manifest;
 }
 
+// The same clock in the launcher and its worker (one host), running through a freeze.
+int64_t BootTimeNs() {
+  timespec now{};
+  clock_gettime(CLOCK_BOOTTIME, &now);
+  return int64_t(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+}
+
 // The worker's requests, one JSON line each on stdin. A commit waits for its answer (go or
 // drop) while later requests are kept, in order, for after it.
 class Requests {
@@ -141,13 +148,19 @@ class Requests {
     return Read();
   }
 
-  // Whether the launcher says to write the commit of `seq`; false once stdin closed.
+  // Whether the launcher says to write the commit of `seq` now; false once stdin closed, and
+  // when its lease (`until_ns`, CLOCK_BOOTTIME: it counts a freeze too) ran out before this.
   bool AwaitAnswer(uint64_t seq) {
     while (auto request = Read()) {
       const nlohmann::json& value = *request;
       const bool answer = value.is_object() && value.value("op", "") == "answer" && value.value("seq", uint64_t(0)) == seq;
-      if (answer) return value.value("go", false);
-      kept_.push_back(std::move(*request));
+      if (!answer) {
+        kept_.push_back(std::move(*request));
+        continue;
+      }
+      if (!value.value("go", false)) return false;
+      const int64_t until_ns = value.value("until_ns", int64_t(0));
+      return until_ns == 0 || BootTimeNs() < until_ns;
     }
     return false;
   }
@@ -350,8 +363,10 @@ void UploaderProcess::Commit(uint64_t seq, const storage::CommitRecord& record, 
   Send(nlohmann::json{{"op", "commit"}, {"seq", seq}, {"record", storage::BytesToJson(record.ToText())}, {"move_latest", move_latest}}.dump());
 }
 
-void UploaderProcess::AnswerCommit(uint64_t seq, bool go) {
-  Send(nlohmann::json{{"op", "answer"}, {"seq", seq}, {"go", go}}.dump());
+void UploaderProcess::AnswerCommit(uint64_t seq, bool go, std::chrono::milliseconds lease) {
+  nlohmann::json answer = {{"op", "answer"}, {"seq", seq}, {"go", go}};
+  if (lease.count() > 0) answer["until_ns"] = BootTimeNs() + int64_t(lease.count()) * 1'000'000;
+  Send(answer.dump());
 }
 
 std::vector<UploaderEvent> UploaderProcess::ReadEvents(bool& exited) {

@@ -54,8 +54,9 @@ class UploaderProcess {
   // Makes `record`'s versions current (storage::Destination::Commit); answered by
   // kLatestPublished with `seq`, the journal number of this node's version.
   void Commit(uint64_t seq, const storage::CommitRecord& record, bool move_latest);
-  // The answer to kCommitReady for `seq`: write it (`go`), or drop it (never written).
-  void AnswerCommit(uint64_t seq, bool go);
+  // The answer to kCommitReady for `seq`: write it (`go`), or drop it (never written). A
+  // `lease` above 0: the write must start within it (CLOCK_BOOTTIME), or it is dropped.
+  void AnswerCommit(uint64_t seq, bool go, std::chrono::milliseconds lease = std::chrono::milliseconds{0});
   // Every complete event line read so far; sets `exited` when the worker has gone away.
   std::vector<UploaderEvent> ReadEvents(bool& exited);
   // Closes its input and waits for it to exit, SIGKILL after `wait_ms`.

@@ -333,6 +333,16 @@ JobOutcome KeepTheStore(int64_t cycle, Peers& peers, watchdog::Watchdog* watch, 
   return outcome;
 }
 
+// Node 0's agent has stopped: the node running rank 0 may commit from `cycle` on
+// (rendezvous::kHandedOverKey). Unreachable, nothing can be committed anyway.
+void TellHandedOver(Peers& peers, int64_t cycle) {
+  try {
+    peers.store()->Set(rendezvous::kHandedOverKey, std::to_string(cycle));
+  } catch (const std::exception& error) {
+    spdlog::warn("checkpoints: cannot tell the node running rank 0 that node 0 stopped committing: {}", error.what());
+  }
+}
+
 // Each cycle's commands under a fresh supervisor (a stopped one stays stopped), watched
 // for hangs, and the load of the checkpoint the next cycle resumes from.
 CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, CheckpointStart checkpoint_start, Peers* peers,
@@ -413,7 +423,7 @@ CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, Checkpoin
   };
   // Node 0 whose rank moved: the commits its agent had begun are written, the rest (all of
   // sealed cycles) abandoned, and the node running rank 0 commits from now on.
-  hooks.hand_over = [&job, &checkpoint_phase, &role](int64_t cycle) {
+  hooks.hand_over = [&job, &checkpoint_phase, &role, peers](int64_t cycle) {
     if (role.keeps_store) return;  // handed over at an earlier restart
     role.rank.reset();
     role.keeps_store = true;
@@ -421,10 +431,13 @@ CycleHooks CycleHooksOf(const CliOptions& cli, const PreparedJob& job, Checkpoin
     spdlog::warn("this node's rank runs on a spare from cycle {}: it keeps serving the rendezvous and deciding restarts, "
                  "and runs no command",
                  cycle);
-    if (!checkpoint_phase.agent) return;
-    const checkpoint::DrainResult result = checkpoint_phase.agent->HandOver(std::chrono::steady_clock::now() + kHandOverBound);
-    spdlog::info("checkpoints: handed over to the node running rank 0: {}", result.message);
-    checkpoint_phase = {};
+    if (checkpoint_phase.agent) {
+      const checkpoint::DrainResult result =
+          checkpoint_phase.agent->HandOver(std::chrono::steady_clock::now() + kHandOverBound);
+      spdlog::info("checkpoints: handed over to the node running rank 0: {}", result.message);
+      checkpoint_phase = {};  // its uploader is gone: nothing of node 0's is written after this
+    }
+    TellHandedOver(*peers, cycle);
   };
   return hooks;
 }

@@ -32,6 +32,11 @@ inline constexpr const char* kCommitDeclaredKey = "bt/ckpt/declared";
 // to a Peek, never stored. A save still missing such a rank's answer can never commit.
 inline constexpr const char* kAbsentRanksKey = "bt/ckpt/absent";
 inline constexpr int64_t kCommitSealed = int64_t(1) << 40;
+// The cycle from which the launcher running rank 0 now may begin commits (a number): set when
+// the one before it stopped committing. Node 0 sets it once its hand-over ended; the server
+// when it settled a leader on a spare that left. A new leader waits for it, so that no commit
+// of its own is written before the last of its predecessor's (`latest` would move back).
+inline constexpr const char* kHandedOverKey = "bt/ckpt/handed_over";
 
 std::string CommitProposalKey(uint64_t declaration);
 std::string CommitStateKey(uint64_t declaration, int64_t cycle);
@@ -59,6 +64,7 @@ struct RemoteCommits {
 // writes it (CommitStillBegun), and no decision names a commit that may never be written; and
 // every such save without an outcome gets one (committed when its commit was written,
 // abandoned otherwise), so that no follower's drain waits for an outcome nobody would set.
+// Marks the hand-over done for a new leader of cycle `cycle` + 1 (kHandedOverKey).
 void SettleLostLeadersSaves(std::unordered_map<std::string, std::string>& table, int64_t cycle, int64_t declared);
 
 // On the server's thread, once a restart's decision sealed cycle `cycle` (and every one

@@ -949,10 +949,13 @@ class StoreServer::Loop {
                  bool cannot_train = false) {
     std::string refusal;
     if (restartable && verdict_.kind == ServerVerdict::Kind::kPending) {
-      const bool leader_lost = lost && cycles_.assignment().RankOf(rank) == 0;
-      const CycleFailure failure{cycles_.current(), rank, infos_[size_t(rank)].host, message, exit_code, lost,
-                                 cannot_train, SealRemoteCommits(cycles_.current(), leader_lost)};
+      CycleFailure failure{cycles_.current(), rank, infos_[size_t(rank)].host, message, exit_code, lost, cannot_train, {}};
       const std::string leaves = cycles_.HasSpares() ? cycles_.CountFailure(failure) : "";
+      // Rank 0 leaves a spare's launcher (lost, or moving on to another spare): it commits
+      // nothing more, and what it began is settled now, not named (it may never be written).
+      const bool leader_leaves = rank != 0 && cycles_.assignment().RankOf(rank) == 0 &&
+                                 (lost || (!leaves.empty() && FirstReadySpare()));
+      failure.remote_commits = SealRemoteCommits(cycles_.current(), leader_leaves);
       std::optional<Message> restart;
       try {
         restart = cycles_.Decide(failure, refusal);
@@ -1041,11 +1044,16 @@ class StoreServer::Loop {
   // keeps serving the store, and the spare running rank 0 commits the job's checkpoints.
   std::optional<int> ChooseSpare(int from, const std::string& why, bool stays_without_spare) {
     const std::string node = NodeName(from);
+    if (auto spare = FirstReadySpare()) return spare;
+    spdlog::warn("rendezvous: {} must leave ({}), but no spare is ready: {}", node, why,
+                 stays_without_spare ? "it restarts in place" : "its rank waits for a launcher in its slot");
+    return std::nullopt;
+  }
+
+  std::optional<int> FirstReadySpare() const {
     for (int slot = 0; slot < options_.node_count; ++slot) {
       if (cycles_.assignment().IsSpare(slot) && joined_[size_t(slot)] >= 0 && spare_ready_[size_t(slot)]) return slot;
     }
-    spdlog::warn("rendezvous: {} must leave ({}), but no spare is ready: {}", node, why,
-                 stays_without_spare ? "it restarts in place" : "its rank waits for a launcher in its slot");
     return std::nullopt;
   }
 
@@ -1459,6 +1467,9 @@ class StoreServer::Loop {
   // because another keeps failing (review 4, F4), and a rank lost again and again holds
   // the barrier at most twice rejoin_timeout_s from its opening.
   void AwaitAgain(int rank, const std::string& message) {
+    // The launcher running rank 0 on a spare, lost before the cycle it would commit in: its
+    // saves are settled, and whoever runs rank 0 next may commit from this cycle on.
+    if (rank != 0 && cycles_.assignment().RankOf(rank) == 0) SealRemoteCommits(cycles_.current() - 1, true);
     if (PromotedAtBarrier(rank, message)) return;
     const Clock::time_point bound = barrier_opened_ + 2 * options_.rejoin_timeout;
     awaited_until_[size_t(rank)] = std::min(bound, Clock::now() + options_.rejoin_timeout);

@@ -9,8 +9,10 @@ clock):
   - with one hot spare (launcher.spares 1): the spare takes rank 2 and loads its part;
   - without one: the others wait, and a replacement launcher starts in node 2's slot after
     SCHEDULER_DELAY_S (30: what a pod recreate costs).
+FAILING_NODE=0 puts the fault on node 0 instead: rank 0 moves to the spare while node 0 keeps
+serving the store (without a spare the job would end: only the spare is measured).
 Median of RUNS (1). Prints a table, then one JSON line. KEEP=1 keeps the work directory.
-  RUNS=1 NODES=4 PART_MIB=1024 SCHEDULER_DELAY_S=30 BUILD_DIR=build ./scripts/bench_spare.sh
+  RUNS=1 NODES=4 PART_MIB=1024 SCHEDULER_DELAY_S=30 FAILING_NODE=2 BUILD_DIR=build ./scripts/bench_spare.sh
 """
 import datetime
 import json
@@ -33,7 +35,7 @@ NODES = int(os.environ.get("NODES", "4"))
 PART_MIB = int(os.environ.get("PART_MIB", "1024"))
 DELAY_S = float(os.environ.get("SCHEDULER_DELAY_S", "30"))
 RUNS = int(os.environ.get("RUNS", "1"))
-FAILING = 2
+FAILING = int(os.environ.get("FAILING_NODE", "2"))
 RUN_LIMIT_S = 600
 
 
@@ -189,23 +191,31 @@ def main():
     if not os.access(BINARY, os.X_OK) or not os.path.exists(FAKE_NVML):
         sys.exit(f"build first: {BINARY} and {FAKE_NVML} (BUILD_DIR)")
     spare = [one_run(1) for _ in range(RUNS)]
-    replaced = [one_run(0) for _ in range(RUNS)]
+    # Node 0 cannot be replaced while the job runs (it serves the store): no comparison then.
+    replaced = [one_run(0) for _ in range(RUNS)] if FAILING != 0 else []
 
     def median(runs, key):
         return statistics.median(run[key] for run in runs)
 
-    with_spare, without = median(spare, "again"), median(replaced, "again")
-    print(f"{'setup':<46} {'fault -> rank taken':>20} {'its part loaded in':>19} {'every rank training again':>26}")
-    for name, runs in (("1 hot spare (launcher.spares 1)", spare),
-                       (f"no spare, replacement after {int(DELAY_S)} s (pod recreate)", replaced)):
+    with_spare = median(spare, "again")
+    without = median(replaced, "again") if replaced else None
+    print(f"{'setup (Xid 79 on node ' + str(FAILING) + ')':<46} {'fault -> rank taken':>20} {'its part loaded in':>19} "
+          f"{'every rank training again':>26}")
+    rows = [("1 hot spare (launcher.spares 1)", spare)]
+    if replaced:
+        rows.append((f"no spare, replacement after {int(DELAY_S)} s (pod recreate)", replaced))
+    for name, runs in rows:
         print(f"{name:<46} {median(runs, 'took_rank'):>18.3f} s {median(runs, 'load'):>17.3f} s "
               f"{median(runs, 'again'):>24.3f} s")
-    print(f"{'ratio (no spare / spare)':<46} {'':>20} {'':>19} {without / with_spare:>25.1f}x")
+    if without is not None:
+        print(f"{'ratio (no spare / spare)':<46} {'':>20} {'':>19} {without / with_spare:>25.1f}x")
     print(json.dumps({"bench": "spare", "nodes": NODES, "part_mib": PART_MIB, "scheduler_delay_s": DELAY_S, "runs": RUNS,
-                      "spare_s": round(with_spare, 3), "spare_took_rank_s": round(median(spare, "took_rank"), 3),
-                      "spare_load_s": round(median(spare, "load"), 3), "no_spare_s": round(without, 3),
-                      "replacement_load_s": round(median(replaced, "load"), 3),
-                      "ratio": round(without / with_spare, 1)}))
+                      "failing_node": FAILING, "spare_s": round(with_spare, 3),
+                      "spare_took_rank_s": round(median(spare, "took_rank"), 3),
+                      "spare_load_s": round(median(spare, "load"), 3),
+                      "no_spare_s": round(without, 3) if without is not None else None,
+                      "replacement_load_s": round(median(replaced, "load"), 3) if replaced else None,
+                      "ratio": round(without / with_spare, 1) if without is not None else None}))
 
 
 if __name__ == "__main__":

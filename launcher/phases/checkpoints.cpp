@@ -436,6 +436,8 @@ CheckpointPhase StartCheckpoints(const env::JobConfig& config, const env::JobEnv
     if (identity.rank == 0 && !serves_the_store) {
       // Rank 0 on a spare: node 0's decisions and absent ranks are read through the store.
       options.commits_through_board = true;
+      options.commit_lease =
+          std::chrono::milliseconds(int64_t(config.launcher.rendezvous.heartbeat_timeout_s * 1000 / 2));
       options.absent_ranks = [board = phase.board.get()] { return board->AbsentRanks(); };
     }
     if (identity.rank != 0) WaitForResumedDeclarations(*store, check_stop);

@@ -113,6 +113,21 @@ class StoreCommitBoard final : public CommitBoard {
     return store_.Add(rendezvous::CommitStateKey(declaration, cycle), 1) == 1;
   }
 
+  bool PredecessorHandedOver() override {
+    if (handed_over_) return true;
+    const std::optional<std::string> text = store_.Peek({rendezvous::kHandedOverKey}).front();
+    int64_t cycle = 0;
+    if (text) {
+      try {
+        cycle = std::stoll(*text);
+      } catch (const std::exception&) {
+        throw std::runtime_error(std::string("the store's ") + rendezvous::kHandedOverKey + " is not a cycle: " + *text);
+      }
+    }
+    handed_over_ = incarnation_ == 0 || cycle >= incarnation_;
+    return handed_over_;
+  }
+
   bool CommitStillBegun(uint64_t declaration, int64_t cycle) override {
     return store_.Add(rendezvous::CommitStateKey(declaration, cycle), 0) == 1;
   }
@@ -220,6 +235,7 @@ class StoreCommitBoard final : public CommitBoard {
   int node_rank_;
   int64_t incarnation_;
   checkpoint::CommitRule rule_;  // node 0's: fed what it declared and what it read
+  bool handed_over_ = false;     // PredecessorHandedOver, once true
 };
 
 }  // namespace

@@ -1,11 +1,14 @@
 // The upload worker through the real binary: what it writes at the destination.
 #include <poll.h>
+#include <signal.h>
 #include <sys/stat.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -21,6 +24,7 @@ namespace {
 using testing::OnlyCandidate;
 using testing::TempDir;
 using testing::WriteBytes;
+namespace fs = std::filesystem;
 
 // Waits (10 s at most) for the worker to say the snapshot is uploaded.
 bool AwaitUploaded(UploaderProcess& uploader) {
@@ -79,6 +83,66 @@ TEST(Uploader, AVersionAlreadyUploadedIsNeverWrittenAgain) {
   second.Stop(2000);
   EXPECT_EQ(IdentityOf(manifest), manifest_before) << "the manifest was written again";
   EXPECT_EQ(IdentityOf(data), data_before) << "a file of the version was written again";
+}
+
+// The worker's events until one of `kind` (10 s at most); nullopt when it never came.
+std::optional<UploaderEvent> AwaitEvent(UploaderProcess& uploader, UploaderEvent::Kind kind,
+                                        std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd readable{uploader.fd(), POLLIN, 0};
+    poll(&readable, 1, 50);
+    bool exited = false;
+    for (const UploaderEvent& event : uploader.ReadEvents(exited)) {
+      if (event.kind == kind) return event;
+    }
+    if (exited) return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+// The commit fence (review 13, F3; review 14, F1): the worker writes a commit only on its
+// launcher's go, asked before each try, and a go whose lease ran out before the worker took it
+// (a frozen worker, a launcher that lost rank 0 meanwhile) writes nothing.
+TEST(Uploader, ACommitIsWrittenOnlyOnAGoTakenWithinItsLease) {
+  TempDir dir;
+  const std::string root = dir.path() + "/ckpts";
+  WriteBytes(root + "/checkpoint-7/model.bin", std::string(100, 'm'));
+  const Snapshot snapshot = TakeSnapshot(root, OnlyCandidate(root), dir.path() + "/staging/1", 1);
+  const std::string snapshot_path = dir.path() + "/snapshot.json";
+  std::ofstream(snapshot_path) << snapshot.ToJson().dump();
+  const UploaderConfig config{"file://" + dir.path() + "/remote", "job", 0};
+  storage::CommitRecord record;
+  record.name = "checkpoint-7";
+  record.save = snapshot.VersionId();
+  record.parts[0] = snapshot.VersionId();
+  const std::string latest = dir.path() + "/remote/job/latest";
+  UploaderProcess uploader(BT_LAUNCH_BINARY, config, {});
+  uploader.Upload(snapshot_path);
+  ASSERT_TRUE(AwaitUploaded(uploader));
+
+  uploader.Commit(1, record, true);
+  ASSERT_TRUE(AwaitEvent(uploader, UploaderEvent::Kind::kCommitReady));
+  EXPECT_FALSE(fs::exists(latest)) << "written before the launcher said go";
+  uploader.AnswerCommit(1, false);
+  EXPECT_FALSE(AwaitEvent(uploader, UploaderEvent::Kind::kLatestPublished, std::chrono::milliseconds(500)));
+  EXPECT_FALSE(fs::exists(latest)) << "a dropped commit was written";
+
+  uploader.Commit(1, record, true);
+  ASSERT_TRUE(AwaitEvent(uploader, UploaderEvent::Kind::kCommitReady));
+  kill(uploader.pid(), SIGSTOP);
+  uploader.AnswerCommit(1, true, std::chrono::milliseconds(100));
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  kill(uploader.pid(), SIGCONT);
+  EXPECT_FALSE(AwaitEvent(uploader, UploaderEvent::Kind::kLatestPublished, std::chrono::milliseconds(500)));
+  EXPECT_FALSE(fs::exists(latest)) << "a go taken after its lease was written";
+
+  uploader.Commit(1, record, true);
+  ASSERT_TRUE(AwaitEvent(uploader, UploaderEvent::Kind::kCommitReady));
+  uploader.AnswerCommit(1, true, std::chrono::seconds(5));
+  EXPECT_TRUE(AwaitEvent(uploader, UploaderEvent::Kind::kLatestPublished));
+  EXPECT_TRUE(fs::exists(latest));
+  uploader.Stop(2000);
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "checkpoint/agent.h"
 #include "launcher/phases/checkpoints.h"
 #include "launcher/phases/commit_board.h"
+#include "rendezvous/commit_keys.h"
 #include "rendezvous/store.h"
 #include "storage/commit_record.h"
 #include "storage/destination.h"
@@ -38,6 +39,22 @@ using checkpoint::PartKind;
 
 // Defect 4: the board counted answers (a counter per declaration), so a replacement's answer
 // wrote over node 1's version and completed the count while node 2 never answered.
+// A leader that took rank 0 in cycle 3 begins no commit before the one before it stopped
+// committing (rendezvous::kHandedOverKey, set by node 0 after its hand-over, or by the server
+// when it settled a leader that left): its commits would otherwise land before the last of
+// its predecessor's (review 14, F2).
+TEST(StoreCommitBoard, ANewLeaderWaitsForItsPredecessorsHandOver) {
+  auto store = rendezvous::MakeMemoryStore();
+  auto first = MakeStoreCommitBoard(*store, 2, 0, 0);
+  EXPECT_TRUE(first->PredecessorHandedOver()) << "the job's first leader has no predecessor";
+  auto promoted = MakeStoreCommitBoard(*store, 2, 0, 3);
+  EXPECT_FALSE(promoted->PredecessorHandedOver());
+  store->Set(rendezvous::kHandedOverKey, "2");
+  EXPECT_FALSE(promoted->PredecessorHandedOver()) << "a hand-over of an earlier move";
+  store->Set(rendezvous::kHandedOverKey, "3");
+  EXPECT_TRUE(promoted->PredecessorHandedOver());
+}
+
 TEST(StoreCommitBoard, CountsRanksNeverAnswers) {
   auto store = rendezvous::MakeMemoryStore();
   auto node0 = MakeStoreCommitBoard(*store, 3, 0);
