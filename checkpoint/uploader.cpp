@@ -159,11 +159,14 @@ class Requests {
         continue;
       }
       if (!value.value("go", false)) return false;
-      const int64_t until_ns = value.value("until_ns", int64_t(0));
-      return until_ns == 0 || BootTimeNs() < until_ns;
+      lease_until_ns_ = value.value("until_ns", int64_t(0));
+      return LeaseHeld();
     }
     return false;
   }
+
+  // The last go's lease has not run out (a go without one holds until the next answer).
+  bool LeaseHeld() const { return lease_until_ns_ == 0 || BootTimeNs() < lease_until_ns_; }
 
  private:
   static std::optional<nlohmann::json> Read() {
@@ -173,6 +176,7 @@ class Requests {
   }
 
   std::deque<nlohmann::json> kept_;
+  int64_t lease_until_ns_ = 0;
 };
 
 class Worker {
@@ -242,7 +246,8 @@ class Worker {
     RetryUntilDone(seq, record.name, [&] {
       Emit({UploaderEvent::Kind::kCommitReady, seq, record.name, ""});
       if (!requests_.AwaitAnswer(seq)) return;
-      destination_->Commit(record, move_latest);
+      // A freeze between the record and `latest` outlasting the lease keeps `latest` as it is.
+      destination_->Commit(record, move_latest, [&] { return requests_.LeaseHeld(); });
       Emit({UploaderEvent::Kind::kLatestPublished, seq, record.name, ""});
     });
   }

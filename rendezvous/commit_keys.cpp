@@ -70,9 +70,12 @@ void SettleLostLeadersSaves(std::unordered_map<std::string, std::string>& table,
     if (Counter(table, outcome_key).value_or(0) != 0) continue;
     table[outcome_key] = std::to_string(state == 2 ? kOutcomeCommitted : kOutcomeAbandoned);
   }
+}
+
+void MarkHandedOver(std::unordered_map<std::string, std::string>& table, int64_t cycle) {
   auto handed_over = table.find(kHandedOverKey);
   const int64_t before = handed_over == table.end() ? 0 : Integer(handed_over->second).value_or(0);
-  table[kHandedOverKey] = std::to_string(std::max(before, cycle + 1));
+  table[kHandedOverKey] = std::to_string(std::max(before, cycle));
 }
 
 RemoteCommits ReadRemoteCommits(const std::unordered_map<std::string, std::string>& table, int64_t cycle,

@@ -64,8 +64,10 @@ struct RemoteCommits {
 // writes it (CommitStillBegun), and no decision names a commit that may never be written; and
 // every such save without an outcome gets one (committed when its commit was written,
 // abandoned otherwise), so that no follower's drain waits for an outcome nobody would set.
-// Marks the hand-over done for a new leader of cycle `cycle` + 1 (kHandedOverKey).
 void SettleLostLeadersSaves(std::unordered_map<std::string, std::string>& table, int64_t cycle, int64_t declared);
+
+// The leader before the one of `cycle` writes nothing more: kHandedOverKey says so.
+void MarkHandedOver(std::unordered_map<std::string, std::string>& table, int64_t cycle);
 
 // On the server's thread, once a restart's decision sealed cycle `cycle` (and every one
 // before): what is committed and what is on its way. `declared` is the job's declaration

@@ -37,6 +37,9 @@ constexpr size_t kMaxWaitsPerConnection = 4096;
 constexpr size_t kMaxCauseBytes = 4096;
 // While a restart's barrier waits, every node hears this often which ranks it waits for.
 constexpr std::chrono::seconds kAwaitedLogEvery{10};
+// The longest a new leader of rank 0 waits for one on a spare that left alive to exit (its
+// hand-over writes for at most 10 s: launcher/launch.cpp kHandOverBound).
+constexpr std::chrono::seconds kHandOverWait{30};
 constexpr size_t kMaxAwaitedListed = 32;
 constexpr int kEpollBatch = 512;
 // A connection must prove the token this soon after it is accepted, and only so many may be
@@ -956,6 +959,7 @@ class StoreServer::Loop {
       const bool leader_leaves = rank != 0 && cycles_.assignment().RankOf(rank) == 0 &&
                                  (lost || (!leaves.empty() && FirstReadySpare()));
       failure.remote_commits = SealRemoteCommits(cycles_.current(), leader_leaves);
+      if (leader_leaves) AwaitHandOver(rank, cycles_.current() + 1, lost);
       std::optional<Message> restart;
       try {
         restart = cycles_.Decide(failure, refusal);
@@ -1055,6 +1059,25 @@ class StoreServer::Loop {
       if (cycles_.assignment().IsSpare(slot) && joined_[size_t(slot)] >= 0 && spare_ready_[size_t(slot)]) return slot;
     }
     return std::nullopt;
+  }
+
+  // A leader on a spare stops committing at a decision that moves rank 0 away from it, but a
+  // write its uploader had begun may still land: the next leader begins its commits once
+  // that launcher is gone (its uploader dies with it), or kHandOverWait after the decision at
+  // most. A lost one is gone already, as far as anything here can know.
+  void AwaitHandOver(int slot, int64_t cycle, bool lost) {
+    if (lost || joined_[size_t(slot)] < 0) return HandOverDone(cycle);
+    pending_hand_over_ = PendingHandOver{slot, cycle, Clock::now() + kHandOverWait};
+  }
+
+  void HandOverDone(int64_t cycle) {
+    pending_hand_over_.reset();
+    std::lock_guard lock(store_mutex_);
+    MarkHandedOver(values_, cycle);
+  }
+
+  void WatchHandOver(Clock::time_point now) {
+    if (pending_hand_over_ && now >= pending_hand_over_->until) HandOverDone(pending_hand_over_->cycle);
   }
 
   // `from`'s rank runs on the spare `to` from the current cycle on; `from` is a spare slot
@@ -1325,6 +1348,7 @@ class StoreServer::Loop {
       }
     }
     if (last_restart_) WatchBarrier(now);
+    WatchHandOver(now);
   }
 
   void OnJoinTimeout() {
@@ -1397,6 +1421,7 @@ class StoreServer::Loop {
       std::lock_guard lock(mutex_);
       joined_[size_t(rank)] = -1;
     }
+    if (pending_hand_over_ && pending_hand_over_->slot == rank) HandOverDone(pending_hand_over_->cycle);
     if (cycles_.assignment().IsSpare(rank)) return SpareGone(rank, goodbye ? "it left" : why);
     if (reported_[size_t(rank)]) return;
     if (!goodbye) return LoseNode(rank, NodeName(rank) + " lost: " + why);
@@ -1469,7 +1494,10 @@ class StoreServer::Loop {
   void AwaitAgain(int rank, const std::string& message) {
     // The launcher running rank 0 on a spare, lost before the cycle it would commit in: its
     // saves are settled, and whoever runs rank 0 next may commit from this cycle on.
-    if (rank != 0 && cycles_.assignment().RankOf(rank) == 0) SealRemoteCommits(cycles_.current() - 1, true);
+    if (rank != 0 && cycles_.assignment().RankOf(rank) == 0) {
+      SealRemoteCommits(cycles_.current() - 1, true);
+      HandOverDone(cycles_.current());
+    }
     if (PromotedAtBarrier(rank, message)) return;
     const Clock::time_point bound = barrier_opened_ + 2 * options_.rejoin_timeout;
     awaited_until_[size_t(rank)] = std::min(bound, Clock::now() + options_.rejoin_timeout);
@@ -1647,6 +1675,12 @@ class StoreServer::Loop {
   std::vector<bool> spare_ready_;  // by slot: a spare that said it is prepared (OnSpareReady)
   std::vector<bool> moved_away_;   // by slot: its launcher's rank moved to a spare
   int64_t commits_sealed_through_ = -1;  // loop only: SealRemoteCommits
+  struct PendingHandOver {
+    int slot;
+    int64_t cycle;
+    Clock::time_point until;
+  };
+  std::optional<PendingHandOver> pending_hand_over_;  // loop only: AwaitHandOver
   std::vector<int> rank_slots_;    // mutex_: cycles_.assignment().Slots(), for absent() and unreported()
   int64_t stacks_asked_in_ = -1;  // the cycle whose hang the nodes were asked for stacks
   int64_t stalled_cycle_ = -1;    // the cycle stalled_ counts

@@ -176,9 +176,16 @@ class FileDestination final : public Destination {
     return manifest;
   }
 
-  void Commit(const CommitRecord& commit, bool move_latest) override {
+  void Commit(const CommitRecord& commit, bool move_latest, const std::function<bool()>& may_move_latest) override {
     WriteDurably(Root(CommitRecordPath(commit.job_id, commit.name)), commit.ToText());
-    if (move_latest) WriteDurably(Root(commit.job_id) + "/latest", commit.name + "\n");
+    if (!move_latest) return;
+    if (!may_move_latest) return WriteDurably(Root(commit.job_id) + "/latest", commit.name + "\n");
+    // Asked once more with `latest`'s new text on disk, just before the rename that publishes it.
+    try {
+      if (may_move_latest()) WriteFileAtomicallyIf(Root(commit.job_id) + "/latest", commit.name + "\n", may_move_latest);
+    } catch (const std::runtime_error& error) {
+      throw DestinationError(error.what());
+    }
   }
 
   void WriteText(const std::string& path, const std::string& text) override {
@@ -271,9 +278,9 @@ class RcloneDestination final : public Destination {
     return manifest;
   }
 
-  void Commit(const CommitRecord& commit, bool move_latest) override {
+  void Commit(const CommitRecord& commit, bool move_latest, const std::function<bool()>& may_move_latest) override {
     PutText(CommitRecordPath(commit.job_id, commit.name), commit.ToText());
-    if (move_latest) PutText(commit.job_id + "/latest", commit.name + "\n");
+    if (move_latest && (!may_move_latest || may_move_latest())) PutText(commit.job_id + "/latest", commit.name + "\n");
   }
 
   void WriteText(const std::string& path, const std::string& text) override { PutText(path, text); }
@@ -410,8 +417,9 @@ class SpoolDestination final : public Destination {
 
   // The sidecar writes `commit_path` (its content given whole), then, when `move_latest`,
   // `remote_path`, each as one atomic write.
-  void Commit(const CommitRecord& commit, bool move_latest) override {
-    HandOff(commit.job_id + "--latest--" + std::to_string(++latest_count_), SpoolCommitRecord(commit, move_latest));
+  void Commit(const CommitRecord& commit, bool move_latest, const std::function<bool()>& may_move_latest) override {
+    const bool moves = move_latest && (!may_move_latest || may_move_latest());
+    HandOff(commit.job_id + "--latest--" + std::to_string(++latest_count_), SpoolCommitRecord(commit, moves));
   }
 
   // A sidecar's records carry checkpoints and commits only.

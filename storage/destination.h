@@ -66,8 +66,10 @@ class Destination {
                           const Progress& progress) = 0;
   // Makes the versions `commit` names current, after every node's part of them is uploaded:
   // its commit record, then (with `move_latest`) <job_id>/latest := its name. Each is one
-  // atomic write; what a version's upload wrote is never written again.
-  virtual void Commit(const CommitRecord& commit, bool move_latest) = 0;
+  // atomic write; what a version's upload wrote is never written again. `may_move_latest`,
+  // asked between the two writes, keeps `latest` as it is when it says no (a commit fence).
+  virtual void Commit(const CommitRecord& commit, bool move_latest,
+                      const std::function<bool()>& may_move_latest = nullptr) = 0;
 
   // A small file that is no checkpoint (the job's report, <job_id>/.bt-report/), written
   // whole at `path`, replacing what was there. Throws DestinationError.

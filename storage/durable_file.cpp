@@ -94,6 +94,17 @@ void WriteFileAtomically(const std::string& path, std::string_view text) {
   SyncParentOf(path);
 }
 
+bool WriteFileAtomicallyIf(const std::string& path, std::string_view text, const std::function<bool()>& before_rename) {
+  const std::string temporary = WriteDurableTemporary(path, text);
+  if (!before_rename()) {
+    unlink(temporary.c_str());
+    return false;
+  }
+  RenameOver(temporary, path);
+  SyncParentOf(path);
+  return true;
+}
+
 void ReplaceFile(const std::string& path, std::string_view text) {
   const std::string temporary = WriteTemporary(path, text, false);
   // ext4 (auto_da_alloc) writes out a file renamed over another at once: 0.25 ms a file here.

@@ -5,6 +5,7 @@
 // keeps an exception between open and close from leaking the descriptor.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -44,6 +45,9 @@ std::string TemporaryNameBeside(const std::string& path);
 // fsyncs it, renames it over `path` and fsyncs the directory. Throws std::runtime_error
 // naming the path; the temporary file is then gone.
 void WriteFileAtomically(const std::string& path, std::string_view text);
+// As WriteFileAtomically, but `before_rename` decides, once the new text is durable beside
+// `path`, whether it replaces the old (true) or is removed (false, returned).
+bool WriteFileAtomicallyIf(const std::string& path, std::string_view text, const std::function<bool()>& before_rename);
 
 // As WriteFileAtomically, but not synced: a reader sees the old text, none, or the new text
 // whole, but a crash right after may leave the file missing or empty; for a moment there is no

@@ -46,6 +46,28 @@ Manifest HeaderOf(const StagedFiles&) {
   return manifest;
 }
 
+// The commit fence's last word (checkpoint/uploader.cpp): asked once `latest`'s new text is
+// on disk, just before the rename; a no writes the record but keeps `latest` as it was, and
+// leaves nothing beside it.
+TEST(FileDestination, ACommitWhoseFenceSaysNoKeepsLatest) {
+  TempDir dir;
+  auto destination = OpenDestination(ParseDestination("file://" + dir.path() + "/remote/", "test"));
+  destination->Commit(CommitRecord{"job", "checkpoint-4", {{0, "v4"}}}, true);
+  int asked = 0;
+  destination->Commit(CommitRecord{"job", "checkpoint-8", {{0, "v8"}}}, true, [&] { return ++asked < 2; });
+  EXPECT_EQ(asked, 2) << "asked before the write and again before the rename";
+  EXPECT_EQ(destination->ReadText("job/latest"), "checkpoint-4\n");
+  EXPECT_TRUE(ReadCommit(*destination, "job", "checkpoint-8").has_value());
+  std::vector<std::string> entries;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path() + "/remote/job")) {
+    entries.push_back(entry.path().filename().string());
+  }
+  EXPECT_EQ(std::count_if(entries.begin(), entries.end(), [](const std::string& name) { return name.find("latest") != std::string::npos; }), 1)
+      << "a temporary of `latest` was left";
+  destination->Commit(CommitRecord{"job", "checkpoint-12", {{0, "v12"}}}, true, [] { return true; });
+  EXPECT_EQ(destination->ReadText("job/latest"), "checkpoint-12\n");
+}
+
 TEST(FileDestination, WritesTheRemoteLayoutAndReadsItBack) {
   TempDir dir;
   StagedFiles staged = StageOne(dir);
