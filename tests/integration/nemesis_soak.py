@@ -875,6 +875,19 @@ class Soak:
                     with open(path, "rb") as f:
                         if b"rendezvous failed: " in f.read():
                             del codes[node.rank]
+        # A spare cut off from node 0 (a partition, a freeze) while the job went on without it
+        # ends as having lost node 0 (69), though the job succeeded (soak seed 9628): it ran no
+        # rank, so nothing of the job's was lost with it. Held to that.
+        if codes.get(0, (None,))[0] == 0:
+            for node in nodes[1:]:
+                code, path = codes.get(node.rank, (None, None))
+                if code != 69:
+                    continue
+                with open(path, "rb") as f:
+                    text = f.read()
+                last = text.rstrip().rsplit(b"\n", 1)[-1]
+                if b" spare]" in last and b"leader (node 0) lost" in text:
+                    del codes[node.rank]
         # A node that cannot train exits 75 (its pod is replaced): its code is not the job's.
         for rank in [rank for rank, (code, _) in codes.items() if code == 75]:
             del codes[rank]
