@@ -1528,8 +1528,8 @@ LaunchSpec SpareJobSpec(Job& job, int slot, int launchers, std::map<std::string,
 }
 
 // A job of two ranks and one spare whose three launchers each read a fake NVML state file of
-// their own (`nvml-<slot>`, GPU 1 named `uuid`), written before they start; `env` for every
-// launcher.
+// their own (`nvml-<slot>`, GPU 1 named `uuid`), written before they start, node 0's with
+// `node_zero_lines` added (a finding at the start); `env` for every launcher.
 struct TwoRanksAndASpare {
   std::vector<std::string> states;
   std::vector<std::unique_ptr<LauncherProcess>> processes;
@@ -1537,11 +1537,11 @@ struct TwoRanksAndASpare {
   std::string uuid;
 
   TwoRanksAndASpare(Job& job, const TempDir& scratch, std::string gpu_uuid,
-                    const std::map<std::string, std::string>& env = {})
+                    const std::map<std::string, std::string>& env = {}, const std::string& node_zero_lines = "")
       : uuid(std::move(gpu_uuid)) {
     for (int slot = 0; slot < 3; ++slot) {
       states.push_back(scratch.path() + "/nvml-" + std::to_string(slot));
-      WriteNvmlState(states.back(), "gpus 2\ngpu 1 uuid " + uuid + "\n");
+      WriteNvmlState(states.back(), "gpus 2\ngpu 1 uuid " + uuid + "\n" + (slot == 0 ? node_zero_lines : ""));
       std::map<std::string, std::string> launcher_env = FakeNvml(states.back());
       launcher_env.insert(env.begin(), env.end());
       processes.push_back(std::make_unique<LauncherProcess>(SpareJobSpec(job, slot, 3, launcher_env)));
@@ -1728,15 +1728,8 @@ TEST(Spares, NodeZeroUnhealthyAtTheStartServesTheStoreWhileRankZeroStartsOnTheSp
   nlohmann::json settings = restart::RestartSettings(scratch, 1);
   settings["spares"] = 1;
   Job job(2, commands, "", true, settings);
-  std::vector<std::unique_ptr<LauncherProcess>> processes;
-  for (int slot = 0; slot < 3; ++slot) {
-    const std::string state = scratch.path() + "/nvml-" + std::to_string(slot);
-    WriteNvmlState(state, std::string("gpus 2\ngpu 1 uuid GPU-start-1\n") + (slot == 0 ? "gpu 1 ecc_uncorrected 3\n" : ""));
-    std::map<std::string, std::string> env = FakeNvml(state);
-    env["BT_LEADER_ADDR"] = "localhost";
-    processes.push_back(std::make_unique<LauncherProcess>(SpareJobSpec(job, slot, 3, env)));
-  }
-  auto results = Job::FinishAll(processes);
+  TwoRanksAndASpare launchers(job, scratch, "GPU-start-1", {{"BT_LEADER_ADDR", "localhost"}}, "gpu 1 ecc_uncorrected 3\n");
+  auto results = Job::FinishAll(launchers.processes);
   for (int slot = 0; slot < 3; ++slot) {
     EXPECT_EQ(results[size_t(slot)].exit_code, 0) << "node " << slot << ": " << results[size_t(slot)].err;
   }
@@ -1767,13 +1760,8 @@ TEST(Spares, ARetryWhoseNodeZeroCannotTrainResumesFromTheJobsCheckpointAtEveryRe
   nlohmann::json settings = restart::RestartSettings(scratch, 2);
   settings["spares"] = 1;
   Job retry(2, commands, "", true, settings);
-  std::vector<std::unique_ptr<LauncherProcess>> processes;
-  for (int slot = 0; slot < 3; ++slot) {
-    const std::string state = scratch.path() + "/nvml-" + std::to_string(slot);
-    WriteNvmlState(state, std::string("gpus 2\ngpu 1 uuid GPU-retry-1\n") + (slot == 0 ? "gpu 1 ecc_uncorrected 3\n" : ""));
-    processes.push_back(std::make_unique<LauncherProcess>(SpareJobSpec(retry, slot, 3, FakeNvml(state))));
-  }
-  auto results = Job::FinishAll(processes);
+  TwoRanksAndASpare launchers(retry, scratch, "GPU-retry-1", {}, "gpu 1 ecc_uncorrected 3\n");
+  auto results = Job::FinishAll(launchers.processes);
   for (int slot = 0; slot < 3; ++slot) {
     EXPECT_EQ(results[size_t(slot)].exit_code, 0) << "node " << slot << ": " << results[size_t(slot)].err;
   }
