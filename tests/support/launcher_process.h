@@ -44,6 +44,8 @@ class LauncherProcess {
   bool WaitForOutput(const std::string& text, std::chrono::milliseconds timeout);
   // The same for the launcher's own log (stderr).
   bool WaitForLog(const std::string& text, std::chrono::milliseconds timeout);
+  // The launcher's own log as read so far (by the waits above).
+  const std::string& LogSoFar() const { return result_.err; }
   void Signal(int signal_number);
   ProcessResult Finish();  // waits up to the spec's timeout, then SIGKILLs
 
