@@ -1799,7 +1799,7 @@ class CheckpointAgent::Impl {
       reason = options_.board ? "uploaded, but node 0 has not committed it" : "`latest` could not be written";
     }
     if (leader_lost_since_) {
-      return {false, "checkpoint " + version.name + " was not committed: node 0 was lost (" + reason +
+      return {false, "checkpoint " + version.name + " was not committed: the connection to node 0 is gone (" + reason +
                          "); this node's journal keeps its part for a restarted launcher"};
     }
     return {false, "checkpoint " + version.name + " was not committed before the drain deadline: " + reason};

@@ -482,15 +482,19 @@ void StoreClient::PushEvent(PeerEvent event) {
   [[maybe_unused]] ssize_t ignored = write(event_fd_, &one, sizeof one);
 }
 
-void StoreClient::FailAll(const std::string& why) {
+void StoreClient::FailAll(const std::string& why) { Break("leader (node 0) lost: " + why); }
+
+// Every request fails from now on, and the launcher hears `message` once (the first cause:
+// a "lost" frame is followed by the connection's close, which must not replace it).
+void StoreClient::Break(const std::string& message) {
   {
     std::lock_guard lock(mutex_);
-    if (!broken_) broken_ = why;
+    if (!broken_) broken_ = message;
   }
   answered_.notify_all();
   if (!leader_lost_reported_) {
     leader_lost_reported_ = true;
-    PushEvent({PeerEvent::Kind::kLeaderLost, 0, "leader (node 0) lost: " + why});
+    PushEvent({PeerEvent::Kind::kLeaderLost, 0, message});
   }
 }
 
@@ -502,7 +506,15 @@ void StoreClient::ReaderLoop() {
   char buffer[65536];
   while (true) {
     auto now = Clock::now();
-    if (now >= next_heartbeat) {
+    // After this node's freeze (SIGSTOP, a starved host) the leader's frames may wait
+    // unread: they are read before the leader is called silent (one may say that node 0
+    // took this node for lost), and before a heartbeat is sent into a connection it closed.
+    const bool silent = now - last_heard > options_.heartbeat_timeout;
+    if (silent && !HasUnreadBytes(fd_)) {
+      return FailAll("no heartbeat for " +
+                     std::to_string(std::chrono::duration_cast<std::chrono::seconds>(now - last_heard).count()) + " s");
+    }
+    if (!silent && now >= next_heartbeat) {
       // Any frame tells the leader this node lives: a heartbeat only when nothing else was
       // sent within the interval (a node busy with requests sends none).
       const auto last_sent = Clock::time_point(Clock::duration(last_sent_ns_.load()));
@@ -516,10 +528,6 @@ void StoreClient::ReaderLoop() {
       } else {
         next_heartbeat = last_sent + options_.heartbeat_interval;
       }
-    }
-    if (now - last_heard > options_.heartbeat_timeout) {
-      return FailAll("no heartbeat for " +
-                     std::to_string(std::chrono::duration_cast<std::chrono::seconds>(now - last_heard).count()) + " s");
     }
     pollfd fds[2] = {{fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
     poll(fds, 2, int(MillisLeft(next_heartbeat)) + 1);
@@ -565,6 +573,9 @@ void StoreClient::OnMessage(const Message& message) {
     return;
   }
   if (op == "hb") return;
+  // Node 0 took this node for lost (silent past the heartbeat timeout: frozen, starved, cut
+  // off) and went on without it; the close that follows is not node 0's loss.
+  if (op == "lost") return Break(StringField(message, "message"));
   if (op == "complete") return PushEvent({PeerEvent::Kind::kComplete, -1, ""});
   if (op == "result") return PushEvent({PeerEvent::Kind::kResult, -1, "every node succeeded"});
   if (op == "abort") {

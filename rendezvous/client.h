@@ -156,6 +156,7 @@ class StoreClient final : public Store {
   void OnMessage(const Message& message);
   void PushEvent(PeerEvent event);
   void FailAll(const std::string& why);
+  void Break(const std::string& message);
 
   int fd_;
   int event_fd_;

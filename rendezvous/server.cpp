@@ -5,7 +5,6 @@
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
-#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -52,13 +51,6 @@ constexpr int kMaxListeners = 16;  // accept queues sharing the port: 65,536 nod
 // Descriptors the leader's process keeps for itself (its own node's client, files, the
 // uploader's pipes): connections beyond the rest are closed at accept.
 constexpr size_t kReservedDescriptors = 32;
-
-// Bytes the node sent that this loop has not read yet: a leader that fell behind (its
-// thread descheduled, a batch of events ahead of this one) must not call such a node silent.
-bool HasUnreadBytes(int fd) {
-  int bytes = 0;
-  return ioctl(fd, FIONREAD, &bytes) == 0 && bytes > 0;
-}
 
 std::string PeerAddress(int fd) {
   sockaddr_storage address{};
@@ -1338,13 +1330,15 @@ class StoreServer::Loop {
       if (joined_[rank] < 0 || reported_[rank]) continue;
       auto& connection = *connections_.at(joined_[rank]);
       auto silent = now - connection.last_seen;
+      // A node whose bytes this loop has not read yet is not silent: the leader fell
+      // behind (its thread descheduled, a batch of events ahead of this one).
       if (silent > options_.heartbeat_timeout && !HasUnreadBytes(connection.fd)) {
         const std::string why =
             "no heartbeat for " + std::to_string(std::chrono::duration_cast<std::chrono::seconds>(silent).count()) + " s";
         if (!roster_complete_) return Abort(int(rank), infos_[rank].Label() + " lost: " + why);
         // Its connection is closed now, so nothing it sends later counts: a launcher that
         // was only cut off can never act in a cycle the others have moved on from.
-        Kill(connection, why);
+        TakeForLost(connection, int(rank), why);
       }
     }
     if (last_restart_) WatchBarrier(now);
@@ -1372,6 +1366,17 @@ class StoreServer::Loop {
     spdlog::error("rendezvous: {}", message);
     SetVerdict(ServerVerdict::Kind::kJoinTimeout, missing.front(), message);
     Broadcast({{"op", "join_timeout"}, {"message", message}});
+  }
+
+  // Tells a silent node why its connection closes, where its socket still takes a frame (a
+  // frozen launcher reads it when it thaws): else it could only say that node 0 was lost.
+  void TakeForLost(Connection& connection, int rank, const std::string& why) {
+    Send(connection, {{"op", "lost"},
+                      {"message", "node 0 took this launcher, " + NodeName(rank) + ", for lost: " + why +
+                                      "; the job goes on without this launcher"}});
+    Flush(connection);
+    shutdown(connection.fd, SHUT_WR);
+    Kill(connection, why);
   }
 
   void Kill(Connection& connection, const std::string& why) {

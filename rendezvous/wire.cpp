@@ -1,5 +1,7 @@
 #include "rendezvous/wire.h"
 
+#include <sys/ioctl.h>
+
 #include <climits>
 #include <cstdint>
 #include <cstring>
@@ -285,6 +287,11 @@ Message DecodePayload(std::string_view payload) {
   if (!message.is_object()) throw FrameError("message is not a map");
   StringField(message, "op");
   return message;
+}
+
+bool HasUnreadBytes(int fd) {
+  int bytes = 0;
+  return ioctl(fd, FIONREAD, &bytes) == 0 && bytes > 0;
 }
 
 std::string StringField(const Message& message, const char* name) {

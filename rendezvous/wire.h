@@ -60,6 +60,9 @@ Message DecodePayload(std::string_view payload);
 
 // Field accessors that throw FrameError naming the field, so a malformed message from a
 // peer is reported, never crashes the leader.
+// Bytes the peer sent that this side has not read yet (0 when only a close is pending).
+bool HasUnreadBytes(int fd);
+
 std::string StringField(const Message& message, const char* name);
 int64_t IntField(const Message& message, const char* name);
 std::string BytesField(const Message& message, const char* name);

@@ -633,6 +633,13 @@ TEST(Server, SilentNodeIsLostAfterTheHeartbeatTimeout) {
   auto abort = NextEvent(*zero, PeerEvent::Kind::kAbort, 5s);
   ASSERT_TRUE(abort);
   EXPECT_NE(abort->message.find("node 1 (host1, 127.0.0.1) lost: no heartbeat for"), std::string::npos) << abort->message;
+  // The silent node hears why its connection closed, not that node 0 was lost (review 14, F3).
+  auto told = NextEvent(*silent, PeerEvent::Kind::kLeaderLost, 5s);
+  ASSERT_TRUE(told);
+  EXPECT_NE(told->message.find("node 0 took this launcher, node 1 (host1, 127.0.0.1), for lost: no heartbeat for"),
+            std::string::npos)
+      << told->message;
+  EXPECT_EQ(told->message.find("leader (node 0) lost"), std::string::npos) << told->message;
 }
 
 // A leader in a process of its own, so that a test can stop and resume it as a starved or
