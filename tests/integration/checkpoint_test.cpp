@@ -711,9 +711,14 @@ void CheckpointJob::RunTwoNodesSavingOneCheckpoint(const std::string& subdirecto
   // rng_state_0.pth before trainer_state.json, as the Trainer writes them: written after it,
   // a scan between the two took a first version without it, a second save that node 1 never
   // answers (its one part answered the first), and the drain ran out under load.
+  // Node 1 writes its part 0.5 s after node 0's save (a flag file), well within the 2 s it
+  // gives a declared save before answering "no part" (a fixed wait from its own start lost
+  // that race on a busy machine).
+  const std::string saved = dir_.path() + "/node0-saved-" + std::to_string(configs_);
   const std::string node0 = "mkdir -p " + root + "checkpoint-1 && echo r0 > " + root + "checkpoint-1/rng_state_0.pth && " +
-                            HfSave(1, "200000", subdirectory) + " && sleep 3";
-  const std::string node1 = "sleep 1.5 && mkdir -p " + root + "checkpoint-1 && head -c 150000 /dev/urandom > " + root +
+                            HfSave(1, "200000", subdirectory) + " && touch " + saved + " && sleep 3";
+  const std::string node1 = "for i in $(seq 300); do [ -e " + saved + " ] && break; sleep 0.05; done && sleep 0.5 && mkdir -p " +
+                            root + "checkpoint-1 && head -c 150000 /dev/urandom > " + root +
                             "checkpoint-1/rng_state_1.pth && mkdir -p " + root + "checkpoint-2 && echo x > " + root +
                             "checkpoint-2/partial.bin && sleep 1.5";
   auto [leader, follower] = RunTwoNodes(node0, node1);

@@ -494,7 +494,7 @@ TEST(OutputRelay, TheThreadStartsWhenTheJobFirstWrites) {
   const auto start = Clock::now();
   relay.Sync(2s);
   relay.Finish(2s);
-  EXPECT_LT(Clock::now() - start, 100ms);
+  EXPECT_LT(Clock::now() - start, 1s);  // neither waited out its 2 s (a busy machine may preempt this thread)
 }
 
 TEST(OutputRelay, NothingTakenOverMeansNoPipes) {

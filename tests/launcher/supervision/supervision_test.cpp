@@ -317,7 +317,8 @@ TEST(Supervision, AStopDuringTheGroupsCleanUpGivesOneGrace) {
   ProcessResult result = launcher.Finish();
   const auto took = std::chrono::steady_clock::now() - stopped_at;
   pid_t escaped = std::atoi(ReadFile(dir.path() + "/escaped.pid").c_str());
-  EXPECT_LT(took, 3800ms) << "the escaped process got a second grace:\n" << result.err;
+  // A second grace would end after 6 s; a busy machine adds up to about 2 s to the one.
+  EXPECT_LT(took, 5s) << "the escaped process got a second grace:\n" << result.err;
   EXPECT_FALSE(Alive(escaped)) << "pid " << escaped << " outlived the launcher";
   if (Alive(escaped)) kill(escaped, SIGKILL);
 }

@@ -84,9 +84,14 @@ elif role == "waiter":
     holder = subprocess.Popen([sys.executable, "-c",
         "import fcntl, sys, time\n"
         "lock = open(sys.argv[1], 'w'); fcntl.flock(lock, fcntl.LOCK_EX)\n"
+        "open(sys.argv[1] + '.held', 'w').close()\n"
         "def hold_the_lock():\n    time.sleep(3600)\n"
         "hold_the_lock()\n", lock_path])
-    time.sleep(0.5)
+    import os, time
+    for _ in range(600):  # the child holds the lock (its start takes long on a busy machine)
+        if os.path.exists(lock_path + ".held"):
+            break
+        time.sleep(0.05)
     def wait_for_the_lock():
         print("ready", flush=True)
         lock = open(lock_path, "w")

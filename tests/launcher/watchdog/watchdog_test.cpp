@@ -272,8 +272,10 @@ keep_busy()
               {{"stall_timeout_s", 2}, {"startup_timeout_s", 2}, {"report_dir", shared}}, {}, std::nullopt, false, "busy");
   });
   std::this_thread::sleep_for(1s);
+  // stack_timeout_s 2: gdb attaching beside the busy job must not eat the bound below.
   ProcessResult result = RunPython("import time\ndef silent():\n    time.sleep(1000)\nsilent()\n",
-                                   {{"stall_timeout_s", 2}, {"startup_timeout_s", 2}, {"report_dir", shared}});
+                                   {{"stall_timeout_s", 2}, {"startup_timeout_s", 2}, {"stack_timeout_s", 2},
+                                    {"report_dir", shared}});
   busy.join();
   EXPECT_EQ(result.exit_code, 124) << result.err;
   EXPECT_LT(result.elapsed, 9s) << "the other job's heartbeat kept it alive";
