@@ -1087,19 +1087,19 @@ TEST(Server, ALauncherLostWhileARestartWaitsIsAwaitedAgainWithoutANewCycle) {
   EXPECT_EQ(go->cycle, 1);
 }
 
-// Node 2 lost: the barrier of cycle 1 waits (rejoin_timeout 1.5 s). Node 1 is lost 1 s in:
+// Node 2 lost: the barrier of cycle 1 waits (rejoin_timeout 3 s). Node 1 is lost 2 s in:
 // its replacement gets a whole rejoin_timeout from that loss, as a new restart would give it
 // (review 3, D2: it got what was left of node 2's, and the job ended with restarts left).
 TEST(Server, ALauncherLostLateInTheBarrierGetsAWholeRejoinTimeout) {
   ServerOptions options = RestartingOptions(3);
-  options.rejoin_timeout = 1500ms;
+  options.rejoin_timeout = 3s;  // seconds of margin for a busy machine's round trips
   StoreServer server(options);
   auto nodes = JoinAllAndStartTheRun(server, 3);
   nodes[2].reset();
   ASSERT_TRUE(NextEvent(*nodes[0], PeerEvent::Kind::kRestart));
   nodes[0]->ArriveAtCycle(1);
   nodes[1]->ArriveAtCycle(1);
-  std::this_thread::sleep_for(1s);
+  std::this_thread::sleep_for(2s);
   nodes[1].reset();
   std::vector<std::unique_ptr<StoreClient>> replacements;
   auto replace = [&](int rank) {
@@ -1107,8 +1107,8 @@ TEST(Server, ALauncherLostLateInTheBarrierGetsAWholeRejoinTimeout) {
     ASSERT_NO_THROW(replacements.back()->Join(Node(rank, "new-host" + std::to_string(rank)), 3));
     replacements.back()->ArriveAtCycle(1);
   };
-  replace(2);  // within its 1.5 s from the opening
-  std::this_thread::sleep_for(1s);  // past 1.5 s from the opening, within node 1's from its loss
+  replace(2);  // within its 3 s from the opening
+  std::this_thread::sleep_for(2s);  // past 3 s from the opening, within node 1's from its loss
   EXPECT_EQ(server.verdict().kind, ServerVerdict::Kind::kPending) << server.verdict().message;
   replace(1);
   auto go = NextEvent(*nodes[0], PeerEvent::Kind::kCycleGo);
@@ -1146,7 +1146,7 @@ TEST(Server, ANodeThatSaysGoodbyeAfterItArrivedAtTheBarrierIsAwaitedAgain) {
 // another kept failing. Each rank has its own deadline now.
 TEST(Server, ARankGoneForGoodIsNotWaitedForLongerBecauseAnotherRankFlaps) {
   ServerOptions options = RestartingOptions(3);
-  options.rejoin_timeout = 1500ms;
+  options.rejoin_timeout = 3s;  // seconds of margin for a busy machine's round trips
   StoreServer server(options);
   auto nodes = JoinAllAndStartTheRun(server, 3);
   nodes[1].reset();
@@ -1154,16 +1154,16 @@ TEST(Server, ARankGoneForGoodIsNotWaitedForLongerBecauseAnotherRankFlaps) {
   ASSERT_TRUE(NextEvent(*nodes[0], PeerEvent::Kind::kRestart));
   nodes[0]->ArriveAtCycle(1);
   const auto opened = std::chrono::steady_clock::now();
-  std::this_thread::sleep_for(1s);
+  std::this_thread::sleep_for(2s);
   {
     auto flapping = Connect(server);
     ASSERT_NO_THROW(flapping->Join(Node(2, "new-host2"), 3));
     flapping->ArriveAtCycle(1);
-  }  // lost again at the barrier: node 2 gets 1.5 s from here, node 1 none more
+  }  // lost again at the barrier: node 2 gets 3 s from here, node 1 none more
   auto abort = NextEvent(*nodes[0], PeerEvent::Kind::kAbort);
   ASSERT_TRUE(abort) << server.verdict().message;
-  const auto waited = std::chrono::steady_clock::now() - opened;
-  EXPECT_LT(waited, 2200ms) << "node 1 was waited for until node 2's deadline";
+  const auto waited = abort->received - opened;
+  EXPECT_LT(waited, 4400ms) << "node 1 was waited for until node 2's deadline";
   EXPECT_EQ(abort->rank, 1) << abort->message;
   EXPECT_NE(abort->message.find("node 1 (host1, lost"), std::string::npos) << abort->message;
 }
@@ -1171,15 +1171,15 @@ TEST(Server, ARankGoneForGoodIsNotWaitedForLongerBecauseAnotherRankFlaps) {
 // A rank lost at the barrier again and again holds it at most twice rejoin_timeout_s.
 TEST(Server, ARankLostAgainAndAgainAtTheBarrierHoldsItAtMostTwiceTheRejoinTimeout) {
   ServerOptions options = RestartingOptions(2);
-  options.rejoin_timeout = 1s;
+  options.rejoin_timeout = 2s;  // margin for a busy machine's round trips
   StoreServer server(options);
   auto nodes = JoinAllAndStartTheRun(server, 2);
   nodes[1].reset();
   ASSERT_TRUE(NextEvent(*nodes[0], PeerEvent::Kind::kRestart));
   nodes[0]->ArriveAtCycle(1);
   const auto opened = std::chrono::steady_clock::now();
-  while (std::chrono::steady_clock::now() - opened < 2600ms) {
-    std::this_thread::sleep_for(600ms);
+  while (std::chrono::steady_clock::now() - opened < 5200ms) {
+    std::this_thread::sleep_for(1200ms);
     if (server.verdict().kind != ServerVerdict::Kind::kPending) break;
     try {
       auto flapping = Connect(server);
@@ -1190,9 +1190,9 @@ TEST(Server, ARankLostAgainAndAgainAtTheBarrierHoldsItAtMostTwiceTheRejoinTimeou
   }
   auto abort = NextEvent(*nodes[0], PeerEvent::Kind::kAbort);
   ASSERT_TRUE(abort) << server.verdict().message;
-  const auto held = std::chrono::steady_clock::now() - opened;
-  EXPECT_LT(held, 2800ms) << "the barrier was held past twice rejoin_timeout_s";
-  EXPECT_GE(held, 1900ms) << "a loss at the barrier did not extend the rank's wait";
+  const auto held = abort->received - opened;  // when node 0 heard it, not when this loop looked
+  EXPECT_LT(held, 5000ms) << "the barrier was held past twice rejoin_timeout_s";
+  EXPECT_GE(held, 3800ms) << "a loss at the barrier did not extend the rank's wait";
 }
 
 // The policy reads `latest` at the destination, which can fail: the failure was taken for a
