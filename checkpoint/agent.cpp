@@ -1317,15 +1317,19 @@ class CheckpointAgent::Impl {
   // whether it still may (a restart after its launcher was lost revoked it, and a frozen or
   // cut-off launcher cannot reach the store): a commit written after a newer leader's would
   // move `latest` back (review 13, F3). Node 0's own commits are its to write while the job runs.
+  // The lease counts from before the question: node 0's "yes" may be read only after a
+  // freeze outlasting it (node 0 took this launcher for lost meanwhile; review 15, F2).
   void AnswerCommitReady(Version& version) {
     if (!publishing_.contains(version.seq) || !uploader_) return;
+    const int64_t asked_ns = LeaseClockNs();
     bool go = true;
     if (options_.commits_through_board && version.declaration) {
       go = false;
       BoardCall([&] { go = options_.board->CommitStillBegun(*version.declaration, version.cycle); });
     }
-    uploader_->AnswerCommit(version.seq, go, options_.commits_through_board ? options_.commit_lease
-                                                                             : std::chrono::milliseconds{0});
+    uploader_->AnswerCommit(version.seq, go,
+                            options_.commits_through_board ? options_.commit_lease : std::chrono::milliseconds{0},
+                            asked_ns);
     if (go) return;
     publishing_.erase(version.seq);
     AbandonSave(version.seq, "this node may no longer write its commit: a restart revoked it (this launcher was taken "
@@ -1751,6 +1755,12 @@ class CheckpointAgent::Impl {
         return {true, "this node holds no part of checkpoint " + target};
       }
       if (answer != answered_.end() && answer->second == PartKind::kLost) {
+        // A launcher that took this rank later (a replacement, a spare) finds the save
+        // committed by the launchers before it (review 15, F5: it said "not committed").
+        if (LeadersOutcome(*target_declaration) == CommitBoard::Outcome::kCommitted) {
+          return {true, "checkpoint " + target + " committed (this node's part of it was saved before this launcher "
+                        "took the rank)"};
+        }
         if (Sealed(target_cycle)) return {true, "the save of " + target + " was not committed: this node's part of it was lost in a restart"};
         return {false, "the save of " + target + " was not committed: this node's part of it was written over or "
                        "removed before it was handed off"};

@@ -34,6 +34,13 @@
 #include "storage/subprocess.h"
 
 namespace bt::checkpoint {
+
+int64_t LeaseClockNs() {
+  timespec now{};
+  clock_gettime(CLOCK_BOOTTIME, &now);
+  return int64_t(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -127,12 +134,7 @@ storage::Manifest ManifestHeader(const Snapshot& snapshot, const UploaderConfig&
   return manifest;
 }
 
-// The same clock in the launcher and its worker (one host), running through a freeze.
-int64_t BootTimeNs() {
-  timespec now{};
-  clock_gettime(CLOCK_BOOTTIME, &now);
-  return int64_t(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
-}
+int64_t BootTimeNs() { return LeaseClockNs(); }
 
 // The worker's requests, one JSON line each on stdin. A commit waits for its answer (go or
 // drop) while later requests are kept, in order, for after it.
@@ -368,9 +370,9 @@ void UploaderProcess::Commit(uint64_t seq, const storage::CommitRecord& record, 
   Send(nlohmann::json{{"op", "commit"}, {"seq", seq}, {"record", storage::BytesToJson(record.ToText())}, {"move_latest", move_latest}}.dump());
 }
 
-void UploaderProcess::AnswerCommit(uint64_t seq, bool go, std::chrono::milliseconds lease) {
+void UploaderProcess::AnswerCommit(uint64_t seq, bool go, std::chrono::milliseconds lease, int64_t asked_ns) {
   nlohmann::json answer = {{"op", "answer"}, {"seq", seq}, {"go", go}};
-  if (lease.count() > 0) answer["until_ns"] = BootTimeNs() + int64_t(lease.count()) * 1'000'000;
+  if (lease.count() > 0) answer["until_ns"] = (asked_ns > 0 ? asked_ns : BootTimeNs()) + int64_t(lease.count()) * 1'000'000;
   Send(answer.dump());
 }
 

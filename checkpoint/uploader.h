@@ -17,6 +17,10 @@
 
 namespace bt::checkpoint {
 
+// CLOCK_BOOTTIME in ns: one clock for the launcher and its worker (one host), running
+// through a freeze (SIGSTOP, a cgroup freeze), which a lease must count.
+int64_t LeaseClockNs();
+
 struct UploaderConfig {
   std::string destination_uri;
   std::string job_id;
@@ -55,8 +59,10 @@ class UploaderProcess {
   // kLatestPublished with `seq`, the journal number of this node's version.
   void Commit(uint64_t seq, const storage::CommitRecord& record, bool move_latest);
   // The answer to kCommitReady for `seq`: write it (`go`), or drop it (never written). A
-  // `lease` above 0: the write must start within it (CLOCK_BOOTTIME), or it is dropped.
-  void AnswerCommit(uint64_t seq, bool go, std::chrono::milliseconds lease = std::chrono::milliseconds{0});
+  // `lease` above 0: the write must start within it, counted from `asked_ns` (LeaseClockNs,
+  // taken before the launcher asked whether it still may), or it is dropped.
+  void AnswerCommit(uint64_t seq, bool go, std::chrono::milliseconds lease = std::chrono::milliseconds{0},
+                    int64_t asked_ns = 0);
   // Every complete event line read so far; sets `exited` when the worker has gone away.
   std::vector<UploaderEvent> ReadEvents(bool& exited);
   // Closes its input and waits for it to exit, SIGKILL after `wait_ms`.

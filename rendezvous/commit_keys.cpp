@@ -72,6 +72,8 @@ void SettleLostLeadersSaves(std::unordered_map<std::string, std::string>& table,
   }
 }
 
+std::optional<int64_t> HandedOverCycle(std::string_view text) { return Integer(text); }
+
 void MarkHandedOver(std::unordered_map<std::string, std::string>& table, int64_t cycle) {
   auto handed_over = table.find(kHandedOverKey);
   const int64_t before = handed_over == table.end() ? 0 : Integer(handed_over->second).value_or(0);

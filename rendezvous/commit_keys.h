@@ -66,8 +66,12 @@ struct RemoteCommits {
 // abandoned otherwise), so that no follower's drain waits for an outcome nobody would set.
 void SettleLostLeadersSaves(std::unordered_map<std::string, std::string>& table, int64_t cycle, int64_t declared);
 
-// The leader before the one of `cycle` writes nothing more: kHandedOverKey says so.
+// The leader before the one of `cycle` writes nothing more: kHandedOverKey says so. It only
+// ever rises (a later word about an earlier cycle must not hold the current leader back).
 void MarkHandedOver(std::unordered_map<std::string, std::string>& table, int64_t cycle);
+
+// The cycle in node 0's Set of kHandedOverKey; nullopt for text that is not one.
+std::optional<int64_t> HandedOverCycle(std::string_view text);
 
 // On the server's thread, once a restart's decision sealed cycle `cycle` (and every one
 // before): what is committed and what is on its way. `declared` is the job's declaration

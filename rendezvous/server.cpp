@@ -601,6 +601,7 @@ class StoreServer::Loop {
       return Refuse(connection, message, *why);
     }
     if (key == kStartRanksKey && !StartWithRanks(connection, message, value)) return;
+    if (key == kHandedOverKey) return NodeZeroHandedOver(connection, message, value);
     StoreValue(key, std::move(value));
     Reply(connection, message, {{"op", "ok"}});
     WakeWaiters(key);
@@ -967,6 +968,8 @@ class StoreServer::Loop {
         if (spare) {
           (*restart)["decision"]["promoted"] = {{"rank", cycles_.assignment().RankOf(rank)}, {"from", rank},
                                                 {"to", *spare}, {"why", leaves}};
+          // Node 0's agent hands over what it had begun; until it says so, nobody commits.
+          if (rank == 0 && cycles_.assignment().RankOf(0) == 0) node_zero_hands_over_ = true;
           MoveRank(rank, *spare);
         }
         if (cycles_.HasSpares()) {
@@ -1062,10 +1065,32 @@ class StoreServer::Loop {
     pending_hand_over_ = PendingHandOver{slot, cycle, Clock::now() + kHandOverWait};
   }
 
+  // While node 0's own agent still writes what it had begun (rank 0 left it, a slow
+  // destination), no later leader may begin a commit: a spare leader that leaves meanwhile
+  // (a second move, a loss at the barrier) only raises what node 0's word then releases
+  // (review 15, F1: `latest` moved back to node 0's older commit).
   void HandOverDone(int64_t cycle) {
     pending_hand_over_.reset();
+    if (node_zero_hands_over_) {
+      deferred_hand_over_ = std::max(deferred_hand_over_, cycle);
+      return;
+    }
     std::lock_guard lock(store_mutex_);
     MarkHandedOver(values_, cycle);
+  }
+
+  // Node 0's launcher says its agent has stopped (launch.cpp TellHandedOver): every leader
+  // before the current one is done, as far as node 0's word and the server's know.
+  void NodeZeroHandedOver(Connection& connection, const Message& message, const std::string& value) {
+    const std::optional<int64_t> cycle = HandedOverCycle(value);
+    if (!cycle) return Refuse(connection, message, std::string(kHandedOverKey) + " must be a cycle, not \"" + value + "\"");
+    node_zero_hands_over_ = false;
+    {
+      std::lock_guard lock(store_mutex_);
+      MarkHandedOver(values_, std::max(*cycle, deferred_hand_over_));
+    }
+    Reply(connection, message, {{"op", "ok"}});
+    WakeWaiters(kHandedOverKey);
   }
 
   void WatchHandOver(Clock::time_point now) {
@@ -1147,6 +1172,12 @@ class StoreServer::Loop {
       last_restart_.reset();  // the barrier has passed: nobody is awaited any more
       // A lost launcher never said when its job stopped: the figure covers the others.
       if (!rejoined_.empty()) (*go)["lost"] = FormatRanks(rejoined_);
+      // Who runs rank 0 as the cycle starts: a spare promoted at the barrier, or a launcher
+      // that joined again from a new address, is not the one the decision named (review 15, F3).
+      if (cycles_.HasSpares()) {
+        (*go)["slots"] = cycles_.assignment().Slots();
+        if (auto master = MasterAddress()) (*go)["master_addr"] = *master;
+      }
       Broadcast(*go);
     }
   }
@@ -1372,8 +1403,7 @@ class StoreServer::Loop {
   // frozen launcher reads it when it thaws): else it could only say that node 0 was lost.
   void TakeForLost(Connection& connection, int rank, const std::string& why) {
     Send(connection, {{"op", "lost"},
-                      {"message", "node 0 took this launcher, " + NodeName(rank) + ", for lost: " + why +
-                                      "; the job goes on without this launcher"}});
+                      {"message", "node 0 took this launcher, " + NodeName(rank) + ", for lost: " + why}});
     Flush(connection);
     shutdown(connection.fd, SHUT_WR);
     Kill(connection, why);
@@ -1686,6 +1716,8 @@ class StoreServer::Loop {
     Clock::time_point until;
   };
   std::optional<PendingHandOver> pending_hand_over_;  // loop only: AwaitHandOver
+  bool node_zero_hands_over_ = false;  // loop only: rank 0 left node 0, whose agent still writes
+  int64_t deferred_hand_over_ = 0;     // loop only: HandOverDone's cycles while it does
   std::vector<int> rank_slots_;    // mutex_: cycles_.assignment().Slots(), for absent() and unreported()
   int64_t stacks_asked_in_ = -1;  // the cycle whose hang the nodes were asked for stacks
   int64_t stalled_cycle_ = -1;    // the cycle stalled_ counts

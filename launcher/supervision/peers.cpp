@@ -312,6 +312,7 @@ void TcpPeers::OnCycleEvent(PeerEvent event) {
   if (event.kind == PeerEvent::Kind::kCycleGo) {
     if (event.cycle == cycle_ && !restart_) {
       cycle_started_ = true;
+      NoteMasterAddress(event.decision);
       cycle_go_ = std::move(event.decision);
       return;
     }
@@ -393,12 +394,14 @@ void TcpPeers::BeginCycle(int64_t cycle) {
   cycle_started_ = false;
   if (early_go_ && early_go_->cycle == cycle) {
     cycle_started_ = true;
+    NoteMasterAddress(early_go_->decision);
     cycle_go_ = std::move(early_go_->decision);
   }
   early_go_.reset();
 }
 
-// With spares, each restart says where training rank 0 runs when it is not on node 0.
+// With spares, each restart and each cycle's go say where training rank 0 runs when it is
+// not on node 0 (the go is the newer word: the barrier may have moved it).
 void TcpPeers::NoteMasterAddress(const rendezvous::Message& decision) {
   auto master = decision.find("master_addr");
   if (master != decision.end() && master->is_string()) {

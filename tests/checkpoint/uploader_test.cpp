@@ -137,6 +137,15 @@ TEST(Uploader, ACommitIsWrittenOnlyOnAGoTakenWithinItsLease) {
   EXPECT_FALSE(AwaitEvent(uploader, UploaderEvent::Kind::kLatestPublished, std::chrono::milliseconds(500)));
   EXPECT_FALSE(fs::exists(latest)) << "a go taken after its lease was written";
 
+  // Review 15, F2: the launcher asked node 0, froze past the lease, and then read node 0's
+  // "yes": the lease counts from the question, so that go has run out already.
+  uploader.Commit(1, record, true);
+  ASSERT_TRUE(AwaitEvent(uploader, UploaderEvent::Kind::kCommitReady));
+  const int64_t asked_before_a_freeze = LeaseClockNs() - 400'000'000;
+  uploader.AnswerCommit(1, true, std::chrono::milliseconds(300), asked_before_a_freeze);
+  EXPECT_FALSE(AwaitEvent(uploader, UploaderEvent::Kind::kLatestPublished, std::chrono::milliseconds(500)));
+  EXPECT_FALSE(fs::exists(latest)) << "a go whose lease ran out during the question was written";
+
   uploader.Commit(1, record, true);
   ASSERT_TRUE(AwaitEvent(uploader, UploaderEvent::Kind::kCommitReady));
   uploader.AnswerCommit(1, true, std::chrono::seconds(5));

@@ -22,6 +22,7 @@
 
 #include "rendezvous/auth.h"
 #include "rendezvous/client.h"
+#include "rendezvous/commit_keys.h"
 #include "rendezvous/key_policy.h"
 #include "rendezvous/wire.h"
 
@@ -1193,6 +1194,44 @@ TEST(Server, ARankLostAgainAndAgainAtTheBarrierHoldsItAtMostTwiceTheRejoinTimeou
   const auto held = abort->received - opened;  // when node 0 heard it, not when this loop looked
   EXPECT_LT(held, 5000ms) << "the barrier was held past twice rejoin_timeout_s";
   EXPECT_GE(held, 3800ms) << "a loss at the barrier did not extend the rank's wait";
+}
+
+// Review 15, F1 and F3. Node 0 cannot train: rank 0 moves to the spare in slot 2 while node
+// 0's agent still writes a commit it had begun. Slot 2 is lost at the barrier, and rank 0
+// moves on to slot 3. No later leader may begin a commit until node 0 says its agent stopped
+// (the server had marked the hand-over done at slot 2's loss, and `latest` moved back to node
+// 0's older commit); node 0's word then releases the cycle, and an older word never lowers
+// it. The cycle's go names where rank 0 runs now (it carried nothing, and every rank's
+// MASTER_ADDR was the lost slot 2's).
+TEST(Server, NoLeaderCommitsBeforeNodeZerosOwnHandOverEndsAndTheGoNamesWhereRankZeroRuns) {
+  ServerOptions options = RestartingOptions(4);
+  options.spares = 2;
+  StoreServer server(options);
+  auto nodes = JoinAllAndStartTheRun(server, 4);
+  nodes[2]->SpareReady(0);
+  nodes[3]->SpareReady(0);
+  nodes[0]->Report(75, "GPU 0 fell off the bus", 0, true, true);
+  auto restart = NextEvent(*nodes[1], PeerEvent::Kind::kRestart);
+  ASSERT_TRUE(restart);
+  ASSERT_EQ(restart->decision["slots"], (nlohmann::json{2, 1})) << restart->decision.dump();
+  nodes[2].reset();  // rank 0's new launcher is lost at the barrier: slot 3 takes rank 0
+  for (auto deadline = std::chrono::steady_clock::now() + 5s;
+       server.nodes_running_ranks() != std::vector<int>{1, 3} && std::chrono::steady_clock::now() < deadline;) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_EQ(server.nodes_running_ranks(), (std::vector<int>{1, 3}));
+  EXPECT_EQ(server.Peek({kHandedOverKey}).front(), std::nullopt) << "a leader may commit while node 0 still writes";
+  nodes[0]->Set(kHandedOverKey, "1");
+  EXPECT_EQ(server.Peek({kHandedOverKey}).front(), "1");
+  nodes[0]->Set(kHandedOverKey, "0");
+  EXPECT_EQ(server.Peek({kHandedOverKey}).front(), "1") << "an older word lowered the hand-over";
+
+  nodes[1]->ArriveAtCycle(1);
+  nodes[3]->ArriveAtCycle(1);
+  auto go = NextEvent(*nodes[1], PeerEvent::Kind::kCycleGo);
+  ASSERT_TRUE(go);
+  EXPECT_EQ(go->decision["slots"], (nlohmann::json{3, 1})) << go->decision.dump();
+  EXPECT_EQ(go->decision.value("master_addr", ""), "127.0.0.1") << go->decision.dump();
 }
 
 // The policy reads `latest` at the destination, which can fail: the failure was taken for a
