@@ -51,11 +51,16 @@ EXAMPLES = os.path.join(SOURCE, "examples")
 DEADLINE_S = 90
 
 TORCHRUN_STAND_IN = """#!/usr/bin/python3
-import json, os, socket, sys
+import json, os, socket, sys, time
 record = {"argv": sys.argv[1:], "env": dict(os.environ), "hostname": socket.gethostname(),
           "master_ip": socket.gethostbyname(os.environ["MASTER_ADDR"])}
 with open(os.path.join(os.environ["RECORD_DIR"], "torchrun-%s.json" % os.environ["BT_NODE_RANK"]), "w") as out:
     json.dump(record, out)
+hold = os.environ.get("HOLD_UNTIL")  # a test keeping the job running until this file exists
+for _ in range(600 if hold else 0):
+    if os.path.exists(hold):
+        break
+    time.sleep(0.1)
 """
 
 
@@ -268,7 +273,8 @@ def volume_env(container, secrets_dir):
     return {"BT_SECRETS_DIR": secrets_dir}
 
 
-def run_pods(workspace, cluster, container, pod_env, config_maps):
+def run_pods(workspace, cluster, container, pod_env, config_maps, while_running=None):
+    """Exit codes of the pods; `while_running` is called once every pod has started."""
     secrets, secrets_dir = kubernetes_secrets(workspace)
     processes = []
     for index in range(len(cluster.hostnames)):
@@ -280,6 +286,8 @@ def run_pods(workspace, cluster, container, pod_env, config_maps):
         env["BT_ROOT"] = os.path.join(workspace.path, f"pod-{index}")  # each pod's own filesystem
         argv = container["command"] + container.get("args", [])
         processes.append(start(workspace, cluster.host_command(index, argv), env, f"pod-{index}.log"))
+    if while_running:
+        while_running()
     return wait_all(processes)
 
 
@@ -330,16 +338,29 @@ def scenario_kubernetes_two_indexed_jobs(binary):
     dns = [[f"{host}.{subdomain}", f"{host}.{subdomain}.default.svc.cluster.local", host] for host in hostnames]
     workspace = Workspace(binary)
     cluster = Cluster(hostnames, dns)
+    refusal = f"this node is of job k8s-{copy_name}, but the leader serves job k8s-{name}"
+    release = os.path.join(workspace.path, "release-the-first-job")
+
+    # The first job trains until every copied pod was refused: ended earlier, a copied pod
+    # whose retry came late would find no leader at all (a busy machine slows the first tries).
+    def hold_the_first_job_until_refused():
+        for _ in range(600):
+            if all(refusal in output_of(workspace, f"pod-{index}.log") for index in range(count, 2 * count)):
+                break
+            time.sleep(0.1)
+        with open(release, "w"):
+            pass
+
     try:
-        codes = run_pods(workspace, cluster, pod["containers"][0], lambda i: {"JOB_COMPLETION_INDEX": str(i % count)},
-                         config_maps)
+        codes = run_pods(workspace, cluster, pod["containers"][0],
+                         lambda i: {"JOB_COMPLETION_INDEX": str(i % count), **({"HOLD_UNTIL": release} if i < count else {})},
+                         config_maps, hold_the_first_job_until_refused)
         check(codes[:count] == [0] * count, f"the first job's pods exited {codes[:count]}:\n" +
               output_of(workspace, "pod-1.log")[-3000:])
         records = check_agreement(workspace, count, cluster.addresses[0], "Kubernetes Indexed Job",
                                   [f"pod-{i}.log" for i in range(count)])
         check({record["env"]["BT_TRAINING_JOB_ID"] for record in records.values()} == {f"k8s-{name}"},
               f"the first job's id is not k8s-{name}")
-        refusal = f"this node is of job k8s-{copy_name}, but the leader serves job k8s-{name}"
         for index in range(count, 2 * count):
             log = output_of(workspace, f"pod-{index}.log")
             check(codes[index] != 0, f"pod {hostnames[index]} of the copied job exited 0:\n{log[-3000:]}")
