@@ -969,7 +969,11 @@ class StoreServer::Loop {
           (*restart)["decision"]["promoted"] = {{"rank", cycles_.assignment().RankOf(rank)}, {"from", rank},
                                                 {"to", *spare}, {"why", leaves}};
           // Node 0's agent hands over what it had begun; until it says so, nobody commits.
-          if (rank == 0 && cycles_.assignment().RankOf(0) == 0) node_zero_hands_over_ = true;
+          if (rank == 0 && cycles_.assignment().RankOf(0) == 0) {
+            node_zero_hands_over_ = true;
+            node_zero_hand_over_until_ = Clock::now() + kHandOverWait;
+            deferred_hand_over_ = std::max(deferred_hand_over_, cycles_.current());  // what its word releases
+          }
           MoveRank(rank, *spare);
         }
         if (cycles_.HasSpares()) {
@@ -1093,8 +1097,18 @@ class StoreServer::Loop {
     WakeWaiters(kHandedOverKey);
   }
 
+  // Node 0's agent writes for at most kHandOverBound (launch.cpp), then its uploader is
+  // gone: a word that never came (its launcher's own request failed) holds nobody forever.
   void WatchHandOver(Clock::time_point now) {
     if (pending_hand_over_ && now >= pending_hand_over_->until) HandOverDone(pending_hand_over_->cycle);
+    if (node_zero_hands_over_ && now >= node_zero_hand_over_until_) {
+      spdlog::warn("rendezvous: node 0 did not say its checkpoint agent stopped within {} s: the node running rank 0 "
+                   "commits from now on",
+                   kHandOverWait.count());
+      node_zero_hands_over_ = false;
+      std::lock_guard lock(store_mutex_);
+      MarkHandedOver(values_, deferred_hand_over_);
+    }
   }
 
   // `from`'s rank runs on the spare `to` from the current cycle on; `from` is a spare slot
@@ -1717,6 +1731,7 @@ class StoreServer::Loop {
   };
   std::optional<PendingHandOver> pending_hand_over_;  // loop only: AwaitHandOver
   bool node_zero_hands_over_ = false;  // loop only: rank 0 left node 0, whose agent still writes
+  Clock::time_point node_zero_hand_over_until_{};  // loop only: its word is waited for until then
   int64_t deferred_hand_over_ = 0;     // loop only: HandOverDone's cycles while it does
   std::vector<int> rank_slots_;    // mutex_: cycles_.assignment().Slots(), for absent() and unreported()
   int64_t stacks_asked_in_ = -1;  // the cycle whose hang the nodes were asked for stacks
