@@ -150,9 +150,12 @@ class Requests {
     return Read();
   }
 
-  // Whether the launcher says to write the commit of `seq` now; false once stdin closed, and
-  // when its lease (`until_ns`, CLOCK_BOOTTIME: it counts a freeze too) ran out before this.
-  bool AwaitAnswer(uint64_t seq) {
+  enum class Answer { kGo, kDrop, kExpired };
+
+  // What the launcher says of the commit of `seq`: write it now, drop it (also once stdin
+  // closed), or a go whose lease (`until_ns`, CLOCK_BOOTTIME: it counts a freeze too) ran out
+  // before it was read here.
+  Answer AwaitAnswer(uint64_t seq) {
     while (auto request = Read()) {
       const nlohmann::json& value = *request;
       const bool answer = value.is_object() && value.value("op", "") == "answer" && value.value("seq", uint64_t(0)) == seq;
@@ -160,11 +163,11 @@ class Requests {
         kept_.push_back(std::move(*request));
         continue;
       }
-      if (!value.value("go", false)) return false;
+      if (!value.value("go", false)) return Answer::kDrop;
       lease_until_ns_ = value.value("until_ns", int64_t(0));
-      return LeaseHeld();
+      return LeaseHeld() ? Answer::kGo : Answer::kExpired;
     }
-    return false;
+    return Answer::kDrop;
   }
 
   // The last go's lease has not run out (a go without one holds until the next answer).
@@ -247,7 +250,13 @@ class Worker {
     record.job_id = config_.job_id;
     RetryUntilDone(seq, record.name, [&] {
       Emit({UploaderEvent::Kind::kCommitReady, seq, record.name, ""});
-      if (!requests_.AwaitAnswer(seq)) return;
+      const Requests::Answer answer = requests_.AwaitAnswer(seq);
+      if (answer == Requests::Answer::kDrop) return;
+      // Asked again after a pause: the launcher reads node 0's table again (review 16: the
+      // commit was dropped without a word, and drains waited for it until their deadline).
+      if (answer == Requests::Answer::kExpired) {
+        throw std::runtime_error("the launcher's go came after its lease ran out (a freeze, or a slow store)");
+      }
       // A freeze between the record and `latest` outlasting the lease keeps `latest` as it is.
       destination_->Commit(record, move_latest, [&] { return requests_.LeaseHeld(); });
       Emit({UploaderEvent::Kind::kLatestPublished, seq, record.name, ""});

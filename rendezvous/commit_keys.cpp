@@ -56,13 +56,15 @@ bool BornSealed(std::string_view key, int64_t sealed_through) {
 std::string DeclarationKey(uint64_t declaration) { return std::string(kCommitDeclaredKey) + "/" + std::to_string(declaration); }
 std::string OutcomeKey(uint64_t declaration) { return "bt/ckpt/outcome/" + std::to_string(declaration); }
 
-void SettleLostLeadersSaves(std::unordered_map<std::string, std::string>& table, int64_t cycle, int64_t declared) {
+void SettleLostLeadersSaves(std::unordered_map<std::string, std::string>& table, int64_t since, int64_t cycle,
+                            int64_t declared) {
   for (int64_t number = 0; number < declared; ++number) {
     auto declaration = table.find(DeclarationKey(uint64_t(number)));
     if (declaration == table.end()) continue;
     const nlohmann::json value = nlohmann::json::parse(declaration->second, nullptr, false);
     const auto save_cycle = value.is_object() ? value.find("cycle") : value.end();
-    if (save_cycle == value.end() || !save_cycle->is_number_integer() || save_cycle->get<int64_t>() > cycle) continue;
+    if (save_cycle == value.end() || !save_cycle->is_number_integer()) continue;
+    if (save_cycle->get<int64_t>() < since || save_cycle->get<int64_t>() > cycle) continue;
     const std::string state_key = CommitStateKey(uint64_t(number), save_cycle->get<int64_t>());
     const std::optional<int64_t> state = Counter(table, state_key);
     if (state == 1) table[state_key] = std::to_string(1 + kCommitSealed);

@@ -64,7 +64,11 @@ struct RemoteCommits {
 // writes it (CommitStillBegun), and no decision names a commit that may never be written; and
 // every such save without an outcome gets one (committed when its commit was written,
 // abandoned otherwise), so that no follower's drain waits for an outcome nobody would set.
-void SettleLostLeadersSaves(std::unordered_map<std::string, std::string>& table, int64_t cycle, int64_t declared);
+// Only that launcher's own saves are settled: those of `since` (the cycle it took rank 0 in)
+// to `cycle`. An earlier leader's (node 0's, whose agent still writes what it had begun) are
+// that leader's to settle.
+void SettleLostLeadersSaves(std::unordered_map<std::string, std::string>& table, int64_t since, int64_t cycle,
+                            int64_t declared);
 
 // The leader before the one of `cycle` writes nothing more: kHandedOverKey says so. It only
 // ever rises (a later word about an earlier cycle must not hold the current leader back).

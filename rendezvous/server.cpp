@@ -969,11 +969,7 @@ class StoreServer::Loop {
           (*restart)["decision"]["promoted"] = {{"rank", cycles_.assignment().RankOf(rank)}, {"from", rank},
                                                 {"to", *spare}, {"why", leaves}};
           // Node 0's agent hands over what it had begun; until it says so, nobody commits.
-          if (rank == 0 && cycles_.assignment().RankOf(0) == 0) {
-            node_zero_hands_over_ = true;
-            node_zero_hand_over_until_ = Clock::now() + kHandOverWait;
-            deferred_hand_over_ = std::max(deferred_hand_over_, cycles_.current());  // what its word releases
-          }
+          if (rank == 0 && cycles_.assignment().RankOf(0) == 0) AwaitHandOver(0, cycles_.current(), false);
           MoveRank(rank, *spare);
         }
         if (cycles_.HasSpares()) {
@@ -1029,7 +1025,7 @@ class StoreServer::Loop {
     }
     if (leader_lost) {
       std::lock_guard lock(store_mutex_);
-      SettleLostLeadersSaves(values_, cycle, count);
+      SettleLostLeadersSaves(values_, rank_zero_since_, cycle, count);
     }
     return ReadRemoteCommits(values_, cycle, count);
   }
@@ -1060,55 +1056,54 @@ class StoreServer::Loop {
     return std::nullopt;
   }
 
-  // A leader on a spare stops committing at a decision that moves rank 0 away from it, but a
-  // write its uploader had begun may still land: the next leader begins its commits once
-  // that launcher is gone (its uploader dies with it), or kHandOverWait after the decision at
-  // most. A lost one is gone already, as far as anything here can know.
+  // Every leader of rank 0 before the current one must have stopped writing before the
+  // current one begins a commit (`bt/ckpt/handed_over` reaches its cycle): a leader on a spare
+  // whose rank moved on stops at the decision, but a write its uploader had begun may still
+  // land, so it is waited for until its launcher is gone (its uploader dies with it), or
+  // kHandOverWait after the decision at most; a lost one is gone already, as far as anything
+  // here can know. Node 0's own agent, when rank 0 left node 0, writes what it had begun
+  // (at most 10 s once its job stopped) and then says so: it is waited for until its word,
+  // however long its job takes to stop (review 15, F1 and review 16: a later leader's
+  // commits, then node 0's older one, moved `latest` back). Several may be waited for at once
+  // (rank 0 moving twice in a row); the mark waits for all of them.
   void AwaitHandOver(int slot, int64_t cycle, bool lost) {
-    if (lost || joined_[size_t(slot)] < 0) return HandOverDone(cycle);
-    pending_hand_over_ = PendingHandOver{slot, cycle, Clock::now() + kHandOverWait};
-  }
-
-  // While node 0's own agent still writes what it had begun (rank 0 left it, a slow
-  // destination), no later leader may begin a commit: a spare leader that leaves meanwhile
-  // (a second move, a loss at the barrier) only raises what node 0's word then releases
-  // (review 15, F1: `latest` moved back to node 0's older commit).
-  void HandOverDone(int64_t cycle) {
-    pending_hand_over_.reset();
-    if (node_zero_hands_over_) {
-      deferred_hand_over_ = std::max(deferred_hand_over_, cycle);
-      return;
+    hand_over_cycle_ = std::max(hand_over_cycle_, cycle);
+    if (!lost && joined_[size_t(slot)] >= 0) {
+      handing_over_[slot] = slot == 0 ? Clock::time_point::max() : Clock::now() + kHandOverWait;
     }
-    std::lock_guard lock(store_mutex_);
-    MarkHandedOver(values_, cycle);
+    MarkHandedOverOnceAllStopped();
   }
 
-  // Node 0's launcher says its agent has stopped (launch.cpp TellHandedOver): every leader
-  // before the current one is done, as far as node 0's word and the server's know.
-  void NodeZeroHandedOver(Connection& connection, const Message& message, const std::string& value) {
-    const std::optional<int64_t> cycle = HandedOverCycle(value);
-    if (!cycle) return Refuse(connection, message, std::string(kHandedOverKey) + " must be a cycle, not \"" + value + "\"");
-    node_zero_hands_over_ = false;
+  // `slot`'s launcher is gone (or its word came, or its wait ran out): it writes nothing more.
+  void HandOverDone(int slot) {
+    handing_over_.erase(slot);
+    MarkHandedOverOnceAllStopped();
+  }
+
+  void MarkHandedOverOnceAllStopped() {
+    if (!handing_over_.empty() || hand_over_cycle_ <= hand_over_marked_) return;
+    hand_over_marked_ = hand_over_cycle_;
     {
       std::lock_guard lock(store_mutex_);
-      MarkHandedOver(values_, std::max(*cycle, deferred_hand_over_));
+      MarkHandedOver(values_, hand_over_cycle_);
     }
-    Reply(connection, message, {{"op", "ok"}});
     WakeWaiters(kHandedOverKey);
   }
 
-  // Node 0's agent writes for at most kHandOverBound (launch.cpp), then its uploader is
-  // gone: a word that never came (its launcher's own request failed) holds nobody forever.
-  void WatchHandOver(Clock::time_point now) {
-    if (pending_hand_over_ && now >= pending_hand_over_->until) HandOverDone(pending_hand_over_->cycle);
-    if (node_zero_hands_over_ && now >= node_zero_hand_over_until_) {
-      spdlog::warn("rendezvous: node 0 did not say its checkpoint agent stopped within {} s: the node running rank 0 "
-                   "commits from now on",
-                   kHandOverWait.count());
-      node_zero_hands_over_ = false;
-      std::lock_guard lock(store_mutex_);
-      MarkHandedOver(values_, deferred_hand_over_);
+  // Node 0's launcher says its agent has stopped (launch.cpp TellHandedOver). Its cycle is
+  // not taken as given: what the mark may reach is the server's to say.
+  void NodeZeroHandedOver(Connection& connection, const Message& message, const std::string& value) {
+    if (!HandedOverCycle(value)) {
+      return Refuse(connection, message, std::string(kHandedOverKey) + " must be a cycle, not \"" + value + "\"");
     }
+    Reply(connection, message, {{"op", "ok"}});
+    HandOverDone(0);
+  }
+
+  void WatchHandOver(Clock::time_point now) {
+    const size_t waited_for = handing_over_.size();
+    std::erase_if(handing_over_, [now](const auto& entry) { return now >= entry.second; });
+    if (handing_over_.size() != waited_for) MarkHandedOverOnceAllStopped();
   }
 
   // `from`'s rank runs on the spare `to` from the current cycle on; `from` is a spare slot
@@ -1118,6 +1113,7 @@ class StoreServer::Loop {
     spdlog::warn("rendezvous: rank {} moves from {} to the spare {} in cycle {}", rank, NodeName(from),
                  NodeName(to), cycles_.current());
     cycles_.Promote(from, to);
+    if (rank == 0) rank_zero_since_ = cycles_.current();
     spare_ready_[size_t(to)] = false;
     moved_away_[size_t(from)] = true;
     std::lock_guard lock(mutex_);
@@ -1470,7 +1466,7 @@ class StoreServer::Loop {
       std::lock_guard lock(mutex_);
       joined_[size_t(rank)] = -1;
     }
-    if (pending_hand_over_ && pending_hand_over_->slot == rank) HandOverDone(pending_hand_over_->cycle);
+    if (handing_over_.count(rank)) HandOverDone(rank);
     if (cycles_.assignment().IsSpare(rank)) return SpareGone(rank, goodbye ? "it left" : why);
     if (reported_[size_t(rank)]) return;
     if (!goodbye) return LoseNode(rank, NodeName(rank) + " lost: " + why);
@@ -1545,7 +1541,7 @@ class StoreServer::Loop {
     // saves are settled, and whoever runs rank 0 next may commit from this cycle on.
     if (rank != 0 && cycles_.assignment().RankOf(rank) == 0) {
       SealRemoteCommits(cycles_.current() - 1, true);
-      HandOverDone(cycles_.current());
+      AwaitHandOver(rank, cycles_.current(), true);
     }
     if (PromotedAtBarrier(rank, message)) return;
     const Clock::time_point bound = barrier_opened_ + 2 * options_.rejoin_timeout;
@@ -1724,15 +1720,12 @@ class StoreServer::Loop {
   std::vector<bool> spare_ready_;  // by slot: a spare that said it is prepared (OnSpareReady)
   std::vector<bool> moved_away_;   // by slot: its launcher's rank moved to a spare
   int64_t commits_sealed_through_ = -1;  // loop only: SealRemoteCommits
-  struct PendingHandOver {
-    int slot;
-    int64_t cycle;
-    Clock::time_point until;
-  };
-  std::optional<PendingHandOver> pending_hand_over_;  // loop only: AwaitHandOver
-  bool node_zero_hands_over_ = false;  // loop only: rank 0 left node 0, whose agent still writes
-  Clock::time_point node_zero_hand_over_until_{};  // loop only: its word is waited for until then
-  int64_t deferred_hand_over_ = 0;     // loop only: HandOverDone's cycles while it does
+  // Loop only (AwaitHandOver): the leaders of rank 0 that may still write, by slot, each
+  // until when at most; and the cycle the mark reaches once none is left.
+  std::map<int, Clock::time_point> handing_over_;
+  int64_t hand_over_cycle_ = 0;
+  int64_t hand_over_marked_ = 0;  // the cycle last marked
+  int64_t rank_zero_since_ = 0;   // loop only: the cycle rank 0's launcher took it in (MoveRank)
   std::vector<int> rank_slots_;    // mutex_: cycles_.assignment().Slots(), for absent() and unreported()
   int64_t stacks_asked_in_ = -1;  // the cycle whose hang the nodes were asked for stacks
   int64_t stalled_cycle_ = -1;    // the cycle stalled_ counts

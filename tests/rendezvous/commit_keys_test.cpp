@@ -112,7 +112,7 @@ TEST(RemoteCommits, ALostLeadersSavesAreSettledAndItsBegunCommitRevokedNotNamed)
   board.Propose(1, 1, "begun");
   ASSERT_EQ(board.Step(1, 1), 1);
   // Declaration 2: answered, never begun. Declaration 3: of a later cycle.
-  SettleLostLeadersSaves(board.table, 1, board.declared);
+  SettleLostLeadersSaves(board.table, 0, 1, board.declared);
   const RemoteCommits commits = board.Seal(1);
   EXPECT_EQ(commits.latest, "written");
   EXPECT_FALSE(commits.on_its_way);
@@ -125,6 +125,21 @@ TEST(RemoteCommits, ALostLeadersSavesAreSettledAndItsBegunCommitRevokedNotNamed)
   MarkHandedOver(board.table, 2);
   MarkHandedOver(board.table, 1);
   EXPECT_EQ(board.table[kHandedOverKey], "2") << "the hand-over only moves forward";
+}
+
+// Review 16: rank 0 left node 0 in cycle 1 while node 0's agent still wrote declaration 0's
+// commit (node 0 commits in-process: no state in the table); the spare that took rank 0 is
+// lost. Only the spare's own saves (cycle 1 on) are settled: node 0's is node 0's to settle,
+// and calling it abandoned while node 0 then wrote it left `latest` naming a save that every
+// follower reported as not committed.
+TEST(RemoteCommits, OnlyTheLostLeadersOwnSavesAreSettled) {
+  Board board;
+  board.table[DeclarationKey(0)] = nlohmann::json{{"name", "c"}, {"save", "s"}, {"cycle", 0}}.dump();
+  board.table[DeclarationKey(1)] = nlohmann::json{{"name", "c"}, {"save", "s"}, {"cycle", 1}}.dump();
+  board.declared = 2;
+  SettleLostLeadersSaves(board.table, 1, 1, board.declared);
+  EXPECT_FALSE(board.table.contains(OutcomeKey(0))) << "node 0's own save was settled by the spare's loss";
+  EXPECT_EQ(board.table[OutcomeKey(1)], std::to_string(kOutcomeAbandoned));
 }
 
 TEST(RemoteCommits, OnlyCommitStatesAreBornSealed) {
