@@ -1366,6 +1366,7 @@ class StoreServer::Loop {
     next_tick_ = now + options_.heartbeat_interval;
     CloseSilentUnauthenticated(now);
     SendHeartbeats(now);
+    WatchHandOver(now);  // after the verdict too: the last leader's drain may still commit
     if (verdict_.kind != ServerVerdict::Kind::kPending) return;
     for (size_t rank = 0; rank < joined_.size(); ++rank) {
       if (joined_[rank] < 0 || reported_[rank]) continue;
@@ -1383,7 +1384,6 @@ class StoreServer::Loop {
       }
     }
     if (last_restart_) WatchBarrier(now);
-    WatchHandOver(now);
   }
 
   void OnJoinTimeout() {
