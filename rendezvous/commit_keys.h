@@ -74,7 +74,7 @@ void SettleLostLeadersSaves(std::unordered_map<std::string, std::string>& table,
 // ever rises (a later word about an earlier cycle must not hold the current leader back).
 void MarkHandedOver(std::unordered_map<std::string, std::string>& table, int64_t cycle);
 
-// The cycle in node 0's Set of kHandedOverKey; nullopt for text that is not one.
+// The cycle in kHandedOverKey (node 0's Set, or the table's value); nullopt for text that is not one.
 std::optional<int64_t> HandedOverCycle(std::string_view text);
 
 // On the server's thread, once a restart's decision sealed cycle `cycle` (and every one

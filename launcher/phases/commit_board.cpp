@@ -116,15 +116,9 @@ class StoreCommitBoard final : public CommitBoard {
   bool PredecessorHandedOver() override {
     if (handed_over_) return true;
     const std::optional<std::string> text = store_.Peek({rendezvous::kHandedOverKey}).front();
-    int64_t cycle = 0;
-    if (text) {
-      try {
-        cycle = std::stoll(*text);
-      } catch (const std::exception&) {
-        throw std::runtime_error(std::string("the store's ") + rendezvous::kHandedOverKey + " is not a cycle: " + *text);
-      }
-    }
-    handed_over_ = incarnation_ == 0 || cycle >= incarnation_;
+    const std::optional<int64_t> cycle = text ? rendezvous::HandedOverCycle(*text) : int64_t{0};
+    if (!cycle) throw std::runtime_error(std::string("the store's ") + rendezvous::kHandedOverKey + " is not a cycle: " + *text);
+    handed_over_ = incarnation_ == 0 || *cycle >= incarnation_;
     return handed_over_;
   }
 
